@@ -1,0 +1,333 @@
+// attn_mma.cu: FlashAttention forward on Tensor Cores with mma.sync.m16n8k16.
+//
+// One block owns BR = 16*MT*NWARPS query rows of one (batch, head); each warp owns 16*MT of
+// them. K and V tiles of BC keys stream through a two-stage cp.async pipeline in shared memory
+// that all warps share. S = Q K^T and O += P V are mma.sync with f32 accumulation; the online
+// softmax runs on the C fragments, and P goes from the S accumulators to the A fragments of the
+// P V product in registers (layouts proven by layout_probe.cu). Specialised at NVRTC time by:
+//   HEAD_DIM (multiple of 8, <= 256), MT (m16 tiles per warp), NWARPS, BC (keys per tile,
+//   multiple of 16), IS_BF16, IS_CAUSAL, Q_IN_REGS (keep Q's A fragments in registers).
+#include "ptx.cuh"
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 64
+#endif
+#ifndef MT
+#define MT 2
+#endif
+#ifndef NWARPS
+#define NWARPS 4
+#endif
+#ifndef BC
+#define BC 64
+#endif
+#ifndef IS_BF16
+#define IS_BF16 0
+#endif
+#ifndef IS_CAUSAL
+#define IS_CAUSAL 0
+#endif
+#ifndef Q_IN_REGS
+#define Q_IN_REGS 0
+#endif
+
+// ---- tile geometry --------------------------------------------------------------------------
+constexpr int D = HEAD_DIM;
+constexpr int DP = (D + 15) / 16 * 16; // head_dim padded to the mma k-step; pad columns are zero
+constexpr int CH = DP / 8;             // 16-byte chunks per row
+// Shared-memory row stride: one spare chunk makes it an odd number of 16-byte slots, so the
+// 8 row addresses of an ldmatrix (same column, consecutive rows) hit 8 distinct bank groups.
+constexpr int RS = (CH + 1) * 8;
+constexpr int WM = 16 * MT;      // query rows per warp
+constexpr int BR = WM * NWARPS;  // query rows per block
+constexpr int NT = NWARPS * 32;  // threads per block
+constexpr int KS = DP / 16;      // k-steps of S = Q K^T
+constexpr int NS = BC / 8;       // n8 tiles of S
+constexpr int ND = DP / 8;       // n8 tiles of O
+constexpr int PK = BC / 16;      // k-steps of O += P V
+static_assert(BC % 16 == 0, "BC must be a multiple of 16");
+static_assert(D % 8 == 0 && D <= 256, "HEAD_DIM must be a multiple of 8, at most 256");
+
+// Kernel parameters; mirrored by `MmaParams` in src/cuda/attention.rs (same order and types).
+struct Params {
+    const u16 *q, *k, *v;
+    u16 *o;
+    float *lse;
+    i64 q_sb, q_ss, q_sh; // element strides: batch, seq, head
+    i64 k_sb, k_ss, k_sh;
+    i64 v_sb, v_ss, v_sh;
+    i64 o_sb, o_ss, o_sh;
+    int seqlen_q, seqlen_k;
+    int heads_q, group;    // group = heads_q / heads_kv
+    int batch, num_m_blocks;
+    float scale_log2;      // softmax_scale * log2(e): exp(x*scale) = 2^(x*scale_log2)
+    int pad_;
+};
+
+FA_DEVICE void mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+#if IS_BF16
+    mma_bf16(d, a0, a1, a2, a3, b0, b1);
+#else
+    mma_f16(d, a0, a1, a2, a3, b0, b1);
+#endif
+}
+
+FA_DEVICE u32 pack2(float lo, float hi) {
+#if IS_BF16
+    return pack_bf16x2(lo, hi);
+#else
+    return pack_f16x2(lo, hi);
+#endif
+}
+
+// Copies rows [row_begin, row_begin + ROWS) of a [seq, head_dim] slice into shared memory.
+// Rows at or past row_limit and the pad columns are zero-filled (cp.async with 0 source bytes
+// reads nothing), so tails never read out of bounds.
+template <int ROWS>
+FA_DEVICE void load_tile(u32 dst, const u16 *src, i64 row_stride, int row_begin, int row_limit) {
+    constexpr int TOTAL = ROWS * CH;
+#pragma unroll
+    for (int it = 0; it < (TOTAL + NT - 1) / NT; ++it) {
+        const int i = it * NT + (int)threadIdx.x;
+        if (TOTAL % NT == 0 || i < TOTAL) {
+            const int r = i / CH, c = i % CH;
+            const int gr = row_begin + r;
+            const bool ok = gr < row_limit && c * 8 < D;
+            const u16 *g = ok ? src + (i64)gr * row_stride + c * 8 : src;
+            cp_async_16(dst + (u32)(r * RS + c * 8) * 2, g, ok ? 16 : 0);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NT) attn_mma(const Params p) {
+    extern __shared__ __align__(16) u16 smem[];
+    const u32 sQ = smem_u32(smem);
+    const u32 sK = sQ + BR * RS * 2;          // two stages of BC rows
+    const u32 sV = sK + 2 * BC * RS * 2;      // two stages of BC rows
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+
+    // Block -> (query block, head, batch). Query blocks go from last to first: under a causal
+    // mask the last blocks see the most keys, so the heaviest work starts first.
+    const int bh = p.batch * p.heads_q;
+    const int m_block = p.num_m_blocks - 1 - (int)(blockIdx.x / bh);
+    const int rem = blockIdx.x % bh;
+    const int h = rem % p.heads_q, b = rem / p.heads_q, hk = h / p.group;
+    const u16 *qb = p.q + b * p.q_sb + h * p.q_sh;
+    const u16 *kb = p.k + b * p.k_sb + hk * p.k_sh;
+    const u16 *vb = p.v + b * p.v_sb + hk * p.v_sh;
+    const int row0 = m_block * BR;
+    const int wrow0 = row0 + warp * WM;
+    // Causal, bottom-right: row i sees keys j < i + 1 + (seqlen_k - seqlen_q).
+    const i64 diag = (i64)p.seqlen_k - p.seqlen_q;
+
+    int n_end = p.seqlen_k;
+    if (IS_CAUSAL) {
+        const i64 lim = (i64)row0 + BR + diag;
+        n_end = (int)(lim < 0 ? 0 : (lim < p.seqlen_k ? lim : p.seqlen_k));
+    }
+    const int n_blocks = (n_end + BC - 1) / BC;
+    // Keys visible to this warp's first row, clamped to 32 bits: adding a row offset (< 256)
+    // to a value clamped at -2^30 still masks everything, as the true value would.
+    const i64 wl = (i64)wrow0 + 1 + diag;
+    const int wlim0 = (int)(wl < -(1ll << 30) ? -(1ll << 30) : (wl > p.seqlen_k ? p.seqlen_k : wl));
+
+    // ---- prologue: Q, and the first K/V tile ----
+    load_tile<BR>(sQ, qb, p.q_ss, row0, p.seqlen_q);
+    if (n_blocks > 0) {
+        load_tile<BC>(sK, kb, p.k_ss, 0, p.seqlen_k);
+        load_tile<BC>(sV, vb, p.v_ss, 0, p.seqlen_k);
+    }
+    cp_async_commit();
+
+    float acc_o[MT][ND][4];
+    float row_max[MT][2], row_sum[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nd = 0; nd < ND; ++nd)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[mt][nd][e] = 0.f;
+        row_max[mt][0] = row_max[mt][1] = neg_inf();
+        row_sum[mt][0] = row_sum[mt][1] = 0.f;
+    }
+#if Q_IN_REGS
+    u32 qf[MT][KS][4];
+#endif
+
+    // ---- main loop over key tiles ----
+    for (int j = 0; j < n_blocks; ++j) {
+        cp_async_wait<0>();
+        __syncthreads(); // tile j landed; every warp is done with tile j-1's stage
+        if (j + 1 < n_blocks) {
+            const u32 st = (u32)((j + 1) & 1) * BC * RS * 2;
+            load_tile<BC>(sK + st, kb, p.k_ss, (j + 1) * BC, p.seqlen_k);
+            load_tile<BC>(sV + st, vb, p.v_ss, (j + 1) * BC, p.seqlen_k);
+        }
+        cp_async_commit();
+        const u32 cK = sK + (u32)(j & 1) * BC * RS * 2;
+        const u32 cV = sV + (u32)(j & 1) * BC * RS * 2;
+
+#if Q_IN_REGS
+        if (j == 0) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int kk = 0; kk < KS; ++kk) {
+                    const int r = warp * WM + mt * 16 + (lane % 16);
+                    const int c = kk * 2 + lane / 16;
+                    ldmatrix_x4(qf[mt][kk][0], qf[mt][kk][1], qf[mt][kk][2], qf[mt][kk][3],
+                                sQ + (u32)(r * RS + c * 8) * 2);
+                }
+        }
+#endif
+
+        // S = Q K^T: A = Q rows (ldmatrix), B = K rows read non-transposed (a K row is a
+        // column of K^T, contiguous along k, which is what the B fragment packs).
+        float s[MT][NS][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NS; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) {
+            u32 a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+#if Q_IN_REGS
+#pragma unroll
+                for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][kk][e];
+#else
+                const int r = warp * WM + mt * 16 + (lane % 16);
+                const int c = kk * 2 + lane / 16;
+                ldmatrix_x4(a[mt][0], a[mt][1], a[mt][2], a[mt][3], sQ + (u32)(r * RS + c * 8) * 2);
+#endif
+            }
+#pragma unroll
+            for (int np = 0; np < NS / 2; ++np) {
+                // tiles: 0 = keys n..n+7 / k lo, 1 = same keys / k hi, 2-3 = keys n+8..n+15
+                const int r = np * 16 + (lane % 8) + (lane / 16) * 8;
+                const int c = kk * 2 + (lane / 8) % 2;
+                u32 b0, b1, b2, b3;
+                ldmatrix_x4(b0, b1, b2, b3, cK + (u32)(r * RS + c * 8) * 2);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma(s[mt][2 * np], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
+                    mma(s[mt][2 * np + 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b2, b3);
+                }
+            }
+        }
+
+        // Mask from C-fragment coordinates: element e of n-tile nt sits at
+        // row g + 8*(e/2), column 8*nt + 2t + (e%2). Only tiles that cross the sequence end or
+        // the causal diagonal of this warp's rows pay for it.
+        const int n0 = j * BC;
+        const bool tail = n0 + BC > p.seqlen_k;
+        const bool diag_cross = IS_CAUSAL && (i64)n0 + BC - 1 > (i64)wrow0 + diag;
+        if (tail || diag_cross) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NS; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int col = n0 + nt * 8 + 2 * t + (e & 1);
+                        int lim = p.seqlen_k;
+                        if (IS_CAUSAL) lim = min(wlim0 + mt * 16 + g + 8 * (e >> 1), lim);
+                        if (col >= lim) s[mt][nt][e] = neg_inf();
+                    }
+        }
+
+        // Online softmax on the fragments. Row r of m-tile mt lives in the 4 lanes of a quad;
+        // each lane holds 2*NS of its values. Max and sum reduce with shfl.xor 1 and 2.
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float mx = neg_inf();
+#pragma unroll
+                for (int nt = 0; nt < NS; ++nt)
+                    mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+                mx = fmaxf(mx, shfl_xor(mx, 1));
+                mx = fmaxf(mx, shfl_xor(mx, 2));
+                const float m_new = fmaxf(row_max[mt][r], mx * p.scale_log2);
+                // A row that has seen only masked keys keeps max -inf; subtract 0 instead so
+                // that exp2(-inf - (-inf)) never makes a NaN.
+                const float m_use = m_new == neg_inf() ? 0.f : m_new;
+                const float alpha = ex2(row_max[mt][r] - m_use);
+                row_max[mt][r] = m_new;
+                float sum = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < NS; ++nt)
+#pragma unroll
+                    for (int e = 2 * r; e < 2 * r + 2; ++e) {
+                        const float pe = ex2(fmaf(s[mt][nt][e], p.scale_log2, -m_use));
+                        s[mt][nt][e] = pe;
+                        sum += pe;
+                    }
+                row_sum[mt][r] = row_sum[mt][r] * alpha + sum; // per-lane partial; reduced at the end
+#pragma unroll
+                for (int nd = 0; nd < ND; ++nd) {
+                    acc_o[mt][nd][2 * r] *= alpha;
+                    acc_o[mt][nd][2 * r + 1] *= alpha;
+                }
+            }
+
+        // O += P V. The C fragments of S n-tiles 2kk and 2kk+1, packed to 16-bit pairs, are
+        // exactly the A fragment of keys 16kk..16kk+15: a0 = (g, 2t..), a1 = (g+8, 2t..),
+        // a2 = (g, 2t+8..), a3 = (g+8, 2t+8..). V is read with ldmatrix.trans so that each
+        // B register packs two consecutive keys of one column.
+#pragma unroll
+        for (int kk = 0; kk < PK; ++kk) {
+            u32 a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                a[mt][0] = pack2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                a[mt][1] = pack2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                a[mt][2] = pack2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                a[mt][3] = pack2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
+#pragma unroll
+            for (int dp = 0; dp < ND / 2; ++dp) {
+                // tiles: 0 = keys lo / cols c, 1 = keys hi / cols c, 2-3 = same for cols c+8
+                const int r = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+                const int c = dp * 2 + lane / 16;
+                u32 b0, b1, b2, b3;
+                ldmatrix_x4_trans(b0, b1, b2, b3, cV + (u32)(r * RS + c * 8) * 2);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma(acc_o[mt][2 * dp], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
+                    mma(acc_o[mt][2 * dp + 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b2, b3);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    // ---- epilogue: O / row_sum as 16-bit pairs, lse = ln(sum exp) in f32 ----
+    u16 *ob = p.o + b * p.o_sb + h * p.o_sh;
+    float *lse = p.lse + ((i64)b * p.heads_q + h) * p.seqlen_q;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float l = row_sum[mt][r];
+            l += shfl_xor(l, 1);
+            l += shfl_xor(l, 2);
+            const int row = wrow0 + mt * 16 + g + 8 * r;
+            if (row >= p.seqlen_q) continue;
+            // A row that saw no key: o = 0 and lse = -inf (never NaN).
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            u16 *orow = ob + (i64)row * p.o_ss;
+#pragma unroll
+            for (int nd = 0; nd < ND; ++nd) {
+                const int col = nd * 8 + 2 * t;
+                if (col < D)
+                    *(u32 *)(orow + col) = pack2(acc_o[mt][nd][2 * r] * inv, acc_o[mt][nd][2 * r + 1] * inv);
+            }
+            if (t == 0)
+                lse[row] = l > 0.f ? (row_max[mt][r] + lg2(l)) * 0.6931471805599453f : neg_inf();
+        }
+}

@@ -1,0 +1,121 @@
+// ptx.cuh: the PTX instructions our kernels use, as small inline wrappers.
+//
+// Header-free on purpose: NVRTC on a user's machine has no CUDA include path, so halves are
+// raw 16-bit storage (u16) and every conversion is a PTX instruction. Section numbers refer
+// to the PTX ISA 9.0 manual ("Parallel Thread Execution ISA").
+#pragma once
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+#define FA_DEVICE __device__ __forceinline__
+
+// Generic -> shared-window address (9.7.9.21 cvta). ldmatrix/cp.async take 32-bit shared addresses.
+FA_DEVICE u32 smem_u32(const void *p) {
+    u64 a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (u32)a;
+}
+
+// ---- ldmatrix (9.7.14.5.15): each lane supplies one 16-byte row address; lanes 8i..8i+7
+// address the 8 rows of tile i; register ri of lane l holds row l/4, columns 2(l%4), 2(l%4)+1
+// of tile i (.trans: rows 2(l%4), 2(l%4)+1 of column l/4).
+FA_DEVICE void ldmatrix_x1(u32 &r0, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(r0) : "r"(addr));
+}
+FA_DEVICE void ldmatrix_x2(u32 &r0, u32 &r1, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+FA_DEVICE void ldmatrix_x4(u32 &r0, u32 &r1, u32 &r2, u32 &r3, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+FA_DEVICE void ldmatrix_x1_trans(u32 &r0, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n" : "=r"(r0) : "r"(addr));
+}
+FA_DEVICE void ldmatrix_x2_trans(u32 &r0, u32 &r1, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+FA_DEVICE void ldmatrix_x4_trans(u32 &r0, u32 &r1, u32 &r2, u32 &r3, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+
+// ---- mma.sync m16n8k16 (9.7.14.5.14), f32 accumulate. With g = lane/4, t = lane%4:
+// A (row): a0={A[g][2t],A[g][2t+1]} a1={A[g+8][2t],..} a2={A[g][2t+8],..} a3={A[g+8][2t+8],..}
+// B (col): b0={B[2t][g],B[2t+1][g]} b1={B[2t+8][g],B[2t+9][g]}
+// C/D:     d0=(g,2t) d1=(g,2t+1) d2=(g+8,2t) d3=(g+8,2t+1)
+FA_DEVICE void mma_f16(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+FA_DEVICE void mma_bf16(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// ---- cp.async (9.7.9.25): 16-byte global -> shared copies that bypass registers.
+// src_bytes < 16 zero-fills the rest; 0 reads nothing (used for rows past the end).
+FA_DEVICE void cp_async_16(u32 dst, const void *src, u32 src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+FA_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> FA_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// ---- conversions (9.7.9.21 cvt). Packing puts the first value in the low half, as the
+// A fragment wants (lower column index in the lower 16 bits).
+FA_DEVICE u32 pack_f16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+FA_DEVICE u32 pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+FA_DEVICE float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(h));
+    return f;
+}
+FA_DEVICE float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
+FA_DEVICE u16 f32_to_f16(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(f));
+    return h;
+}
+FA_DEVICE u16 f32_to_bf16(float f) {
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// ---- fast math (9.7.3.x): 2^x with flush-to-zero; ex2(-inf) = +0.
+FA_DEVICE float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+FA_DEVICE float lg2(float x) {
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// ---- warp shuffles (9.7.9.9 shfl.sync): butterfly exchange inside the quad that owns a row.
+FA_DEVICE float shfl_xor(float x, int mask) {
+    float y;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;\n" : "=f"(y) : "f"(x), "r"(mask));
+    return y;
+}
+
+FA_DEVICE float neg_inf() { return __int_as_float(0xff800000); }

@@ -1,0 +1,455 @@
+//! Attention on device buffers: validation, kernel choice, tile configuration and launch.
+
+use super::device::{cuda_err, Gpu};
+use super::sources::KernelSource;
+use crate::dtype::{DType, Element};
+use crate::error::{AttnError, Result};
+use crate::shape::AttnProblem;
+use cudarc::driver::{
+    sys, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
+};
+use serde::Serialize;
+use std::fmt;
+
+/// Element types the GPU kernels take: f16 and bf16.
+pub trait GpuElement: Element + DeviceRepr + ValidAsZeroBits {}
+impl GpuElement for half::f16 {}
+impl GpuElement for half::bf16 {}
+
+/// The rungs of the kernel ladder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum KernelKind {
+    /// S in global memory, softmax, P V: three launches, O(seqlen^2) memory.
+    Naive,
+    /// Flash forward on CUDA cores (FFMA), O(seqlen) memory.
+    Simt,
+    /// Flash forward on Tensor Cores (`mma.sync.m16n8k16`).
+    Mma,
+}
+
+impl KernelKind {
+    /// Every kernel, slowest first.
+    pub const ALL: [KernelKind; 3] = [KernelKind::Naive, KernelKind::Simt, KernelKind::Mma];
+
+    /// Name used on the command line and in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelKind::Naive => "naive",
+            KernelKind::Simt => "simt",
+            KernelKind::Mma => "mma",
+        }
+    }
+
+    /// Parses a name; `auto` is the best available kernel (`mma`).
+    ///
+    /// # Errors
+    /// [`AttnError::UnknownKernel`].
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "auto" | "mma" | "attn_mma" => Ok(KernelKind::Mma),
+            "simt" | "attn_simt" => Ok(KernelKind::Simt),
+            "naive" | "attn_naive" => Ok(KernelKind::Naive),
+            _ => Err(AttnError::UnknownKernel {
+                name: name.into(),
+                available: "auto, mma, simt, naive".into(),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for KernelKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Tile shape of `attn_mma`: each of `nwarps` warps owns `16 * mt` query rows; K/V tiles hold
+/// `bc` keys. Chosen per (arch, head_dim) by [`MmaTile::default_for`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct MmaTile {
+    /// m16 tiles per warp (1 or 2): 2 halves shared-memory traffic for K and V fragments.
+    pub mt: u32,
+    /// Warps per block.
+    pub nwarps: u32,
+    /// Keys per K/V tile (multiple of 16).
+    pub bc: u32,
+    /// Keep Q's A fragments in registers for the whole loop.
+    pub q_in_regs: bool,
+}
+
+impl MmaTile {
+    /// Query rows per block (`Br`).
+    pub fn br(&self) -> u32 {
+        16 * self.mt * self.nwarps
+    }
+
+    /// Dynamic shared memory in bytes: Q tile plus two stages of K and V, rows padded by one
+    /// 16-byte chunk (see attn_mma.cu).
+    pub fn smem_bytes(&self, head_dim: usize) -> usize {
+        let dp = head_dim.div_ceil(16) * 16;
+        let row = (dp / 8 + 1) * 16;
+        (self.br() as usize + 4 * self.bc as usize) * row
+    }
+
+    /// The measured default for an arch (compute capability) and head_dim; see
+    /// docs/perf-notes.md. All keep registers at or under 255 with no spills (checked in CI).
+    pub fn default_for(cc: (i32, i32), head_dim: usize) -> Self {
+        let big_smem = matches!(cc, (8, 0) | (9, 0)); // 163/227 KB per block; others 99 KB
+        if head_dim <= 64 {
+            MmaTile { mt: 2, nwarps: 4, bc: 64, q_in_regs: false }
+        } else if head_dim <= 128 {
+            MmaTile { mt: 2, nwarps: 4, bc: 32, q_in_regs: false }
+        } else if big_smem {
+            MmaTile { mt: 1, nwarps: 4, bc: 32, q_in_regs: false }
+        } else {
+            MmaTile { mt: 1, nwarps: 4, bc: 16, q_in_regs: false }
+        }
+    }
+
+    /// Parses `mt,nwarps,bc[,q]` (q = Q in registers), e.g. `2,4,64` or `1,8,64,q`.
+    ///
+    /// # Errors
+    /// [`AttnError::ShapeMismatch`] describing the expected form.
+    pub fn parse(s: &str) -> Result<Self> {
+        let bad = || AttnError::ShapeMismatch {
+            what: format!("tile '{s}': expected mt,nwarps,bc[,q] with mt in 1..=4, nwarps in 1..=16, bc a multiple of 16 up to 128"),
+        };
+        let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+        if parts.len() < 3 || parts.len() > 4 {
+            return Err(bad());
+        }
+        let num = |x: &str| x.parse::<u32>().map_err(|_| bad());
+        let t = MmaTile {
+            mt: num(parts[0])?,
+            nwarps: num(parts[1])?,
+            bc: num(parts[2])?,
+            q_in_regs: parts.get(3) == Some(&"q"),
+        };
+        if !(1..=4).contains(&t.mt) || !(1..=16).contains(&t.nwarps) || t.bc == 0 || t.bc % 16 != 0 || t.bc > 128 {
+            return Err(bad());
+        }
+        Ok(t)
+    }
+
+    /// NVRTC defines for this tile.
+    pub fn defines(&self, dtype: DType, head_dim: usize, causal: bool) -> Vec<(String, String)> {
+        let mut d = vec![
+            ("HEAD_DIM".to_string(), head_dim.to_string()),
+            ("MT".to_string(), self.mt.to_string()),
+            ("NWARPS".to_string(), self.nwarps.to_string()),
+            ("BC".to_string(), self.bc.to_string()),
+            ("IS_BF16".to_string(), u8::from(dtype == DType::BF16).to_string()),
+            ("IS_CAUSAL".to_string(), u8::from(causal).to_string()),
+        ];
+        if self.q_in_regs {
+            d.push(("Q_IN_REGS".to_string(), "1".to_string()));
+        }
+        d
+    }
+}
+
+impl fmt::Display for MmaTile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Br{}xBc{} ({}w x {}m16{})", self.br(), self.bc, self.nwarps, self.mt, if self.q_in_regs { ", Q in regs" } else { "" })
+    }
+}
+
+/// Raw device pointers and the problem, as every launcher takes them.
+#[derive(Debug, Clone, Copy)]
+pub struct Launch<'a> {
+    /// The problem (validated).
+    pub problem: &'a AttnProblem,
+    /// Element type of q, k, v, o.
+    pub dtype: DType,
+    /// Device addresses.
+    pub q: u64,
+    /// Device address of k.
+    pub k: u64,
+    /// Device address of v.
+    pub v: u64,
+    /// Device address of o.
+    pub o: u64,
+    /// Device address of lse (f32).
+    pub lse: u64,
+}
+
+/// Kernel parameters of attn_mma.cu's `Params` (same field order and types).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FlashParams {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub q_strides: [i64; 3],
+    pub k_strides: [i64; 3],
+    pub v_strides: [i64; 3],
+    pub o_strides: [i64; 3],
+    pub seqlen_q: i32,
+    pub seqlen_k: i32,
+    pub heads_q: i32,
+    pub group: i32,
+    pub batch: i32,
+    pub num_m_blocks: i32,
+    pub scale_log2: f32,
+    pub pad: i32,
+}
+// SAFETY: plain old data with C layout, mirrored field by field in the kernel.
+unsafe impl DeviceRepr for FlashParams {}
+
+impl FlashParams {
+    pub(crate) fn new(l: &Launch, br: u32) -> Self {
+        let p = l.problem;
+        let s = &p.shape;
+        let st = |x: crate::shape::Strides| [x.batch as i64, x.seq as i64, x.head as i64];
+        FlashParams {
+            q: l.q,
+            k: l.k,
+            v: l.v,
+            o: l.o,
+            lse: l.lse,
+            q_strides: st(p.q_strides),
+            k_strides: st(p.k_strides),
+            v_strides: st(p.v_strides),
+            o_strides: st(p.o_strides),
+            seqlen_q: s.seqlen_q as i32,
+            seqlen_k: s.seqlen_k as i32,
+            heads_q: s.heads_q as i32,
+            group: s.group_size() as i32,
+            batch: s.batch as i32,
+            num_m_blocks: s.seqlen_q.div_ceil(br as usize) as i32,
+            scale_log2: p.softmax_scale * std::f32::consts::LOG2_E,
+            pad: 0,
+        }
+    }
+}
+
+/// Largest seqlen the kernels index with 32-bit row numbers (offsets are 64-bit).
+pub const MAX_SEQLEN: usize = 1 << 30;
+
+/// Checks everything the GPU kernels need beyond [`AttnProblem::validate`].
+///
+/// # Errors
+/// [`AttnError::UnsupportedHeadDim`] (not a multiple of 8), [`AttnError::InvalidStrides`]
+/// (a stride not a multiple of 8 elements: rows are moved in 16-byte pieces),
+/// [`AttnError::TooLarge`] (seqlen over 2^30, or more than 2^31-1 blocks).
+pub fn check_gpu_problem(p: &AttnProblem, kernel: KernelKind) -> Result<()> {
+    p.validate()?;
+    let s = &p.shape;
+    if s.head_dim % 8 != 0 {
+        return Err(AttnError::UnsupportedHeadDim {
+            head_dim: s.head_dim,
+            backend: format!("the CUDA kernel {kernel}"),
+            supported: "multiples of 8 from 8 to 256 (rows move in 16-byte pieces); use the CPU backend for others".into(),
+        });
+    }
+    for (name, st, _, _) in p.tensors() {
+        for (axis, v) in [("batch", st.batch), ("seq", st.seq), ("head", st.head)] {
+            if v % 8 != 0 {
+                return Err(AttnError::InvalidStrides {
+                    tensor: name,
+                    reason: format!("{axis} stride {v} is not a multiple of 8 elements; the GPU kernels load rows in 16-byte pieces: copy the tensor to a dense layout first"),
+                });
+            }
+        }
+    }
+    if s.seqlen_q > MAX_SEQLEN || s.seqlen_k > MAX_SEQLEN {
+        return Err(AttnError::TooLarge {
+            kernel: "cuda",
+            reason: format!("seqlen over 2^30 (seqlen_q {}, seqlen_k {}): split the sequence", s.seqlen_q, s.seqlen_k),
+        });
+    }
+    let blocks = (s.seqlen_q.div_ceil(16) as u128) * s.batch as u128 * s.heads_q as u128;
+    if blocks > i32::MAX as u128 {
+        return Err(AttnError::TooLarge {
+            kernel: "cuda",
+            reason: "more than 2^31-1 thread blocks: split the batch".into(),
+        });
+    }
+    Ok(())
+}
+
+fn check_alignment(name: &'static str, ptr: u64) -> Result<()> {
+    if ptr % 16 != 0 {
+        return Err(AttnError::InvalidStrides {
+            tensor: name,
+            reason: format!("device address {ptr:#x} is not 16-byte aligned; the kernels load 16-byte pieces: pass a buffer (or view) that starts on a 16-byte boundary"),
+        });
+    }
+    Ok(())
+}
+
+/// What a launch did: kernel, tile, grid, and the compiler's statistics.
+#[derive(Debug, Clone, Serialize)]
+pub struct LaunchInfo {
+    /// Kernel rung.
+    pub kernel: KernelKind,
+    /// Tile (mma only).
+    pub tile: Option<MmaTile>,
+    /// Registers per thread of the main kernel.
+    pub registers: u32,
+    /// Spill stores in bytes.
+    pub spill_bytes: u32,
+    /// Dynamic shared memory per block.
+    pub smem_bytes: usize,
+}
+
+/// Runs attention on device buffers: `q`, `k`, `v` in the problem's layout, `o` written through
+/// `o_strides`, `lse` dense `[batch, heads_q, seqlen_q]` f32. Asynchronous on `gpu.stream()`.
+///
+/// `tile` overrides the `mma` tile (benchmarks); `None` takes [`MmaTile::default_for`].
+///
+/// # Errors
+/// Every validation error of [`check_gpu_problem`]; [`AttnError::BufferTooShort`];
+/// [`AttnError::InvalidStrides`] for a base address not 16-byte aligned;
+/// [`AttnError::ShapeMismatch`] for a buffer of another device/context;
+/// [`AttnError::Compile`]/[`AttnError::Cuda`] with the kernel name and shape.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_device<T, Q, K, V, O, L>(
+    gpu: &Gpu,
+    kernel: KernelKind,
+    tile: Option<MmaTile>,
+    p: &AttnProblem,
+    q: &Q,
+    k: &K,
+    v: &V,
+    o: &mut O,
+    lse: &mut L,
+) -> Result<LaunchInfo>
+where
+    T: GpuElement,
+    Q: DevicePtr<T>,
+    K: DevicePtr<T>,
+    V: DevicePtr<T>,
+    O: DevicePtrMut<T>,
+    L: DevicePtrMut<f32>,
+{
+    check_gpu_problem(p, kernel)?;
+    p.check_lengths(q.len(), k.len(), v.len(), o.len(), lse.len())?;
+    let ctx = gpu.context().cu_ctx();
+    for (name, c) in [
+        ("q", q.stream().context().cu_ctx()),
+        ("k", k.stream().context().cu_ctx()),
+        ("v", v.stream().context().cu_ctx()),
+        ("o", o.stream().context().cu_ctx()),
+        ("lse", lse.stream().context().cu_ctx()),
+    ] {
+        if c != ctx {
+            return Err(AttnError::ShapeMismatch {
+                what: format!("{name} lives on another device or context than this Gpu: allocate it from gpu.stream()"),
+            });
+        }
+    }
+    let stream = gpu.stream();
+    let (qp, _gq) = q.device_ptr(stream);
+    let (kp, _gk) = k.device_ptr(stream);
+    let (vp, _gv) = v.device_ptr(stream);
+    let (op, _go) = o.device_ptr_mut(stream);
+    let (lp, _gl) = lse.device_ptr_mut(stream);
+    for (name, ptr) in [("q", qp), ("k", kp), ("v", vp), ("o", op)] {
+        check_alignment(name, ptr)?;
+    }
+    let launch = Launch { problem: p, dtype: T::DTYPE, q: qp, k: kp, v: vp, o: op, lse: lp };
+    match kernel {
+        KernelKind::Mma => launch_mma(gpu, &launch, tile),
+        KernelKind::Simt => super::simt::launch(gpu, &launch),
+        KernelKind::Naive => super::naive::launch(gpu, &launch),
+    }
+}
+
+/// Names the kernel and shape in a driver error.
+pub(crate) fn launch_context(kernel: &str, p: &AttnProblem) -> String {
+    let s = &p.shape;
+    format!(
+        "{kernel} launch (batch {}, seqlen_q {}, seqlen_k {}, heads_q {}, heads_kv {}, head_dim {}, mask {})",
+        s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, s.head_dim, p.mask.name()
+    )
+}
+
+/// Raises a function's dynamic shared-memory limit when it needs more than the default 48 KB.
+pub(crate) fn set_dynamic_smem(f: &cudarc::driver::CudaFunction, bytes: usize, what: &str) -> Result<()> {
+    if bytes > 48 * 1024 {
+        f.set_attribute(
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+        .map_err(cuda_err(format!("{what}: raising dynamic shared memory to {bytes} bytes")))?;
+    }
+    Ok(())
+}
+
+fn launch_mma(gpu: &Gpu, l: &Launch, tile: Option<MmaTile>) -> Result<LaunchInfo> {
+    let p = l.problem;
+    let s = &p.shape;
+    let info = gpu.info();
+    let tile = tile.unwrap_or_else(|| MmaTile::default_for(info.compute_capability, s.head_dim));
+    let smem = tile.smem_bytes(s.head_dim);
+    if smem > info.smem_per_block_optin as usize {
+        return Err(AttnError::TooLarge {
+            kernel: "attn_mma",
+            reason: format!("tile {tile} needs {smem} bytes of shared memory, the device allows {} per block: pick a smaller tile", info.smem_per_block_optin),
+        });
+    }
+    let defines = tile.defines(l.dtype, s.head_dim, p.mask.is_causal());
+    let k = gpu.kernel(KernelSource::AttnMma, "attn_mma", &defines)?;
+    let ctx = launch_context("attn_mma", p);
+    set_dynamic_smem(&k.function, smem, &ctx)?;
+    let params = FlashParams::new(l, tile.br());
+    let blocks = params.num_m_blocks as u32 * s.batch as u32 * s.heads_q as u32;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (32 * tile.nwarps, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    let mut b = gpu.stream().launch_builder(&k.function);
+    b.arg(&params);
+    // SAFETY: the parameters mirror the kernel's struct; every buffer was checked against the
+    // shape and strides above, and the kernel reads/writes only inside those bounds.
+    unsafe { b.launch(cfg) }.map_err(cuda_err(ctx))?;
+    Ok(LaunchInfo {
+        kernel: KernelKind::Mma,
+        tile: Some(tile),
+        registers: k.stats.registers,
+        spill_bytes: k.stats.spill_stores,
+        smem_bytes: smem,
+    })
+}
+
+/// Host-memory convenience: copies inputs to the device, runs, copies o (dense) and lse back.
+/// Returns the kernel time in seconds (CUDA events around the launch only).
+///
+/// # Errors
+/// As [`forward_device`], plus allocation/copy failures as [`AttnError::Cuda`].
+pub fn forward_host<T: GpuElement>(
+    gpu: &Gpu,
+    kernel: KernelKind,
+    p: &AttnProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+) -> Result<(Vec<T>, Vec<f32>, f64)> {
+    let s = &p.shape;
+    // Output is written dense regardless of the caller's o_strides.
+    let dense = AttnProblem { o_strides: crate::shape::Strides::contiguous(s.seqlen_q, s.heads_q, s.head_dim), ..*p };
+    check_gpu_problem(&dense, kernel)?;
+    dense.check_lengths(q.len(), k.len(), v.len(), usize::MAX, usize::MAX)?;
+    let stream = gpu.stream();
+    let up = |x: &[T], what: &str| stream.clone_htod(x).map_err(cuda_err(format!("copying {what} to the device")));
+    let (dq, dk, dv) = (up(q, "q")?, up(k, "k")?, up(v, "v")?);
+    let o_len = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
+    let mut d_o: CudaSlice<T> = stream.alloc_zeros(o_len).map_err(cuda_err("allocating o"))?;
+    let mut d_lse: CudaSlice<f32> = stream.alloc_zeros(s.lse_len()).map_err(cuda_err("allocating lse"))?;
+    let ctx = gpu.context();
+    let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let start = ctx.new_event(timing).map_err(cuda_err("creating an event"))?;
+    let end = ctx.new_event(timing).map_err(cuda_err("creating an event"))?;
+    start.record(stream).map_err(cuda_err("recording an event"))?;
+    forward_device(gpu, kernel, None, &dense, &dq, &dk, &dv, &mut d_o, &mut d_lse)?;
+    end.record(stream).map_err(cuda_err("recording an event"))?;
+    let what = launch_context(kernel.name(), p);
+    let o = stream.clone_dtoh(&d_o).map_err(cuda_err(format!("{what}: copying o back")))?;
+    let lse = stream.clone_dtoh(&d_lse).map_err(cuda_err(format!("{what}: copying lse back")))?;
+    let ms = start.elapsed_ms(&end).map_err(cuda_err("reading event time"))?;
+    Ok((o, lse, ms as f64 / 1e3))
+}

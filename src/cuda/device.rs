@@ -1,0 +1,162 @@
+//! One GPU: context, stream, device facts, and a cache of compiled modules.
+
+use super::nvrtc::{compile_cubin, nvrtc_present, nvrtc_version, PtxasStats};
+use super::sources::KernelSource;
+use crate::error::{AttnError, Result};
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::Ptx;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Facts about the device, read from the driver.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeviceInfo {
+    /// Marketing name, e.g. "NVIDIA H200".
+    pub name: String,
+    /// Compute capability (major, minor).
+    pub compute_capability: (i32, i32),
+    /// The arch we compile for, e.g. `sm_90`.
+    pub arch: String,
+    /// Streaming multiprocessors.
+    pub sm_count: i32,
+    /// Shared memory a block may opt in to (bytes).
+    pub smem_per_block_optin: i32,
+    /// Shared memory per SM (bytes).
+    pub smem_per_sm: i32,
+    /// Global memory (bytes).
+    pub total_mem: usize,
+    /// Driver's CUDA version, e.g. 13000.
+    pub driver_version: i32,
+    /// NVRTC version (major, minor).
+    pub nvrtc_version: (i32, i32),
+}
+
+/// A compiled, loaded kernel function and what ptxas said about it.
+#[derive(Debug, Clone)]
+pub struct LoadedKernel {
+    /// The function, ready to launch.
+    pub function: CudaFunction,
+    /// Registers, spills, static shared memory.
+    pub stats: PtxasStats,
+}
+
+/// Key of the module cache: (source, arch, specialisation defines).
+type CacheKey = (KernelSource, String, Vec<(String, String)>);
+
+/// A CUDA device with its stream and compiled-module cache. Cheap to share by reference.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    info: DeviceInfo,
+    cache: Mutex<HashMap<CacheKey, (Arc<CudaModule>, Vec<PtxasStats>)>>,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu").field("info", &self.info).finish()
+    }
+}
+
+/// Maps a driver error into ours, naming what was being done.
+pub fn cuda_err(context: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> AttnError {
+    let context = context.into();
+    move |e| AttnError::Cuda {
+        context,
+        message: format!("{e:?}"),
+    }
+}
+
+impl Gpu {
+    /// Opens device `ordinal`. Never panics when CUDA is missing.
+    ///
+    /// # Errors
+    /// [`AttnError::BackendUnavailable`] when libcuda or NVRTC is absent or no device exists;
+    /// [`AttnError::Cuda`] when the driver fails.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let unavailable = |reason: String| AttnError::BackendUnavailable { backend: "cuda", reason };
+        // SAFETY: only tries to dlopen candidate names.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(unavailable(
+                "the CUDA driver library (libcuda.so) was not found: this machine has no NVIDIA driver".into(),
+            ));
+        }
+        if !nvrtc_present() {
+            return Err(unavailable(
+                "the NVRTC library (libnvrtc.so.13) was not found: install it (pip install nvidia-cuda-nvrtc==13.0.*) and add its lib folder to LD_LIBRARY_PATH".into(),
+            ));
+        }
+        let count = CudaContext::device_count().map_err(|e| unavailable(format!("cuInit/cuDeviceGetCount failed: {e:?}")))?;
+        if ordinal as i32 >= count {
+            return Err(unavailable(format!("device {ordinal} asked for, {count} found")));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(cuda_err("creating the context"))?;
+        let stream = ctx.default_stream();
+        let attr = |a| ctx.attribute(a).map_err(cuda_err("reading device attributes"));
+        use sys::CUdevice_attribute as A;
+        let cc = ctx.compute_capability().map_err(cuda_err("reading compute capability"))?;
+        let mut driver_version = 0;
+        // SAFETY: out-parameter.
+        unsafe { sys::cuDriverGetVersion(&mut driver_version) };
+        let info = DeviceInfo {
+            name: ctx.name().map_err(cuda_err("reading device name"))?,
+            compute_capability: cc,
+            arch: format!("sm_{}{}", cc.0, cc.1),
+            sm_count: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            smem_per_block_optin: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+            smem_per_sm: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?,
+            total_mem: ctx.total_mem().map_err(cuda_err("reading memory size"))?,
+            driver_version,
+            nvrtc_version: nvrtc_version()?,
+        };
+        if cc.0 < 8 {
+            return Err(unavailable(format!(
+                "{} is sm_{}{}; the kernels need sm_80 or newer (bf16 mma.sync, cp.async)",
+                info.name, cc.0, cc.1
+            )));
+        }
+        Ok(Self { ctx, stream, info, cache: Mutex::new(HashMap::new()) })
+    }
+
+    /// Device facts.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream every launch of this crate goes to.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Compiles (once per process) and loads `function` from `source` specialised by `defines`.
+    ///
+    /// # Errors
+    /// [`AttnError::Compile`] with the NVRTC log; [`AttnError::Cuda`] when loading fails.
+    pub fn kernel(&self, source: KernelSource, function: &str, defines: &[(String, String)]) -> Result<LoadedKernel> {
+        let key = (source, self.info.arch.clone(), defines.to_vec());
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if !cache.contains_key(&key) {
+            let cubin = compile_cubin(&source.text(), source.name(), &self.info.arch, defines)?;
+            let module = self
+                .ctx
+                .load_module(Ptx::from_binary(cubin.image))
+                .map_err(cuda_err(format!("loading module {}", source.name())))?;
+            cache.insert(key.clone(), (module, cubin.stats));
+        }
+        let (module, stats) = &cache[&key];
+        let f = module
+            .load_function(function)
+            .map_err(cuda_err(format!("finding {function} in {}", source.name())))?;
+        let stats = stats.iter().find(|s| s.function == function).cloned().unwrap_or_default();
+        Ok(LoadedKernel { function: f, stats })
+    }
+
+    /// Number of modules compiled so far (for tests of the cache).
+    pub fn cached_modules(&self) -> usize {
+        self.cache.lock().map(|c| c.len()).unwrap_or(0)
+    }
+}

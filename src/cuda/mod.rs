@@ -1,0 +1,22 @@
+//! The CUDA backend: NVRTC compilation to CUBIN, a module cache, and kernel launches.
+//!
+//! Everything is loaded at run time (`cudarc` with `dynamic-loading`): building the crate needs
+//! no CUDA toolkit, and a machine without a driver or NVRTC gets
+//! [`crate::AttnError::BackendUnavailable`], never a panic.
+
+pub mod device;
+pub mod nvrtc;
+pub mod sources;
+
+pub use device::{DeviceInfo, Gpu, LoadedKernel};
+pub use nvrtc::{compile_cubin, Cubin, PtxasStats};
+pub use sources::KernelSource;
+
+/// Supported architectures that CI compiles every kernel for.
+pub const CI_ARCHS: [&str; 5] = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_120"];
+
+pub mod attention;
+pub mod naive;
+pub mod simt;
+
+pub use attention::{forward_device, forward_host, GpuElement, KernelKind, LaunchInfo, MmaTile};

@@ -1,0 +1,28 @@
+//! # flashattn
+//!
+//! Exact attention (the FlashAttention forward pass) for NVIDIA GPUs, with hand-written
+//! Tensor Core kernels compiled at run time by NVRTC, an f64 reference, and a CPU backend.
+//!
+//! Layout `[batch, seqlen, heads, head_dim]`, `lse` f32 `[batch, heads_q, seqlen_q]` in
+//! natural log. See [`AttnProblem`] for the problem description and [`forward`] for the
+//! host-memory entry point that picks a backend.
+
+pub mod backend;
+pub mod bench;
+pub mod compare;
+pub mod cpu;
+pub mod cuda;
+pub mod dtype;
+pub mod error;
+pub mod io;
+pub mod layout;
+pub mod mask;
+pub mod probe;
+pub mod reference;
+pub mod shape;
+
+pub use backend::{forward, Backend, BackendChoice, Forward};
+pub use dtype::{DType, Element};
+pub use error::{AttnError, Result};
+pub use mask::Mask;
+pub use shape::{AttnProblem, AttnShape, Strides};
