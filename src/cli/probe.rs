@@ -1,0 +1,116 @@
+//! `flashattn probe`: prove the `mma.m16n8k16` / `ldmatrix` fragment layouts lane by lane,
+//! on the GPU or on the CPU warp emulator.
+
+use flashattn::cuda::Gpu;
+use flashattn::probe::{self, ProbeReport};
+use flashattn::{DType, Result};
+
+/// Runs the layout probe for `dtype` (both f16 and bf16 when `None`) and prints each report.
+///
+/// `emulate` runs on the CPU emulator built on the layout model (no GPU needed); otherwise on
+/// GPU 0. `inject_fault` loads B without `.trans`: the checker must then name the wrong lanes
+/// and registers, and a line says whether the fault was caught.
+///
+/// Returns the exit code: 0 when every check passed; 1 when a check failed (the expected
+/// outcome with `inject_fault`); 2 when a fault was injected but no check failed (the checker
+/// missed it).
+///
+/// # Errors
+/// Without `emulate`: no GPU or NVRTC, or a compile or launch failure.
+pub fn run(emulate: bool, inject_fault: bool, dtype: Option<DType>) -> Result<i32> {
+    let dtypes = match dtype {
+        Some(d) => vec![d],
+        None => vec![DType::F16, DType::BF16],
+    };
+    let gpu = if emulate { None } else { Some(Gpu::new(0)?) };
+    let mut reports = Vec::new();
+    for &d in &dtypes {
+        let report = match &gpu {
+            Some(gpu) => probe::run_gpu(gpu, d, inject_fault)?,
+            None => probe::run_emulated(d, inject_fault),
+        };
+        println!("{}", header(&report, inject_fault));
+        println!("{report}");
+        if inject_fault {
+            println!("{}", fault_verdict(&report));
+        }
+        println!();
+        reports.push(report);
+    }
+    let failed = reports.iter().filter(|r| !r.passed).count();
+    let code = summary_code(failed, reports.len(), inject_fault);
+    println!("{}", summary_line(&reports, failed, inject_fault));
+    Ok(code)
+}
+
+/// `layout probe: f16 on emulator` (+ the fault being injected).
+fn header(report: &ProbeReport, inject_fault: bool) -> String {
+    let fault = if inject_fault {
+        ", fault injected: B loaded with ldmatrix.x4 WITHOUT .trans"
+    } else {
+        ""
+    };
+    format!("layout probe: {} on {}{fault}", report.dtype, report.source)
+}
+
+/// Whether an injected fault was caught, naming the lanes.
+fn fault_verdict(report: &ProbeReport) -> String {
+    if report.passed {
+        format!(
+            "fault NOT caught ({}): every check passed although B was loaded without .trans",
+            report.dtype
+        )
+    } else {
+        let lanes = report.wrong_lanes();
+        format!(
+            "fault caught ({}): {} wrong cells in {}, as expected with the injected fault",
+            report.dtype,
+            report.wrong,
+            lane_list(&lanes)
+        )
+    }
+}
+
+/// `lane 3`, `lanes 0-31` or `lanes 3, 13`.
+fn lane_list(lanes: &[usize]) -> String {
+    let contiguous = lanes.windows(2).all(|w| w[1] == w[0] + 1);
+    match lanes {
+        [] => "no lane".to_string(),
+        [one] => format!("lane {one}"),
+        [first, .., last] if contiguous => format!("lanes {first}-{last}"),
+        _ => {
+            let l: Vec<String> = lanes.iter().map(|l| l.to_string()).collect();
+            format!("lanes {}", l.join(", "))
+        }
+    }
+}
+
+fn summary_code(failed: usize, total: usize, inject_fault: bool) -> i32 {
+    match (failed, inject_fault) {
+        (0, true) => 2,
+        (0, false) => 0,
+        _ if inject_fault && failed < total => 2,
+        _ => 1,
+    }
+}
+
+fn summary_line(reports: &[ProbeReport], failed: usize, inject_fault: bool) -> String {
+    let names: Vec<&str> = reports.iter().map(|r| r.dtype.name()).collect();
+    let cells: usize = reports.iter().map(|r| r.checked).sum();
+    match (failed, inject_fault) {
+        (0, false) => format!(
+            "all layout checks passed ({}; {cells} cells)",
+            names.join(", ")
+        ),
+        (0, true) => "the injected fault was NOT caught: the checker is broken".to_string(),
+        (f, true) if f == reports.len() => format!(
+            "the injected fault was caught for {} (exit code 1 is the expected outcome)",
+            names.join(", ")
+        ),
+        (f, true) => format!(
+            "the injected fault was caught for only {f} of {} dtypes",
+            reports.len()
+        ),
+        (f, false) => format!("{f} of {} dtypes FAILED the layout probe", reports.len()),
+    }
+}
