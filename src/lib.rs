@@ -9,6 +9,7 @@
 
 pub mod backend;
 pub mod bench;
+pub mod check;
 pub mod compare;
 pub mod cpu;
 pub mod cuda;
@@ -26,3 +27,8 @@ pub use dtype::{DType, Element};
 pub use error::{AttnError, Result};
 pub use mask::Mask;
 pub use shape::{AttnProblem, AttnShape, Strides};
+
+/// The README's examples, compiled and run as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -20,3 +20,5 @@ pub mod naive;
 pub mod simt;
 
 pub use attention::{forward_device, forward_host, GpuElement, KernelKind, LaunchInfo, MmaTile};
+pub mod host;
+pub use host::{shared_gpu, try_host_forward};

@@ -1,0 +1,69 @@
+//! Host-memory entry point of the CUDA backend for [`crate::backend::forward`]: one shared GPU
+//! per process (so kernels compile once), and element-type dispatch from a generic `T`.
+
+use super::attention::{forward_host, KernelKind};
+use super::device::Gpu;
+use crate::backend::Backend;
+use crate::dtype::Element;
+use crate::error::{AttnError, Result};
+use crate::shape::AttnProblem;
+use half::{bf16, f16};
+use std::any::TypeId;
+use std::sync::OnceLock;
+
+/// The process-wide GPU 0, opened on first use. The error text is kept so that every caller
+/// can say why the GPU is not usable.
+///
+/// # Errors
+/// [`AttnError::BackendUnavailable`] (or the driver error) from [`Gpu::new`].
+pub fn shared_gpu() -> Result<&'static Gpu> {
+    static GPU: OnceLock<std::result::Result<Gpu, String>> = OnceLock::new();
+    GPU.get_or_init(|| {
+        Gpu::new(0).map_err(|e| match e {
+            AttnError::BackendUnavailable { reason, .. } => reason,
+            other => other.to_string(),
+        })
+    })
+        .as_ref()
+        .map_err(|reason| AttnError::BackendUnavailable {
+            backend: "cuda",
+            reason: reason.clone(),
+        })
+}
+
+/// Reinterprets `&[T]` as `&[U]` when `T` and `U` are the same type.
+fn same<T: 'static, U: 'static>(x: &[T]) -> Option<&[U]> {
+    (TypeId::of::<T>() == TypeId::of::<U>())
+        // SAFETY: T and U are the same type, so layout and validity are identical.
+        .then(|| unsafe { std::slice::from_raw_parts(x.as_ptr() as *const U, x.len()) })
+}
+
+fn back<U: 'static, T: 'static>(x: Vec<U>) -> Vec<T> {
+    assert_eq!(TypeId::of::<T>(), TypeId::of::<U>());
+    let mut x = std::mem::ManuallyDrop::new(x);
+    // SAFETY: same type (asserted), so the allocation's layout is unchanged.
+    unsafe { Vec::from_raw_parts(x.as_mut_ptr() as *mut T, x.len(), x.capacity()) }
+}
+
+/// Runs the best GPU kernel on host buffers: o comes back dense, with lse, the backend
+/// description and the kernel time in seconds.
+///
+/// # Errors
+/// [`AttnError::BackendUnavailable`] without a usable GPU; [`AttnError::DTypeMismatch`] for
+/// f32 (the GPU kernels take f16 and bf16); everything [`forward_host`] returns.
+pub fn try_host_forward<T: Element>(p: &AttnProblem, q: &[T], k: &[T], v: &[T]) -> Result<(Vec<T>, Vec<f32>, Backend, f64)> {
+    let gpu = shared_gpu()?;
+    let kernel = KernelKind::Mma;
+    let backend = Backend::Cuda { device: gpu.info().name.clone(), kernel: format!("attn_{kernel}") };
+    if let (Some(q), Some(k), Some(v)) = (same::<T, f16>(q), same::<T, f16>(k), same::<T, f16>(v)) {
+        let (o, lse, t) = forward_host(gpu, kernel, p, q, k, v)?;
+        return Ok((back(o), lse, backend, t));
+    }
+    if let (Some(q), Some(k), Some(v)) = (same::<T, bf16>(q), same::<T, bf16>(k), same::<T, bf16>(v)) {
+        let (o, lse, t) = forward_host(gpu, kernel, p, q, k, v)?;
+        return Ok((back(o), lse, backend, t));
+    }
+    Err(AttnError::DTypeMismatch {
+        what: format!("the CUDA kernels take f16 or bf16 inputs, got {}: convert the inputs or use the CPU backend", T::DTYPE),
+    })
+}
