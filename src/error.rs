@@ -9,14 +9,18 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum AttnError {
     /// A dimension of the problem is zero.
-    #[error("{name} is 0: every dimension must be at least 1 (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim)")]
+    #[error(
+        "{name} is 0: every dimension must be at least 1 (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim)"
+    )]
     ZeroDim {
         /// Which dimension.
         name: &'static str,
     },
 
     /// GQA/MQA needs `heads_q` to be a whole multiple of `heads_kv`.
-    #[error("heads_q = {heads_q} is not a multiple of heads_kv = {heads_kv}: for GQA/MQA each kv head must serve the same number of query heads")]
+    #[error(
+        "heads_q = {heads_q} is not a multiple of heads_kv = {heads_kv}: for GQA/MQA each kv head must serve the same number of query heads"
+    )]
     HeadsNotMultiple {
         /// Query heads.
         heads_q: usize,
@@ -43,7 +47,9 @@ pub enum AttnError {
     },
 
     /// A buffer holds fewer elements than its shape and strides address.
-    #[error("{tensor} buffer holds {len} elements but its shape and strides address {required}: pass a longer buffer or fix the strides")]
+    #[error(
+        "{tensor} buffer holds {len} elements but its shape and strides address {required}: pass a longer buffer or fix the strides"
+    )]
     BufferTooShort {
         /// q, k, v, o or lse.
         tensor: &'static str,
@@ -70,7 +76,9 @@ pub enum AttnError {
     },
 
     /// `softmax_scale` is NaN, infinite or not positive.
-    #[error("softmax_scale = {value} is not a finite positive number: pass e.g. 1/sqrt(head_dim) (the default)")]
+    #[error(
+        "softmax_scale = {value} is not a finite positive number: pass e.g. 1/sqrt(head_dim) (the default)"
+    )]
     InvalidScale {
         /// The value given.
         value: f32,

@@ -22,7 +22,7 @@ pub mod probe;
 pub mod reference;
 pub mod shape;
 
-pub use backend::{forward, Backend, BackendChoice, Forward};
+pub use backend::{Backend, BackendChoice, Forward, forward};
 pub use dtype::{DType, Element};
 pub use error::{AttnError, Result};
 pub use mask::Mask;

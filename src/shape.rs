@@ -60,7 +60,7 @@ impl AttnShape {
                 return Err(AttnError::ZeroDim { name });
             }
         }
-        if self.heads_q % self.heads_kv != 0 {
+        if !self.heads_q.is_multiple_of(self.heads_kv) {
             return Err(AttnError::HeadsNotMultiple {
                 heads_q: self.heads_q,
                 heads_kv: self.heads_kv,
@@ -139,8 +139,16 @@ impl Strides {
         };
         let last = (batch - 1)
             .checked_mul(self.batch)
-            .and_then(|a| (seqlen - 1).checked_mul(self.seq).and_then(|b| a.checked_add(b)))
-            .and_then(|a| (heads - 1).checked_mul(self.head).and_then(|b| a.checked_add(b)))
+            .and_then(|a| {
+                (seqlen - 1)
+                    .checked_mul(self.seq)
+                    .and_then(|b| a.checked_add(b))
+            })
+            .and_then(|a| {
+                (heads - 1)
+                    .checked_mul(self.head)
+                    .and_then(|b| a.checked_add(b))
+            })
             .and_then(|a| a.checked_add(head_dim))
             .ok_or_else(of)?;
         if last > i64::MAX as usize {
@@ -255,14 +263,7 @@ impl AttnProblem {
     ///
     /// # Errors
     /// [`AttnError::BufferTooShort`] naming the first buffer that is too short.
-    pub fn check_lengths(
-        &self,
-        q: usize,
-        k: usize,
-        v: usize,
-        o: usize,
-        lse: usize,
-    ) -> Result<()> {
+    pub fn check_lengths(&self, q: usize, k: usize, v: usize, o: usize, lse: usize) -> Result<()> {
         let s = &self.shape;
         for ((name, st, seqlen, heads), len) in self.tensors().into_iter().zip([q, k, v, o]) {
             let required = st.required_len(name, s.batch, seqlen, heads, s.head_dim)?;
@@ -356,7 +357,11 @@ mod tests {
     fn transposed_view_is_accepted() {
         // Memory laid out [b, h, s, d], viewed as bshd.
         let (b, s, h, d) = (2, 5, 3, 8);
-        let st = Strides { batch: h * s * d, seq: d, head: s * d };
+        let st = Strides {
+            batch: h * s * d,
+            seq: d,
+            head: s * d,
+        };
         let p = AttnProblem::new(AttnShape::new(b, s, h, d)).unwrap();
         assert!(p.with_strides(st, st, st, st).is_ok());
     }
@@ -364,7 +369,11 @@ mod tests {
     #[test]
     fn overlapping_strides_are_rejected() {
         let p = AttnProblem::new(AttnShape::new(1, 4, 2, 8)).unwrap();
-        let bad = Strides { batch: 64, seq: 4, head: 8 };
+        let bad = Strides {
+            batch: 64,
+            seq: 4,
+            head: 8,
+        };
         assert!(matches!(
             p.with_strides(bad, p.k_strides, p.v_strides, p.o_strides),
             Err(AttnError::InvalidStrides { tensor: "q", .. })

@@ -3,7 +3,7 @@
 use clap::Args;
 use flashattn::check::{self, CheckOptions};
 use flashattn::compare::random_seed;
-use flashattn::cuda::{shared_gpu, KernelKind, MmaTile};
+use flashattn::cuda::{KernelKind, MmaTile, shared_gpu};
 use flashattn::{AttnError, Result};
 use std::path::PathBuf;
 
@@ -19,7 +19,7 @@ pub struct CheckArgs {
     /// Only cases whose label contains this text (e.g. "bf16", "d128", "causal").
     #[arg(long)]
     pub filter: Option<String>,
-    /// Override the mma tile: mt,nwarps,bc[,q].
+    /// Override the mma tile: mt,nwarps,bc[,q][,l][,p][,e] (see `MmaTile::parse`).
     #[arg(long)]
     pub tile: Option<String>,
     /// Write every result as JSON here.
@@ -51,12 +51,19 @@ pub fn run(a: &CheckArgs) -> Result<()> {
     let results = check::run(gpu, &opts, |line| println!("{line}"))?;
     if let Some(path) = &a.json {
         let text = serde_json::to_string_pretty(&results).unwrap_or_default();
-        std::fs::write(path, text).map_err(|source| AttnError::Io { path: path.display().to_string(), source })?;
+        std::fs::write(path, text).map_err(|source| AttnError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
     }
     let failed = results.iter().filter(|r| !r.passed).count();
     if failed > 0 || results.is_empty() {
         return Err(AttnError::CheckFailed {
-            what: format!("{failed} of {} (case, kernel) pairs failed; seed {}", results.len(), opts.seed),
+            what: format!(
+                "{failed} of {} (case, kernel) pairs failed; seed {}",
+                results.len(),
+                opts.seed
+            ),
         });
     }
     Ok(())

@@ -1,0 +1,154 @@
+//! Backend choice for host-memory calls: CPU, CUDA, or the best usable one.
+
+use crate::dtype::Element;
+use crate::error::{AttnError, Result};
+use crate::shape::{AttnProblem, Strides};
+use serde::Serialize;
+use std::time::Instant;
+
+/// Which backend a call should use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub enum BackendChoice {
+    /// The GPU when one is usable, else the CPU.
+    #[default]
+    Auto,
+    /// The CPU backend ([`crate::cpu`]).
+    Cpu,
+    /// The CUDA backend ([`crate::cuda`]); an error when no GPU is usable.
+    Cuda,
+}
+
+/// The backend that actually ran, and why it was chosen.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum Backend {
+    /// The CPU backend with this many rayon threads.
+    Cpu {
+        /// rayon threads.
+        threads: usize,
+    },
+    /// The CUDA backend on this device with this kernel.
+    Cuda {
+        /// Device name.
+        device: String,
+        /// Kernel name.
+        kernel: String,
+    },
+}
+
+/// The result of [`forward`]: o in q's layout (dense), lse, which backend ran, and why.
+#[derive(Debug, Clone)]
+pub struct Forward<T> {
+    /// `[batch, seqlen_q, heads_q, head_dim]`, dense.
+    pub o: Vec<T>,
+    /// `[batch, heads_q, seqlen_q]`, natural log.
+    pub lse: Vec<f32>,
+    /// The backend that ran.
+    pub backend: Backend,
+    /// Why that backend (e.g. why `auto` fell back to the CPU).
+    pub reason: String,
+    /// Wall time of the attention itself in seconds (no compile, no transfers).
+    pub seconds: f64,
+}
+
+/// Runs attention on host buffers with the chosen backend. Output `o` is dense.
+///
+/// `problem.o_strides` is ignored: `o` comes back dense `[batch, seqlen_q, heads_q,
+/// head_dim]`. `Auto` uses the GPU when the CUDA backend is built in and usable, else the
+/// CPU, and says why in [`Forward::reason`].
+///
+/// # Errors
+/// Validation errors of [`AttnProblem`], buffer length errors, and
+/// [`crate::AttnError::BackendUnavailable`] when `Cuda` is asked for and no GPU is usable.
+pub fn forward<T: Element>(
+    choice: BackendChoice,
+    problem: &AttnProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+) -> Result<Forward<T>> {
+    problem.validate()?;
+    let s = problem.shape;
+    let dense = Strides::contiguous(s.seqlen_q, s.heads_q, s.head_dim);
+    let p = AttnProblem {
+        o_strides: dense,
+        ..*problem
+    };
+    p.check_lengths(q.len(), k.len(), v.len(), usize::MAX, usize::MAX)?;
+    match choice {
+        BackendChoice::Cpu => run_cpu(&p, q, k, v, "asked for".into()),
+        // Auto falls back to the CPU, saying why, only when the GPU cannot take the problem
+        // (no GPU, f32, a head_dim or stride the kernels lack); a kernel or launch failure is
+        // an error, never hidden behind a silent fallback.
+        BackendChoice::Auto => match run_cuda(&p, q, k, v, "the GPU is usable") {
+            Ok(f) => Ok(f),
+            Err(
+                e @ (AttnError::BackendUnavailable { .. }
+                | AttnError::DTypeMismatch { .. }
+                | AttnError::UnsupportedHeadDim { .. }
+                | AttnError::InvalidStrides { .. }
+                | AttnError::TooLarge { .. }),
+            ) => run_cpu(
+                &p,
+                q,
+                k,
+                v,
+                format!("CPU, because the GPU backend cannot run this: {e}"),
+            ),
+            Err(e) => Err(e),
+        },
+        // CUDA-HOOK: an unusable GPU is an error here.
+        BackendChoice::Cuda => run_cuda(&p, q, k, v, "asked for"),
+    }
+}
+
+/// Runs [`crate::cuda::try_host_forward`] (o comes back dense).
+fn run_cuda<T: Element>(
+    p: &AttnProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    reason: &str,
+) -> Result<Forward<T>> {
+    let (o, lse, backend, seconds) = crate::cuda::try_host_forward(p, q, k, v)?;
+    Ok(Forward {
+        o,
+        lse,
+        backend,
+        reason: reason.to_string(),
+        seconds,
+    })
+}
+
+/// Runs [`crate::cpu::forward`] into fresh dense buffers and times it.
+fn run_cpu<T: Element>(
+    p: &AttnProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    reason: String,
+) -> Result<Forward<T>> {
+    let s = p.shape;
+    let mut o = vec![T::default(); s.batch * s.seqlen_q * s.heads_q * s.head_dim];
+    let mut lse = vec![0.0f32; s.lse_len()];
+    let t = Instant::now();
+    crate::cpu::forward(p, q, k, v, &mut o, &mut lse)?;
+    let seconds = t.elapsed().as_secs_f64();
+    Ok(Forward {
+        o,
+        lse,
+        backend: Backend::Cpu {
+            threads: rayon::current_num_threads(),
+        },
+        reason,
+        seconds,
+    })
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Backend::Cpu { threads } => write!(f, "cpu ({threads} threads)"),
+            Backend::Cuda { device, kernel } => write!(f, "cuda {kernel} on {device}"),
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! `flashattn run`: attention on q/k/v from a safetensors file, timed, and checked against
+//! the references stored in the file (or the f64 oracle).
+
+use clap::{Args, ValueEnum};
+use flashattn::compare::{Tolerance, diff_lse, diff_o, widen};
+use flashattn::io::{SafeFile, Writer};
+use flashattn::{AttnError, AttnProblem, BackendChoice, Element, Mask, Result, reference};
+use half::{bf16, f16};
+use std::path::{Path, PathBuf};
+
+/// The MiniLM sample shipped in the repository, used when `--input` is not given.
+pub const DEFAULT_DATA: &str = "data/minilm-L6-s77.safetensors";
+
+/// `--backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// The GPU when usable, else the CPU.
+    Auto,
+    /// The CPU backend.
+    Cpu,
+    /// The CUDA backend (an error when no GPU is usable).
+    Cuda,
+}
+
+/// `--dtype`: the element type the inputs are converted to before running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DTypeArg {
+    /// IEEE half.
+    F16,
+    /// bfloat16.
+    Bf16,
+    /// f32 (CPU backend only).
+    F32,
+}
+
+/// Arguments of `flashattn run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// safetensors file with q, k, v (`P.q`, `P.k`, `P.v`, bshd); default: the MiniLM sample
+    /// data/minilm-L6-s77.safetensors of the repository.
+    #[arg(long, value_name = "FILE")]
+    pub input: Option<PathBuf>,
+    /// Run only this layer prefix (e.g. `layer3`); default: every layer in the file.
+    #[arg(long, value_name = "P")]
+    pub prefix: Option<String>,
+    /// Causal mask (bottom-right aligned); checked against `P.o_causal`/`P.lse_causal`.
+    #[arg(long)]
+    pub causal: bool,
+    /// softmax scale; default: the file's `scale` metadata, else 1/sqrt(head_dim).
+    #[arg(long, value_name = "S")]
+    pub scale: Option<f32>,
+    /// Which backend runs the attention.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
+    /// Element type to run in (inputs are converted from the file's type when it differs).
+    #[arg(long, value_enum, default_value_t = DTypeArg::F16)]
+    pub dtype: DTypeArg,
+    /// Write o and lse of every layer run to this safetensors file (`P.o`, `P.lse`, or
+    /// `P.o_causal`, `P.lse_causal`).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Timed runs per layer; the fastest is reported.
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub repeat: usize,
+    /// Also check against the f64 oracle when the file holds no references.
+    #[arg(long)]
+    pub check: bool,
+}
+
+/// Runs `flashattn run`.
+///
+/// # Errors
+/// File, validation and backend errors; [`AttnError::CheckFailed`] when any layer is
+/// outside tolerance.
+pub fn run(a: &RunArgs) -> Result<()> {
+    let path = match &a.input {
+        Some(p) => p.clone(),
+        None => find_default_data()?,
+    };
+    let file = SafeFile::open(&path)?;
+    let prefixes = match &a.prefix {
+        Some(p) => vec![p.trim_end_matches('.').to_string()],
+        None => file.layer_prefixes(),
+    };
+    if prefixes.is_empty() {
+        return Err(AttnError::SafeTensors {
+            what: format!(
+                "{}: no q/k/v found (expected tensors q, k, v or P.q, P.k, P.v); the file has: {}",
+                path.display(),
+                file.names().join(", ")
+            ),
+        });
+    }
+    let mask = if a.causal { Mask::Causal } else { Mask::None };
+    let choice = match a.backend {
+        BackendArg::Auto => BackendChoice::Auto,
+        BackendArg::Cpu => BackendChoice::Cpu,
+        BackendArg::Cuda => BackendChoice::Cuda,
+    };
+    println!(
+        "input: {} ({} layer(s)), mask {}",
+        path.display(),
+        prefixes.len(),
+        mask.name()
+    );
+    let mut ctx = Ctx {
+        a,
+        file: &file,
+        mask,
+        choice,
+        writer: Writer::new(),
+        failures: Vec::new(),
+        first: true,
+    };
+    for prefix in &prefixes {
+        match a.dtype {
+            DTypeArg::F16 => ctx.layer::<f16>(prefix)?,
+            DTypeArg::Bf16 => ctx.layer::<bf16>(prefix)?,
+            DTypeArg::F32 => ctx.layer::<f32>(prefix)?,
+        }
+    }
+    if let Some(out) = &a.out {
+        ctx.writer
+            .meta("layout", "bshd")
+            .meta("source", &path.display().to_string())
+            .meta("mask", mask.name());
+        ctx.writer.write(out)?;
+        println!("wrote {}", out.display());
+    }
+    if ctx.failures.is_empty() {
+        Ok(())
+    } else {
+        Err(AttnError::CheckFailed {
+            what: ctx.failures.join("; "),
+        })
+    }
+}
+
+/// State shared by the layers of one `run`.
+struct Ctx<'a> {
+    a: &'a RunArgs,
+    file: &'a SafeFile,
+    mask: Mask,
+    choice: BackendChoice,
+    writer: Writer,
+    failures: Vec<String>,
+    first: bool,
+}
+
+impl Ctx<'_> {
+    fn layer<T: Element>(&mut self, prefix: &str) -> Result<()> {
+        let qkv = self.file.qkv::<T>(prefix)?;
+        let s = qkv.shape;
+        let mut p = AttnProblem::new(s)?.with_mask(self.mask);
+        if let Some(scale) = self.a.scale.or_else(|| self.file.scale()) {
+            p = p.with_scale(scale)?;
+        }
+        let mut fw = flashattn::forward(self.choice, &p, &qkv.q, &qkv.k, &qkv.v)?;
+        for _ in 1..self.a.repeat {
+            let again = flashattn::forward(self.choice, &p, &qkv.q, &qkv.k, &qkv.v)?;
+            if again.seconds < fw.seconds {
+                fw = again;
+            }
+        }
+        if self.first {
+            println!("backend: {} ({})", fw.backend, fw.reason);
+            println!(
+                "dtype: {} (file: {}), softmax_scale {}",
+                T::DTYPE,
+                qkv.file_dtype,
+                p.softmax_scale
+            );
+            self.first = false;
+        }
+        let name = if prefix.is_empty() { "(top)" } else { prefix };
+        println!(
+            "{name}: b={} sq={} sk={} hq={} hkv={} d={}  {:.3} ms  {:.2} GFLOP/s",
+            s.batch,
+            s.seqlen_q,
+            s.seqlen_k,
+            s.heads_q,
+            s.heads_kv,
+            s.head_dim,
+            fw.seconds * 1e3,
+            p.flops() / fw.seconds.max(1e-12) / 1e9
+        );
+        let tol = Tolerance::for_dtype(T::DTYPE);
+        let stored = self.file.reference(prefix, self.mask, &s)?;
+        let converted = qkv.file_dtype != T::DTYPE;
+        if let Some(r) = &stored {
+            let (od, ld) = (
+                diff_o(widen(&fw.o), &to_f64(&r.o)),
+                diff_lse(widen(&fw.lse), &to_f64(&r.lse)),
+            );
+            if converted {
+                // The stored references belong to the file's inputs, not the converted ones.
+                println!(
+                    "  vs stored reference (info only, inputs converted {} -> {}): o {od}; lse {ld}",
+                    qkv.file_dtype,
+                    T::DTYPE
+                );
+            } else {
+                self.verdict(
+                    name,
+                    "stored reference",
+                    tol.check(name, &od, &ld),
+                    &od,
+                    &ld,
+                );
+            }
+        }
+        if (converted && stored.is_some()) || (stored.is_none() && self.a.check) {
+            let r = reference::attention(&p, &qkv.q, &qkv.k, &qkv.v)?;
+            let (od, ld) = (diff_o(widen(&fw.o), &r.o), diff_lse(widen(&fw.lse), &r.lse));
+            self.verdict(name, "f64 oracle", tol.check(name, &od, &ld), &od, &ld);
+        }
+        if self.a.out.is_some() {
+            self.writer
+                .add_output(prefix, self.mask, &s, &fw.o, &fw.lse)?;
+        }
+        Ok(())
+    }
+
+    fn verdict(
+        &mut self,
+        name: &str,
+        against: &str,
+        check: Result<()>,
+        o: &flashattn::compare::Diff,
+        lse: &flashattn::compare::Diff,
+    ) {
+        let ok = check.is_ok();
+        println!(
+            "  vs {against}: o {o}; lse {lse}  {}",
+            if ok { "ok" } else { "FAIL" }
+        );
+        if let Err(e) = check {
+            self.failures.push(format!("{name} vs {against}: {e}"));
+        }
+    }
+}
+
+fn to_f64(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| v as f64).collect()
+}
+
+/// Finds data/minilm-L6-s77.safetensors: in the current directory and its parents, beside
+/// the executable and its parents (e.g. `target/release/../..`), and in the crate directory
+/// this binary was built from.
+///
+/// # Errors
+/// [`AttnError::Io`] listing every place searched, with what to do.
+pub fn find_default_data() -> Result<PathBuf> {
+    let mut roots: Vec<PathBuf> = Vec::new();
+    if let Ok(cwd) = std::env::current_dir() {
+        roots.extend(cwd.ancestors().map(Path::to_path_buf));
+    }
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
+        roots.extend(dir.ancestors().map(Path::to_path_buf));
+    }
+    roots.push(PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    let mut searched = Vec::new();
+    for root in roots {
+        let candidate = root.join(DEFAULT_DATA);
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+        if !searched.contains(&candidate) {
+            searched.push(candidate);
+        }
+    }
+    Err(AttnError::Io {
+        path: DEFAULT_DATA.to_string(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!(
+                "the MiniLM sample was not found (searched {}); run from the repository or pass --input FILE",
+                searched
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
+    })
+}

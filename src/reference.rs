@@ -1,0 +1,214 @@
+//! The exact oracle: attention in f64 on the (already f16/bf16/f32-rounded) inputs.
+//!
+//! Every checker in the crate (CPU tests, the GPU `check` sweep, `flashattn run`) compares
+//! against this. It materialises one row of scores at a time and one (batch, kv head) of K
+//! and V in f64 (O(seqlen_k * head_dim) memory per rayon task), subtracts the row maximum
+//! before exponentiating, and runs in parallel over (batch, kv head) and over rows.
+//!
+//! Semantics shared with every backend:
+//! - mask rules of [`Mask::visible_keys`](crate::Mask::visible_keys) (bottom-right causal);
+//! - a row that sees no key outputs `o = 0` and `lse = -inf`, never NaN;
+//! - GQA: query head `h` reads kv head `h / (heads_q / heads_kv)`;
+//! - NaN/Inf in the inputs propagate (IEEE arithmetic) into the rows that read them only.
+
+use crate::dtype::Element;
+use crate::error::Result;
+use crate::shape::AttnProblem;
+use rayon::prelude::*;
+
+/// The exact result of one attention call, in f64.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reference {
+    /// Output, dense `[batch, seqlen_q, heads_q, head_dim]` (whatever `o_strides` say).
+    pub o: Vec<f64>,
+    /// Natural-log logsumexp of the scaled scores, dense `[batch, heads_q, seqlen_q]`;
+    /// `-inf` for rows that see no key.
+    pub lse: Vec<f64>,
+}
+
+/// Exact attention in f64 on `q`, `k`, `v` laid out by `p`'s strides.
+///
+/// `s = (q . k) * softmax_scale` in f64 (the f32 scale widened exactly), then a stable
+/// softmax (row max subtracted) and `o = sum p_j v_j / sum p_j`, `lse = max + ln(sum)`.
+///
+/// # Errors
+/// Any error of [`AttnProblem::validate`], and [`crate::AttnError::BufferTooShort`] when
+/// `q`, `k` or `v` is shorter than the problem's strides address.
+pub fn attention<T: Element>(p: &AttnProblem, q: &[T], k: &[T], v: &[T]) -> Result<Reference> {
+    p.validate()?;
+    // o and lse are produced here, so only q, k, v lengths are checked.
+    p.check_lengths(q.len(), k.len(), v.len(), usize::MAX, usize::MAX)?;
+    let s = p.shape;
+    let (d, sq, hq, hkv) = (s.head_dim, s.seqlen_q, s.heads_q, s.heads_kv);
+    let group = s.group_size();
+
+    // One (batch, kv head) at a time per task: its K and V widened to f64 once
+    // (O(seqlen_k * head_dim) memory per task), then every query row of its query heads.
+    let parts: Vec<(Vec<f64>, Vec<f64>)> = (0..s.batch * hkv)
+        .into_par_iter()
+        .map(|bk| {
+            let (b, kvh) = (bk / hkv, bk % hkv);
+            let kf = widen_rows(k, |j| p.k_strides.offset(b, j, kvh), s.seqlen_k, d);
+            let vf = widen_rows(v, |j| p.v_strides.offset(b, j, kvh), s.seqlen_k, d);
+            // Rows (h in the group, i), o [group, sq, d], lse [group, sq].
+            let mut o = vec![0.0f64; group * sq * d];
+            let mut lse = vec![f64::NEG_INFINITY; group * sq];
+            o.par_chunks_mut(d)
+                .zip(lse.par_iter_mut())
+                .enumerate()
+                .for_each_init(
+                    || (Vec::<f64>::new(), vec![0.0f64; d]),
+                    |(scores, qrow), (r, (out, lse))| {
+                        let (h, i) = (kvh * group + r / sq, r % sq);
+                        let qo = p.q_strides.offset(b, i, h);
+                        for (x, e) in qrow.iter_mut().zip(&q[qo..qo + d]) {
+                            *x = e.to_f64();
+                        }
+                        let visible = p.mask.visible_keys(i, sq, s.seqlen_k);
+                        *lse = row(p.softmax_scale as f64, qrow, &kf, &vf, visible, scores, out);
+                    },
+                );
+            (o, lse)
+        })
+        .collect();
+
+    let mut o = vec![0.0f64; s.batch * sq * hq * d];
+    let mut lse = vec![0.0f64; s.batch * hq * sq];
+    for (bk, (po, pl)) in parts.iter().enumerate() {
+        let (b, kvh) = (bk / hkv, bk % hkv);
+        let h0 = kvh * group;
+        lse[(b * hq + h0) * sq..(b * hq + h0 + group) * sq].copy_from_slice(pl);
+        for (r, src) in po.chunks_exact(d).enumerate() {
+            let (h, i) = (h0 + r / sq, r % sq);
+            let at = ((b * sq + i) * hq + h) * d;
+            o[at..at + d].copy_from_slice(src);
+        }
+    }
+    Ok(Reference { o, lse })
+}
+
+/// Exact `o` and `lse` of selected query rows only, for problems too large for
+/// [`attention`] (e.g. seqlen 65537 squared): `rows` lists `(batch, query index, query head)`;
+/// the result holds, for each, the dense `o` row (`head_dim` values) and `lse`.
+///
+/// K and V of each (batch, kv head) that the rows need are widened to f64 once.
+///
+/// # Errors
+/// As [`attention`], plus [`crate::AttnError::ShapeMismatch`] for a row out of range.
+pub fn attention_rows<T: Element>(
+    p: &AttnProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    rows: &[(usize, usize, usize)],
+) -> Result<Vec<(Vec<f64>, f64)>> {
+    p.validate()?;
+    p.check_lengths(q.len(), k.len(), v.len(), usize::MAX, usize::MAX)?;
+    let s = p.shape;
+    if let Some(&(b, i, h)) = rows
+        .iter()
+        .find(|&&(b, i, h)| b >= s.batch || i >= s.seqlen_q || h >= s.heads_q)
+    {
+        return Err(crate::AttnError::ShapeMismatch {
+            what: format!("row (batch {b}, query {i}, head {h}) is outside the problem {s:?}"),
+        });
+    }
+    let d = s.head_dim;
+    let group = s.group_size();
+    let mut kv_needed: Vec<(usize, usize)> = rows.iter().map(|&(b, _, h)| (b, h / group)).collect();
+    kv_needed.sort_unstable();
+    kv_needed.dedup();
+    let mut out = vec![(Vec::new(), 0.0f64); rows.len()];
+    for (b, kvh) in kv_needed {
+        let kf = widen_rows(k, |j| p.k_strides.offset(b, j, kvh), s.seqlen_k, d);
+        let vf = widen_rows(v, |j| p.v_strides.offset(b, j, kvh), s.seqlen_k, d);
+        out.par_iter_mut()
+            .zip(rows.par_iter())
+            .filter(|(_, r)| r.0 == b && r.2 / group == kvh)
+            .for_each(|(slot, &(_, i, h))| {
+                let qo = p.q_strides.offset(b, i, h);
+                let qrow: Vec<f64> = q[qo..qo + d].iter().map(|e| e.to_f64()).collect();
+                let visible = p.mask.visible_keys(i, s.seqlen_q, s.seqlen_k);
+                let mut o = vec![0.0f64; d];
+                let lse = row(
+                    p.softmax_scale as f64,
+                    &qrow,
+                    &kf,
+                    &vf,
+                    visible,
+                    &mut Vec::new(),
+                    &mut o,
+                );
+                *slot = (o, lse);
+            });
+    }
+    Ok(out)
+}
+
+/// Rows `0..n` of one (batch, head) of a bshd tensor, widened to dense f64 `[n, d]`.
+fn widen_rows<T: Element>(
+    x: &[T],
+    offset: impl Fn(usize) -> usize,
+    n: usize,
+    d: usize,
+) -> Vec<f64> {
+    let mut out = Vec::with_capacity(n * d);
+    for j in 0..n {
+        let o = offset(j);
+        out.extend(x[o..o + d].iter().map(|e| e.to_f64()));
+    }
+    out
+}
+
+/// One query row against the first `visible` keys: writes `out` (`o`, zero when no key is
+/// visible) and returns `lse` (`-inf` when none is visible).
+fn row(
+    scale: f64,
+    qrow: &[f64],
+    kf: &[f64],
+    vf: &[f64],
+    visible: usize,
+    scores: &mut Vec<f64>,
+    out: &mut [f64],
+) -> f64 {
+    let d = qrow.len();
+    if visible == 0 {
+        return f64::NEG_INFINITY; // o stays 0
+    }
+    scores.clear();
+    scores.extend(
+        kf.chunks_exact(d)
+            .take(visible)
+            .map(|kr| dot(qrow, kr) * scale),
+    );
+    // f64::max skips NaN, but a NaN score still turns exp(s - m) into NaN below.
+    let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let mut sum = 0.0f64;
+    for sc in scores.iter_mut() {
+        *sc = (*sc - m).exp();
+        sum += *sc;
+    }
+    for (&pj, vr) in scores.iter().zip(vf.chunks_exact(d)) {
+        out.iter_mut().zip(vr).for_each(|(acc, x)| *acc += pj * x);
+    }
+    out.iter_mut().for_each(|x| *x /= sum);
+    m + sum.ln()
+}
+
+/// Dot product with four independent partial sums (vectorises).
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    let mut acc = [0.0f64; 4];
+    let (ca, cb) = (a.chunks_exact(4), b.chunks_exact(4));
+    let tail: f64 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..4 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    (acc[0] + acc[1]) + (acc[2] + acc[3]) + tail
+}

@@ -1,0 +1,150 @@
+//! safetensors round trips: outputs written by `Writer` read back bit for bit, q/k/v read
+//! with and without conversion, layer prefixes, metadata and stored references.
+
+use flashattn::compare::{random_inputs, random_vec};
+use flashattn::io::{SafeFile, Writer, tensor_name};
+use flashattn::{AttnProblem, AttnShape, DType, Mask, cpu};
+use half::{bf16, f16};
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "flashattn-io-{}-{name}.safetensors",
+        std::process::id()
+    ))
+}
+
+#[test]
+fn o_and_lse_round_trip_through_a_file() {
+    let shape = AttnShape {
+        batch: 2,
+        seqlen_q: 9,
+        seqlen_k: 5,
+        heads_q: 4,
+        heads_kv: 2,
+        head_dim: 16,
+    };
+    for mask in [Mask::None, Mask::Causal] {
+        let p = AttnProblem::new(shape).unwrap().with_mask(mask);
+        let (q, k, v) = random_inputs::<f16>(&p, 11);
+        let mut o = vec![f16::ZERO; q.len()];
+        let mut lse = vec![0.0f32; shape.lse_len()];
+        cpu::forward(&p, &q, &k, &v, &mut o, &mut lse).unwrap();
+        assert_eq!(lse.contains(&f32::NEG_INFINITY), mask.is_causal());
+
+        let path = tmp(mask.name());
+        let mut w = Writer::new();
+        w.add_output("layer1", mask, &shape, &o, &lse).unwrap();
+        w.add("layer1.q", &[2, 9, 4, 16], &q).unwrap();
+        w.add("layer1.k", &[2, 5, 2, 16], &k).unwrap();
+        w.add("layer1.v", &[2, 5, 2, 16], &v).unwrap();
+        w.meta("scale", "0.25");
+        w.write(&path).unwrap();
+
+        let f = SafeFile::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let sfx = if mask.is_causal() { "_causal" } else { "" };
+        let (o2, os) = f.read_exact::<f16>(&format!("layer1.o{sfx}")).unwrap();
+        let (l2, ls) = f.read_exact::<f32>(&format!("layer1.lse{sfx}")).unwrap();
+        assert_eq!(os, [2, 9, 4, 16]);
+        assert_eq!(ls, [2, 4, 9]);
+        assert_eq!(o2, o);
+        assert_eq!(
+            l2.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            lse.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        assert_eq!(f.scale(), Some(0.25));
+        assert_eq!(f.layer_prefixes(), ["layer1"]);
+        let qkv = f.qkv::<f16>("layer1").unwrap();
+        assert_eq!((qkv.shape, qkv.q, qkv.k, qkv.v), (shape, q, k, v));
+        // The stored reference of the other mask is absent; this mask's is present.
+        let r = f.reference("layer1", mask, &shape).unwrap().unwrap();
+        assert_eq!(r.lse.len(), lse.len());
+        let other = if mask.is_causal() {
+            Mask::None
+        } else {
+            Mask::Causal
+        };
+        assert!(f.reference("layer1", other, &shape).unwrap().is_none());
+    }
+}
+
+#[test]
+fn conversion_on_read() {
+    let x: Vec<f32> = random_vec(64, 3);
+    let mut w = Writer::new();
+    w.add("a", &[64], &x).unwrap();
+    let f = SafeFile::from_bytes("mem", w.to_bytes().unwrap()).unwrap();
+    assert_eq!(f.info("a").unwrap(), (DType::F32, vec![64]));
+    let (h, _) = f.read::<f16>("a").unwrap();
+    let (b, _) = f.read::<bf16>("a").unwrap();
+    for i in 0..64 {
+        assert_eq!(h[i], f16::from_f32(x[i]));
+        assert_eq!(b[i], bf16::from_f32(x[i]));
+    }
+    // Writing bf16 and reading it as f32 is exact.
+    let mut w = Writer::new();
+    w.add("b", &[8, 8], &b).unwrap();
+    let f = SafeFile::from_bytes("mem", w.to_bytes().unwrap()).unwrap();
+    let (back, shape) = f.read::<f32>("b").unwrap();
+    assert_eq!(shape, [8, 8]);
+    assert!(back.iter().zip(&b).all(|(a, b)| *a == b.to_f32()));
+}
+
+#[test]
+fn prefixes_and_names() {
+    let one = [f16::ONE; 8];
+    let mut w = Writer::new();
+    for p in ["layer10", "layer2", "", "enc.layer0"] {
+        for t in ["q", "k", "v"] {
+            w.add(&tensor_name(p, t), &[1, 1, 1, 8], &one).unwrap();
+        }
+    }
+    w.add("layer3.q", &[1, 1, 1, 8], &one).unwrap(); // no k/v: not a layer
+    assert!(
+        w.add("layer3.q", &[1, 1, 1, 8], &one).is_err(),
+        "duplicate names are refused"
+    );
+    let f = SafeFile::from_bytes("mem", w.to_bytes().unwrap()).unwrap();
+    assert_eq!(f.layer_prefixes(), ["", "enc.layer0", "layer2", "layer10"]);
+    assert!(f.has("layer10.v") && !f.has("layer3.k"));
+    assert_eq!(f.names().len(), 13);
+    assert!(f.metadata().is_empty());
+}
+
+#[test]
+fn partial_or_misshapen_references_are_errors() {
+    let shape = AttnShape::new(1, 2, 1, 4);
+    let mut w = Writer::new();
+    w.add("o", &[1, 2, 1, 4], &[0.5f32; 8]).unwrap();
+    let f = SafeFile::from_bytes("mem", w.to_bytes().unwrap()).unwrap();
+    assert!(
+        f.reference("", Mask::None, &shape).is_err(),
+        "o without lse"
+    );
+    w.add("lse", &[1, 2, 1], &[0.0f32; 2]).unwrap();
+    let f = SafeFile::from_bytes("mem", w.to_bytes().unwrap()).unwrap();
+    assert!(
+        f.reference("", Mask::None, &shape).is_err(),
+        "lse has the wrong shape"
+    );
+}
+
+#[test]
+fn minilm_sample_header() {
+    let f = SafeFile::open(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/data/minilm-L6-s77.safetensors"
+    ))
+    .unwrap();
+    assert_eq!(f.layer_prefixes().len(), 6);
+    assert_eq!(
+        f.info("layer3.q").unwrap(),
+        (DType::F16, vec![1, 77, 12, 32])
+    );
+    assert_eq!(
+        f.info("layer3.lse_causal").unwrap(),
+        (DType::F32, vec![1, 12, 77])
+    );
+    assert!((f.scale().unwrap() - 1.0 / 32f32.sqrt()).abs() < 1e-7);
+    assert_eq!(f.metadata().get("layout").map(String::as_str), Some("bshd"));
+}
