@@ -1,0 +1,238 @@
+//! NVRTC compiles every kernel specialisation we ship to CUBIN for every arch in `CI_ARCHS`,
+//! with zero spills, and checks the shared memory of each tile against the arch's per-block
+//! limit. Runs on machines without a GPU (only NVRTC is needed).
+//!
+//! Without NVRTC the test prints "skipped: NVRTC not found" and passes, unless
+//! `FLASHATTN_REQUIRE_NVRTC=1` (CI), where it fails.
+
+use flashattn::DType;
+use flashattn::cuda::nvrtc::nvrtc_present;
+use flashattn::cuda::simt::SimtTile;
+use flashattn::cuda::{CI_ARCHS, KernelSource, MmaTile, PtxasStats, compile_cubin, naive};
+use rayon::prelude::*;
+use std::time::Instant;
+
+const HEAD_DIMS: [usize; 7] = [32, 40, 64, 80, 96, 128, 256];
+const DTYPES: [DType; 2] = [DType::F16, DType::BF16];
+
+/// One specialisation to compile.
+struct Job {
+    source: KernelSource,
+    arch: &'static str,
+    d: usize,
+    dtype: DType,
+    causal: bool,
+    defines: Vec<(String, String)>,
+    /// Entry points that must be in the module.
+    functions: &'static [&'static str],
+    /// Dynamic shared memory the launcher will ask for, and a description of the tile.
+    smem: usize,
+    tile: String,
+}
+
+/// (major, minor) from "sm_XY" / "sm_XYZ": the last digit is the minor version.
+fn parse_cc(arch: &str) -> (i32, i32) {
+    let digits = arch.trim_start_matches("sm_").trim_end_matches('a');
+    let (major, minor) = digits.split_at(digits.len() - 1);
+    (
+        major.parse().expect("arch major"),
+        minor.parse().expect("arch minor"),
+    )
+}
+
+/// Shared memory a block may opt in to, per arch (bytes).
+fn smem_limit(arch: &str) -> usize {
+    match parse_cc(arch) {
+        (8, 0) => 163 * 1024,
+        (9, 0) => 227 * 1024,
+        _ => 99 * 1024, // sm_86, sm_89, sm_120
+    }
+}
+
+fn jobs() -> Vec<Job> {
+    let mut out = Vec::new();
+    for &arch in CI_ARCHS.iter() {
+        let cc = parse_cc(arch);
+        for d in HEAD_DIMS {
+            for dtype in DTYPES {
+                for causal in [false, true] {
+                    out.push(Job {
+                        source: KernelSource::AttnNaive,
+                        arch,
+                        d,
+                        dtype,
+                        causal,
+                        defines: naive::defines(dtype, d, causal),
+                        functions: &["attn_naive_scores", "attn_naive_softmax", "attn_naive_pv"],
+                        smem: 0,
+                        tile: "-".into(),
+                    });
+                    let st = SimtTile::for_head_dim(d);
+                    out.push(Job {
+                        source: KernelSource::AttnSimt,
+                        arch,
+                        d,
+                        dtype,
+                        causal,
+                        defines: st.defines(dtype, d, causal),
+                        functions: &["attn_simt"],
+                        smem: st.smem_bytes(d),
+                        tile: format!("Br{}xBc{}", st.br(), st.bc()),
+                    });
+                    let mt = MmaTile::default_for(cc, d);
+                    out.push(Job {
+                        source: KernelSource::AttnMma,
+                        arch,
+                        d,
+                        dtype,
+                        causal,
+                        defines: mt.defines(dtype, d, causal),
+                        functions: &["attn_mma"],
+                        smem: mt.smem_bytes(d),
+                        tile: mt.to_string(),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What one compile gave: per-function stats, or the error.
+struct Outcome {
+    stats: Vec<PtxasStats>,
+    error: Option<String>,
+    seconds: f64,
+}
+
+#[test]
+fn every_kernel_compiles_for_every_arch_without_spills() {
+    if !nvrtc_present() {
+        if std::env::var("FLASHATTN_REQUIRE_NVRTC").as_deref() == Ok("1") {
+            panic!(
+                "NVRTC not found but FLASHATTN_REQUIRE_NVRTC=1: install nvidia-cuda-nvrtc 13.0.x and add its lib folder to LD_LIBRARY_PATH"
+            );
+        }
+        println!("skipped: NVRTC not found");
+        return;
+    }
+    let jobs = jobs();
+    // The sources are expanded once; each job compiles its own program.
+    let texts: Vec<(KernelSource, String)> = [
+        KernelSource::AttnNaive,
+        KernelSource::AttnSimt,
+        KernelSource::AttnMma,
+    ]
+    .into_iter()
+    .map(|s| (s, s.text()))
+    .collect();
+    let text = |s: KernelSource| {
+        texts
+            .iter()
+            .find(|(k, _)| *k == s)
+            .map(|(_, t)| t.as_str())
+            .expect("source")
+    };
+
+    let t0 = Instant::now();
+    let outcomes: Vec<Outcome> = jobs
+        .par_iter()
+        .map(|j| {
+            let t = Instant::now();
+            match compile_cubin(text(j.source), j.source.name(), j.arch, &j.defines) {
+                Ok(c) => Outcome {
+                    stats: c.stats,
+                    error: None,
+                    seconds: t.elapsed().as_secs_f64(),
+                },
+                Err(e) => Outcome {
+                    stats: Vec::new(),
+                    error: Some(e.to_string()),
+                    seconds: t.elapsed().as_secs_f64(),
+                },
+            }
+        })
+        .collect();
+    let wall = t0.elapsed().as_secs_f64();
+
+    let mut failures = Vec::new();
+    println!(
+        "{:<7} {:<7} {:>4} {:<5} {:<7} {:>12} {:>7} {:>7} {:<26} {:>6}",
+        "kernel", "arch", "d", "dtype", "mask", "registers", "spills", "smem", "tile", "secs"
+    );
+    for (j, o) in jobs.iter().zip(&outcomes) {
+        let what = format!(
+            "{} {} d={} {} {}",
+            j.source.name(),
+            j.arch,
+            j.d,
+            j.dtype.name(),
+            if j.causal { "causal" } else { "none" }
+        );
+        if let Some(e) = &o.error {
+            failures.push(format!(
+                "{what}: compile failed: {}",
+                e.chars().take(2000).collect::<String>()
+            ));
+            continue;
+        }
+        let mut regs = Vec::new();
+        let mut spills = 0u32;
+        for f in j.functions {
+            match o.stats.iter().find(|s| s.function == *f) {
+                Some(s) => {
+                    regs.push(s.registers.to_string());
+                    spills += s.spill_stores + s.spill_loads;
+                    if s.spill_stores != 0 || s.spill_loads != 0 {
+                        failures.push(format!(
+                            "{what}: {f} spills ({} bytes stores, {} bytes loads, {} registers, tile {})",
+                            s.spill_stores, s.spill_loads, s.registers, j.tile
+                        ));
+                    }
+                }
+                None => failures.push(format!("{what}: no ptxas statistics for entry {f}")),
+            }
+        }
+        let limit = smem_limit(j.arch);
+        if j.smem > limit {
+            failures.push(format!(
+                "{what}: tile {} needs {} bytes of shared memory, {} allows {limit}",
+                j.tile, j.smem, j.arch
+            ));
+        }
+        println!(
+            "{:<7} {:<7} {:>4} {:<5} {:<7} {:>12} {:>7} {:>7} {:<26} {:>6.2}",
+            j.source.name().trim_start_matches("attn_"),
+            j.arch,
+            j.d,
+            j.dtype.name(),
+            if j.causal { "causal" } else { "none" },
+            regs.join("/"),
+            spills,
+            j.smem,
+            j.tile,
+            o.seconds
+        );
+    }
+    println!(
+        "{} compiles in {wall:.1} s on {} threads",
+        jobs.len(),
+        rayon::current_num_threads()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failure(s):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn arch_parsing() {
+    assert_eq!(parse_cc("sm_80"), (8, 0));
+    assert_eq!(parse_cc("sm_86"), (8, 6));
+    assert_eq!(parse_cc("sm_90"), (9, 0));
+    assert_eq!(parse_cc("sm_90a"), (9, 0));
+    assert_eq!(parse_cc("sm_120"), (12, 0));
+    assert_eq!(smem_limit("sm_120"), 99 * 1024);
+}
