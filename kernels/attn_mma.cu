@@ -6,7 +6,10 @@
 // softmax runs on the C fragments, and P goes from the S accumulators to the A fragments of the
 // P V product in registers (layouts proven by layout_probe.cu). Specialised at NVRTC time by:
 //   HEAD_DIM (multiple of 8, <= 256), MT (m16 tiles per warp), NWARPS, BC (keys per tile,
-//   multiple of 16), IS_BF16, IS_CAUSAL, Q_IN_REGS (keep Q's A fragments in registers).
+//   multiple of 16), IS_BF16, IS_CAUSAL, Q_IN_REGS (keep Q's A fragments in registers),
+//   RESCALE_SLACK (how far a row max may rise before O is rescaled; 0 = always),
+//   PIPE_FRAGS (double-buffer the S = Q K^T fragments in registers), SMEM_EPILOGUE (write O
+//   through shared memory in 16-byte pieces).
 #include "ptx.cuh"
 
 #ifndef HEAD_DIM
@@ -29,6 +32,15 @@
 #endif
 #ifndef Q_IN_REGS
 #define Q_IN_REGS 0
+#endif
+#ifndef PIPE_FRAGS
+#define PIPE_FRAGS 0
+#endif
+#ifndef SMEM_EPILOGUE
+#define SMEM_EPILOGUE 0
+#endif
+#ifndef RESCALE_SLACK
+#define RESCALE_SLACK 0
 #endif
 
 // ---- tile geometry --------------------------------------------------------------------------
@@ -99,7 +111,7 @@ FA_DEVICE void load_tile(u32 dst, const u16 *src, i64 row_stride, int row_begin,
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NT) attn_mma(const Params p) {
+extern "C" __global__ void __launch_bounds__(NT, 1) attn_mma(const Params p) {
     extern __shared__ __align__(16) u16 smem[];
     const u32 sQ = smem_u32(smem);
     const u32 sK = sQ + BR * RS * 2;          // two stages of BC rows
@@ -191,6 +203,47 @@ extern "C" __global__ void __launch_bounds__(NT) attn_mma(const Params p) {
             for (int nt = 0; nt < NS; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+#if PIPE_FRAGS
+        // Fragments of k-step kk+1 are loaded before the mma of k-step kk (two register
+        // buffers), so shared-memory latency hides behind Tensor Core work.
+        u32 fa[2][MT][4], fb[2][NS / 2][4];
+        auto load_frags = [&](int kk, int buf) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+#if Q_IN_REGS
+#pragma unroll
+                for (int e = 0; e < 4; ++e) fa[buf][mt][e] = qf[mt][kk][e];
+#else
+                const int r = warp * WM + mt * 16 + (lane % 16);
+                const int c = kk * 2 + lane / 16;
+                ldmatrix_x4(fa[buf][mt][0], fa[buf][mt][1], fa[buf][mt][2], fa[buf][mt][3],
+                            sQ + (u32)(r * RS + c * 8) * 2);
+#endif
+            }
+#pragma unroll
+            for (int np = 0; np < NS / 2; ++np) {
+                const int r = np * 16 + (lane % 8) + (lane / 16) * 8;
+                const int c = kk * 2 + (lane / 8) % 2;
+                ldmatrix_x4(fb[buf][np][0], fb[buf][np][1], fb[buf][np][2], fb[buf][np][3],
+                            cK + (u32)(r * RS + c * 8) * 2);
+            }
+        };
+        load_frags(0, 0);
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) {
+            if (kk + 1 < KS) load_frags(kk + 1, (kk + 1) & 1);
+            const int cb = kk & 1;
+#pragma unroll
+            for (int np = 0; np < NS / 2; ++np)
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma(s[mt][2 * np], fa[cb][mt][0], fa[cb][mt][1], fa[cb][mt][2], fa[cb][mt][3],
+                        fb[cb][np][0], fb[cb][np][1]);
+                    mma(s[mt][2 * np + 1], fa[cb][mt][0], fa[cb][mt][1], fa[cb][mt][2], fa[cb][mt][3],
+                        fb[cb][np][2], fb[cb][np][3]);
+                }
+        }
+#else
 #pragma unroll
         for (int kk = 0; kk < KS; ++kk) {
             u32 a[MT][4];
@@ -219,6 +272,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_mma(const Params p) {
                 }
             }
         }
+#endif
 
         // Mask from C-fragment coordinates: element e of n-tile nt sits at
         // row g + 8*(e/2), column 8*nt + 2t + (e%2). Only tiles that cross the sequence end or
@@ -242,6 +296,11 @@ extern "C" __global__ void __launch_bounds__(NT) attn_mma(const Params p) {
 
         // Online softmax on the fragments. Row r of m-tile mt lives in the 4 lanes of a quad;
         // each lane holds 2*NS of its values. Max and sum reduce with shfl.xor 1 and 2.
+        // The running max only moves when a row's new max exceeds it by more than
+        // RESCALE_SLACK (log2 units): with slack 8, p = 2^(s - m) <= 256, exact enough in
+        // f16/bf16 and f32 sums, and most tiles then skip rescaling O (a warp-uniform vote).
+        bool moved = false;
+        float alpha[MT][2];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -252,11 +311,14 @@ extern "C" __global__ void __launch_bounds__(NT) attn_mma(const Params p) {
                     mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
                 mx = fmaxf(mx, shfl_xor(mx, 1));
                 mx = fmaxf(mx, shfl_xor(mx, 2));
-                const float m_new = fmaxf(row_max[mt][r], mx * p.scale_log2);
+                const float m_old = row_max[mt][r];
+                const float m_cand = mx * p.scale_log2;
+                const float m_new = m_cand > m_old + (float)RESCALE_SLACK ? m_cand : m_old;
                 // A row that has seen only masked keys keeps max -inf; subtract 0 instead so
                 // that exp2(-inf - (-inf)) never makes a NaN.
                 const float m_use = m_new == neg_inf() ? 0.f : m_new;
-                const float alpha = ex2(row_max[mt][r] - m_use);
+                alpha[mt][r] = ex2(m_old - m_use);
+                moved |= m_new != m_old;
                 row_max[mt][r] = m_new;
                 float sum = 0.f;
 #pragma unroll
@@ -267,13 +329,17 @@ extern "C" __global__ void __launch_bounds__(NT) attn_mma(const Params p) {
                         s[mt][nt][e] = pe;
                         sum += pe;
                     }
-                row_sum[mt][r] = row_sum[mt][r] * alpha + sum; // per-lane partial; reduced at the end
-#pragma unroll
-                for (int nd = 0; nd < ND; ++nd) {
-                    acc_o[mt][nd][2 * r] *= alpha;
-                    acc_o[mt][nd][2 * r + 1] *= alpha;
-                }
+                // per-lane partial sum; the quad reduces it once, in the epilogue
+                row_sum[mt][r] = row_sum[mt][r] * alpha[mt][r] + sum;
             }
+        if (vote_any(moved)) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nd = 0; nd < ND; ++nd)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc_o[mt][nd][e] *= alpha[mt][e >> 1];
+        }
 
         // O += P V. The C fragments of S n-tiles 2kk and 2kk+1, packed to 16-bit pairs, are
         // exactly the A fragment of keys 16kk..16kk+15: a0 = (g, 2t..), a1 = (g+8, 2t..),
@@ -309,6 +375,13 @@ extern "C" __global__ void __launch_bounds__(NT) attn_mma(const Params p) {
     // ---- epilogue: O / row_sum as 16-bit pairs, lse = ln(sum exp) in f32 ----
     u16 *ob = p.o + b * p.o_sb + h * p.o_sh;
     float *lse = p.lse + ((i64)b * p.heads_q + h) * p.seqlen_q;
+#if SMEM_EPILOGUE
+    // Stage this warp's rows of O in shared memory (its own slice of the Q tile, free once
+    // every warp is past the loop), then write whole 16-byte pieces of each row: coalesced
+    // stores instead of 4-byte ones scattered over 8 rows.
+    __syncthreads();
+    const u32 sO = sQ + (u32)(warp * WM * RS) * 2;
+#endif
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -317,9 +390,17 @@ extern "C" __global__ void __launch_bounds__(NT) attn_mma(const Params p) {
             l += shfl_xor(l, 1);
             l += shfl_xor(l, 2);
             const int row = wrow0 + mt * 16 + g + 8 * r;
-            if (row >= p.seqlen_q) continue;
             // A row that saw no key: o = 0 and lse = -inf (never NaN).
             const float inv = l > 0.f ? 1.f / l : 0.f;
+#if SMEM_EPILOGUE
+            const int rl = mt * 16 + g + 8 * r;
+#pragma unroll
+            for (int nd = 0; nd < ND; ++nd)
+                st_shared_u32(sO + (u32)(rl * RS + nd * 8 + 2 * t) * 2,
+                              pack2(acc_o[mt][nd][2 * r] * inv, acc_o[mt][nd][2 * r + 1] * inv));
+            if (row >= p.seqlen_q) continue;
+#else
+            if (row >= p.seqlen_q) continue;
             u16 *orow = ob + (i64)row * p.o_ss;
 #pragma unroll
             for (int nd = 0; nd < ND; ++nd) {
@@ -327,7 +408,21 @@ extern "C" __global__ void __launch_bounds__(NT) attn_mma(const Params p) {
                 if (col < D)
                     *(u32 *)(orow + col) = pack2(acc_o[mt][nd][2 * r] * inv, acc_o[mt][nd][2 * r + 1] * inv);
             }
+#endif
             if (t == 0)
                 lse[row] = l > 0.f ? (row_max[mt][r] + lg2(l)) * 0.6931471805599453f : neg_inf();
         }
+#if SMEM_EPILOGUE
+    __syncwarp();
+#pragma unroll
+    for (int i = lane; i < WM * CH; i += 32) {
+        const int rl = i / CH, c = i % CH;
+        const int row = wrow0 + rl;
+        if (row < p.seqlen_q && c * 8 < D) {
+            u32 x0, x1, x2, x3;
+            ld_shared_v4(x0, x1, x2, x3, sO + (u32)(rl * RS + c * 8) * 2);
+            st_global_v4(ob + (i64)row * p.o_ss + c * 8, x0, x1, x2, x3);
+        }
+    }
+#endif
 }

@@ -70,6 +70,19 @@ FA_DEVICE void cp_async_16(u32 dst, const void *src, u32 src_bytes) {
 FA_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> FA_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+// ---- plain shared/global vector accesses (9.7.9.8 ld, 9.7.9.10 st).
+FA_DEVICE void st_shared_u32(u32 addr, u32 x) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(x));
+}
+FA_DEVICE void ld_shared_v4(u32 &x0, u32 &x1, u32 &x2, u32 &x3, u32 addr) {
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(addr));
+}
+FA_DEVICE void st_global_v4(void *p, u32 x0, u32 x1, u32 x2, u32 x3) {
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(x0), "r"(x1), "r"(x2), "r"(x3)
+                 : "memory");
+}
+
 // ---- conversions (9.7.9.21 cvt). Packing puts the first value in the low half, as the
 // A fragment wants (lower column index in the lower 16 bits).
 FA_DEVICE u32 pack_f16x2(float lo, float hi) {
@@ -116,6 +129,14 @@ FA_DEVICE float shfl_xor(float x, int mask) {
     float y;
     asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;\n" : "=f"(y) : "f"(x), "r"(mask));
     return y;
+}
+
+// vote.sync.any (9.7.13.x vote): true in every lane when the predicate holds in any lane.
+FA_DEVICE bool vote_any(bool pred) {
+    u32 r;
+    asm volatile("{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n vote.sync.any.pred q, p, 0xffffffff;\n selp.u32 %0, 1, 0, q;\n}\n"
+                 : "=r"(r) : "r"((u32)pred));
+    return r != 0;
 }
 
 FA_DEVICE float neg_inf() { return __int_as_float(0xff800000); }

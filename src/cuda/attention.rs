@@ -1,12 +1,13 @@
 //! Attention on device buffers: validation, kernel choice, tile configuration and launch.
 
-use super::device::{cuda_err, Gpu};
+use super::device::{Gpu, cuda_err};
 use super::sources::KernelSource;
 use crate::dtype::{DType, Element};
 use crate::error::{AttnError, Result};
 use crate::shape::AttnProblem;
 use cudarc::driver::{
-    sys, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
+    CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
+    sys,
 };
 use serde::Serialize;
 use std::fmt;
@@ -75,7 +76,23 @@ pub struct MmaTile {
     pub bc: u32,
     /// Keep Q's A fragments in registers for the whole loop.
     pub q_in_regs: bool,
+    /// Let a row's running max go stale by up to 2^8 before O is rescaled (exact result;
+    /// most key tiles then skip the rescale).
+    pub lazy_rescale: bool,
+    /// Double-buffer the fragments of `S = Q K^T` in registers (load k-step kk+1 before the
+    /// mma of kk).
+    pub pipe_frags: bool,
+    /// Write O through shared memory in coalesced 16-byte pieces.
+    pub smem_epilogue: bool,
 }
+
+/// The optional flags of a tile spec, in their written order: (letter, define).
+const TILE_FLAGS: [(&str, &str); 4] = [
+    ("q", "Q_IN_REGS"),
+    ("l", "RESCALE_SLACK"),
+    ("p", "PIPE_FRAGS"),
+    ("e", "SMEM_EPILOGUE"),
+];
 
 impl MmaTile {
     /// Query rows per block (`Br`).
@@ -95,27 +112,44 @@ impl MmaTile {
     /// docs/perf-notes.md. All keep registers at or under 255 with no spills (checked in CI).
     pub fn default_for(cc: (i32, i32), head_dim: usize) -> Self {
         let big_smem = matches!(cc, (8, 0) | (9, 0)); // 163/227 KB per block; others 99 KB
+        let tile = |mt, nwarps, bc, q_in_regs| MmaTile {
+            mt,
+            nwarps,
+            bc,
+            q_in_regs,
+            lazy_rescale: true,
+            pipe_frags: false,
+            smem_epilogue: false,
+        };
         if head_dim <= 64 {
-            MmaTile { mt: 2, nwarps: 4, bc: 64, q_in_regs: false }
+            tile(2, 4, 64, true)
         } else if head_dim <= 128 {
-            MmaTile { mt: 2, nwarps: 4, bc: 32, q_in_regs: false }
+            tile(2, 4, 32, false)
         } else if big_smem {
-            MmaTile { mt: 1, nwarps: 4, bc: 32, q_in_regs: false }
+            tile(1, 4, 32, false)
         } else {
-            MmaTile { mt: 1, nwarps: 4, bc: 16, q_in_regs: false }
+            tile(1, 4, 16, false)
         }
     }
 
-    /// Parses `mt,nwarps,bc[,q]` (q = Q in registers), e.g. `2,4,64` or `1,8,64,q`.
+    /// Parses `mt,nwarps,bc[,flag...]` with flags q (Q in registers), l (lazy rescale),
+    /// p (pipelined fragments), e (shared-memory epilogue), e.g. `2,4,64` or `2,4,32,l,p,e`.
     ///
     /// # Errors
     /// [`AttnError::ShapeMismatch`] describing the expected form.
     pub fn parse(s: &str) -> Result<Self> {
         let bad = || AttnError::ShapeMismatch {
-            what: format!("tile '{s}': expected mt,nwarps,bc[,q] with mt in 1..=4, nwarps in 1..=16, bc a multiple of 16 up to 128"),
+            what: format!(
+                "tile '{s}': expected mt,nwarps,bc[,q][,l][,p][,e] with mt in 1..=4, nwarps in 1..=16, bc a multiple of 16 up to 128"
+            ),
         };
         let parts: Vec<&str> = s.split(',').map(str::trim).collect();
-        if parts.len() < 3 || parts.len() > 4 {
+        let flags = parts.get(3..).unwrap_or_default();
+        if parts.len() < 3
+            || flags
+                .iter()
+                .any(|f| !TILE_FLAGS.iter().any(|(l, _)| l == f))
+        {
             return Err(bad());
         }
         let num = |x: &str| x.parse::<u32>().map_err(|_| bad());
@@ -123,12 +157,42 @@ impl MmaTile {
             mt: num(parts[0])?,
             nwarps: num(parts[1])?,
             bc: num(parts[2])?,
-            q_in_regs: parts.get(3) == Some(&"q"),
+            q_in_regs: flags.contains(&"q"),
+            lazy_rescale: flags.contains(&"l"),
+            pipe_frags: flags.contains(&"p"),
+            smem_epilogue: flags.contains(&"e"),
         };
-        if !(1..=4).contains(&t.mt) || !(1..=16).contains(&t.nwarps) || t.bc == 0 || t.bc % 16 != 0 || t.bc > 128 {
+        if !(1..=4).contains(&t.mt)
+            || !(1..=16).contains(&t.nwarps)
+            || t.bc == 0
+            || !t.bc.is_multiple_of(16)
+            || t.bc > 128
+        {
             return Err(bad());
         }
         Ok(t)
+    }
+
+    /// The flags set, in [`TILE_FLAGS`] order.
+    fn flags(&self) -> [bool; 4] {
+        [
+            self.q_in_regs,
+            self.lazy_rescale,
+            self.pipe_frags,
+            self.smem_epilogue,
+        ]
+    }
+
+    /// The `mt,nwarps,bc[,flag...]` form that [`Self::parse`] reads.
+    pub fn spec(&self) -> String {
+        let mut s = format!("{},{},{}", self.mt, self.nwarps, self.bc);
+        for ((letter, _), on) in TILE_FLAGS.iter().zip(self.flags()) {
+            if on {
+                s.push(',');
+                s.push_str(letter);
+            }
+        }
+        s
     }
 
     /// NVRTC defines for this tile.
@@ -138,11 +202,18 @@ impl MmaTile {
             ("MT".to_string(), self.mt.to_string()),
             ("NWARPS".to_string(), self.nwarps.to_string()),
             ("BC".to_string(), self.bc.to_string()),
-            ("IS_BF16".to_string(), u8::from(dtype == DType::BF16).to_string()),
+            (
+                "IS_BF16".to_string(),
+                u8::from(dtype == DType::BF16).to_string(),
+            ),
             ("IS_CAUSAL".to_string(), u8::from(causal).to_string()),
         ];
-        if self.q_in_regs {
-            d.push(("Q_IN_REGS".to_string(), "1".to_string()));
+        for ((_, define), on) in TILE_FLAGS.iter().zip(self.flags()) {
+            if on {
+                // The rescale slack is in log2 units: p = 2^(s - m) stays <= 256.
+                let value = if *define == "RESCALE_SLACK" { "8" } else { "1" };
+                d.push((define.to_string(), value.to_string()));
+            }
         }
         d
     }
@@ -150,7 +221,26 @@ impl MmaTile {
 
 impl fmt::Display for MmaTile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Br{}xBc{} ({}w x {}m16{})", self.br(), self.bc, self.nwarps, self.mt, if self.q_in_regs { ", Q in regs" } else { "" })
+        write!(
+            f,
+            "Br{}xBc{} ({}w x {}m16)",
+            self.br(),
+            self.bc,
+            self.nwarps,
+            self.mt
+        )?;
+        let names = [
+            "Q in regs",
+            "lazy rescale",
+            "pipelined frags",
+            "smem epilogue",
+        ];
+        for (name, on) in names.iter().zip(self.flags()) {
+            if on {
+                write!(f, ", {name}")?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -237,7 +327,7 @@ pub const MAX_SEQLEN: usize = 1 << 30;
 pub fn check_gpu_problem(p: &AttnProblem, kernel: KernelKind) -> Result<()> {
     p.validate()?;
     let s = &p.shape;
-    if s.head_dim % 8 != 0 {
+    if !s.head_dim.is_multiple_of(8) {
         return Err(AttnError::UnsupportedHeadDim {
             head_dim: s.head_dim,
             backend: format!("the CUDA kernel {kernel}"),
@@ -246,10 +336,12 @@ pub fn check_gpu_problem(p: &AttnProblem, kernel: KernelKind) -> Result<()> {
     }
     for (name, st, _, _) in p.tensors() {
         for (axis, v) in [("batch", st.batch), ("seq", st.seq), ("head", st.head)] {
-            if v % 8 != 0 {
+            if !v.is_multiple_of(8) {
                 return Err(AttnError::InvalidStrides {
                     tensor: name,
-                    reason: format!("{axis} stride {v} is not a multiple of 8 elements; the GPU kernels load rows in 16-byte pieces: copy the tensor to a dense layout first"),
+                    reason: format!(
+                        "{axis} stride {v} is not a multiple of 8 elements; the GPU kernels load rows in 16-byte pieces: copy the tensor to a dense layout first"
+                    ),
                 });
             }
         }
@@ -257,7 +349,10 @@ pub fn check_gpu_problem(p: &AttnProblem, kernel: KernelKind) -> Result<()> {
     if s.seqlen_q > MAX_SEQLEN || s.seqlen_k > MAX_SEQLEN {
         return Err(AttnError::TooLarge {
             kernel: "cuda",
-            reason: format!("seqlen over 2^30 (seqlen_q {}, seqlen_k {}): split the sequence", s.seqlen_q, s.seqlen_k),
+            reason: format!(
+                "seqlen over 2^30 (seqlen_q {}, seqlen_k {}): split the sequence",
+                s.seqlen_q, s.seqlen_k
+            ),
         });
     }
     let blocks = (s.seqlen_q.div_ceil(16) as u128) * s.batch as u128 * s.heads_q as u128;
@@ -271,10 +366,12 @@ pub fn check_gpu_problem(p: &AttnProblem, kernel: KernelKind) -> Result<()> {
 }
 
 fn check_alignment(name: &'static str, ptr: u64) -> Result<()> {
-    if ptr % 16 != 0 {
+    if !ptr.is_multiple_of(16) {
         return Err(AttnError::InvalidStrides {
             tensor: name,
-            reason: format!("device address {ptr:#x} is not 16-byte aligned; the kernels load 16-byte pieces: pass a buffer (or view) that starts on a 16-byte boundary"),
+            reason: format!(
+                "device address {ptr:#x} is not 16-byte aligned; the kernels load 16-byte pieces: pass a buffer (or view) that starts on a 16-byte boundary"
+            ),
         });
     }
     Ok(())
@@ -337,7 +434,9 @@ where
     ] {
         if c != ctx {
             return Err(AttnError::ShapeMismatch {
-                what: format!("{name} lives on another device or context than this Gpu: allocate it from gpu.stream()"),
+                what: format!(
+                    "{name} lives on another device or context than this Gpu: allocate it from gpu.stream()"
+                ),
             });
         }
     }
@@ -350,7 +449,15 @@ where
     for (name, ptr) in [("q", qp), ("k", kp), ("v", vp), ("o", op)] {
         check_alignment(name, ptr)?;
     }
-    let launch = Launch { problem: p, dtype: T::DTYPE, q: qp, k: kp, v: vp, o: op, lse: lp };
+    let launch = Launch {
+        problem: p,
+        dtype: T::DTYPE,
+        q: qp,
+        k: kp,
+        v: vp,
+        o: op,
+        lse: lp,
+    };
     match kernel {
         KernelKind::Mma => launch_mma(gpu, &launch, tile),
         KernelKind::Simt => super::simt::launch(gpu, &launch),
@@ -363,18 +470,30 @@ pub(crate) fn launch_context(kernel: &str, p: &AttnProblem) -> String {
     let s = &p.shape;
     format!(
         "{kernel} launch (batch {}, seqlen_q {}, seqlen_k {}, heads_q {}, heads_kv {}, head_dim {}, mask {})",
-        s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, s.head_dim, p.mask.name()
+        s.batch,
+        s.seqlen_q,
+        s.seqlen_k,
+        s.heads_q,
+        s.heads_kv,
+        s.head_dim,
+        p.mask.name()
     )
 }
 
 /// Raises a function's dynamic shared-memory limit when it needs more than the default 48 KB.
-pub(crate) fn set_dynamic_smem(f: &cudarc::driver::CudaFunction, bytes: usize, what: &str) -> Result<()> {
+pub(crate) fn set_dynamic_smem(
+    f: &cudarc::driver::CudaFunction,
+    bytes: usize,
+    what: &str,
+) -> Result<()> {
     if bytes > 48 * 1024 {
         f.set_attribute(
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             bytes as i32,
         )
-        .map_err(cuda_err(format!("{what}: raising dynamic shared memory to {bytes} bytes")))?;
+        .map_err(cuda_err(format!(
+            "{what}: raising dynamic shared memory to {bytes} bytes"
+        )))?;
     }
     Ok(())
 }
@@ -388,7 +507,10 @@ fn launch_mma(gpu: &Gpu, l: &Launch, tile: Option<MmaTile>) -> Result<LaunchInfo
     if smem > info.smem_per_block_optin as usize {
         return Err(AttnError::TooLarge {
             kernel: "attn_mma",
-            reason: format!("tile {tile} needs {smem} bytes of shared memory, the device allows {} per block: pick a smaller tile", info.smem_per_block_optin),
+            reason: format!(
+                "tile {tile} needs {smem} bytes of shared memory, the device allows {} per block: pick a smaller tile",
+                info.smem_per_block_optin
+            ),
         });
     }
     let defines = tile.defines(l.dtype, s.head_dim, p.mask.is_causal());
@@ -431,25 +553,50 @@ pub fn forward_host<T: GpuElement>(
 ) -> Result<(Vec<T>, Vec<f32>, f64)> {
     let s = &p.shape;
     // Output is written dense regardless of the caller's o_strides.
-    let dense = AttnProblem { o_strides: crate::shape::Strides::contiguous(s.seqlen_q, s.heads_q, s.head_dim), ..*p };
+    let dense = AttnProblem {
+        o_strides: crate::shape::Strides::contiguous(s.seqlen_q, s.heads_q, s.head_dim),
+        ..*p
+    };
     check_gpu_problem(&dense, kernel)?;
     dense.check_lengths(q.len(), k.len(), v.len(), usize::MAX, usize::MAX)?;
     let stream = gpu.stream();
-    let up = |x: &[T], what: &str| stream.clone_htod(x).map_err(cuda_err(format!("copying {what} to the device")));
+    let up = |x: &[T], what: &str| {
+        stream
+            .clone_htod(x)
+            .map_err(cuda_err(format!("copying {what} to the device")))
+    };
     let (dq, dk, dv) = (up(q, "q")?, up(k, "k")?, up(v, "v")?);
     let o_len = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
-    let mut d_o: CudaSlice<T> = stream.alloc_zeros(o_len).map_err(cuda_err("allocating o"))?;
-    let mut d_lse: CudaSlice<f32> = stream.alloc_zeros(s.lse_len()).map_err(cuda_err("allocating lse"))?;
+    let mut d_o: CudaSlice<T> = stream
+        .alloc_zeros(o_len)
+        .map_err(cuda_err("allocating o"))?;
+    let mut d_lse: CudaSlice<f32> = stream
+        .alloc_zeros(s.lse_len())
+        .map_err(cuda_err("allocating lse"))?;
     let ctx = gpu.context();
     let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let start = ctx.new_event(timing).map_err(cuda_err("creating an event"))?;
-    let end = ctx.new_event(timing).map_err(cuda_err("creating an event"))?;
-    start.record(stream).map_err(cuda_err("recording an event"))?;
-    forward_device(gpu, kernel, None, &dense, &dq, &dk, &dv, &mut d_o, &mut d_lse)?;
+    let start = ctx
+        .new_event(timing)
+        .map_err(cuda_err("creating an event"))?;
+    let end = ctx
+        .new_event(timing)
+        .map_err(cuda_err("creating an event"))?;
+    start
+        .record(stream)
+        .map_err(cuda_err("recording an event"))?;
+    forward_device(
+        gpu, kernel, None, &dense, &dq, &dk, &dv, &mut d_o, &mut d_lse,
+    )?;
     end.record(stream).map_err(cuda_err("recording an event"))?;
     let what = launch_context(kernel.name(), p);
-    let o = stream.clone_dtoh(&d_o).map_err(cuda_err(format!("{what}: copying o back")))?;
-    let lse = stream.clone_dtoh(&d_lse).map_err(cuda_err(format!("{what}: copying lse back")))?;
-    let ms = start.elapsed_ms(&end).map_err(cuda_err("reading event time"))?;
+    let o = stream
+        .clone_dtoh(&d_o)
+        .map_err(cuda_err(format!("{what}: copying o back")))?;
+    let lse = stream
+        .clone_dtoh(&d_lse)
+        .map_err(cuda_err(format!("{what}: copying lse back")))?;
+    let ms = start
+        .elapsed_ms(&end)
+        .map_err(cuda_err("reading event time"))?;
     Ok((o, lse, ms as f64 / 1e3))
 }

@@ -1,9 +1,9 @@
 //! One GPU: context, stream, device facts, and a cache of compiled modules.
 
-use super::nvrtc::{compile_cubin, nvrtc_present, nvrtc_version, PtxasStats};
+use super::nvrtc::{PtxasStats, compile_cubin, nvrtc_present, nvrtc_version};
 use super::sources::KernelSource;
 use crate::error::{AttnError, Result};
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, sys};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -42,13 +42,15 @@ pub struct LoadedKernel {
 
 /// Key of the module cache: (source, arch, specialisation defines).
 type CacheKey = (KernelSource, String, Vec<(String, String)>);
+/// A loaded module and ptxas's statistics of its functions.
+type CachedModule = (Arc<CudaModule>, Vec<PtxasStats>);
 
 /// A CUDA device with its stream and compiled-module cache. Cheap to share by reference.
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     info: DeviceInfo,
-    cache: Mutex<HashMap<CacheKey, (Arc<CudaModule>, Vec<PtxasStats>)>>,
+    cache: Mutex<HashMap<CacheKey, CachedModule>>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -57,12 +59,26 @@ impl std::fmt::Debug for Gpu {
     }
 }
 
-/// Maps a driver error into ours, naming what was being done.
-pub fn cuda_err(context: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> AttnError {
+/// Maps a driver error into ours, naming what was being done. Errors that poison the
+/// context (700-720: illegal address, misaligned address, launch failure, ...) say so: every
+/// later CUDA call in this process fails, and the process must be restarted.
+pub fn cuda_err(
+    context: impl Into<String>,
+) -> impl FnOnce(cudarc::driver::DriverError) -> AttnError {
     let context = context.into();
-    move |e| AttnError::Cuda {
-        context,
-        message: format!("{e:?}"),
+    move |e| {
+        let code = e.0 as u32;
+        let sticky = (700..=720).contains(&code);
+        AttnError::Cuda {
+            context,
+            message: if sticky {
+                format!(
+                    "{e:?}: the CUDA context is now unusable (a sticky error); restart the process"
+                )
+            } else {
+                format!("{e:?}; the context is still usable")
+            },
+        }
     }
 }
 
@@ -73,7 +89,10 @@ impl Gpu {
     /// [`AttnError::BackendUnavailable`] when libcuda or NVRTC is absent or no device exists;
     /// [`AttnError::Cuda`] when the driver fails.
     pub fn new(ordinal: usize) -> Result<Self> {
-        let unavailable = |reason: String| AttnError::BackendUnavailable { backend: "cuda", reason };
+        let unavailable = |reason: String| AttnError::BackendUnavailable {
+            backend: "cuda",
+            reason,
+        };
         // SAFETY: only tries to dlopen candidate names.
         if !unsafe { sys::is_culib_present() } {
             return Err(unavailable(
@@ -85,15 +104,23 @@ impl Gpu {
                 "the NVRTC library (libnvrtc.so.13) was not found: install it (pip install nvidia-cuda-nvrtc==13.0.*) and add its lib folder to LD_LIBRARY_PATH".into(),
             ));
         }
-        let count = CudaContext::device_count().map_err(|e| unavailable(format!("cuInit/cuDeviceGetCount failed: {e:?}")))?;
+        let count = CudaContext::device_count()
+            .map_err(|e| unavailable(format!("cuInit/cuDeviceGetCount failed: {e:?}")))?;
         if ordinal as i32 >= count {
-            return Err(unavailable(format!("device {ordinal} asked for, {count} found")));
+            return Err(unavailable(format!(
+                "device {ordinal} asked for, {count} found"
+            )));
         }
         let ctx = CudaContext::new(ordinal).map_err(cuda_err("creating the context"))?;
         let stream = ctx.default_stream();
-        let attr = |a| ctx.attribute(a).map_err(cuda_err("reading device attributes"));
+        let attr = |a| {
+            ctx.attribute(a)
+                .map_err(cuda_err("reading device attributes"))
+        };
         use sys::CUdevice_attribute as A;
-        let cc = ctx.compute_capability().map_err(cuda_err("reading compute capability"))?;
+        let cc = ctx
+            .compute_capability()
+            .map_err(cuda_err("reading compute capability"))?;
         let mut driver_version = 0;
         // SAFETY: out-parameter.
         unsafe { sys::cuDriverGetVersion(&mut driver_version) };
@@ -114,7 +141,12 @@ impl Gpu {
                 info.name, cc.0, cc.1
             )));
         }
-        Ok(Self { ctx, stream, info, cache: Mutex::new(HashMap::new()) })
+        Ok(Self {
+            ctx,
+            stream,
+            info,
+            cache: Mutex::new(HashMap::new()),
+        })
     }
 
     /// Device facts.
@@ -136,7 +168,12 @@ impl Gpu {
     ///
     /// # Errors
     /// [`AttnError::Compile`] with the NVRTC log; [`AttnError::Cuda`] when loading fails.
-    pub fn kernel(&self, source: KernelSource, function: &str, defines: &[(String, String)]) -> Result<LoadedKernel> {
+    pub fn kernel(
+        &self,
+        source: KernelSource,
+        function: &str,
+        defines: &[(String, String)],
+    ) -> Result<LoadedKernel> {
         let key = (source, self.info.arch.clone(), defines.to_vec());
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if !cache.contains_key(&key) {
@@ -151,7 +188,11 @@ impl Gpu {
         let f = module
             .load_function(function)
             .map_err(cuda_err(format!("finding {function} in {}", source.name())))?;
-        let stats = stats.iter().find(|s| s.function == function).cloned().unwrap_or_default();
+        let stats = stats
+            .iter()
+            .find(|s| s.function == function)
+            .cloned()
+            .unwrap_or_default();
         Ok(LoadedKernel { function: f, stats })
     }
 

@@ -1,7 +1,7 @@
 //! Host-memory entry point of the CUDA backend for [`crate::backend::forward`]: one shared GPU
 //! per process (so kernels compile once), and element-type dispatch from a generic `T`.
 
-use super::attention::{forward_host, KernelKind};
+use super::attention::{KernelKind, forward_host};
 use super::device::Gpu;
 use crate::backend::Backend;
 use crate::dtype::Element;
@@ -24,11 +24,11 @@ pub fn shared_gpu() -> Result<&'static Gpu> {
             other => other.to_string(),
         })
     })
-        .as_ref()
-        .map_err(|reason| AttnError::BackendUnavailable {
-            backend: "cuda",
-            reason: reason.clone(),
-        })
+    .as_ref()
+    .map_err(|reason| AttnError::BackendUnavailable {
+        backend: "cuda",
+        reason: reason.clone(),
+    })
 }
 
 /// Reinterprets `&[T]` as `&[U]` when `T` and `U` are the same type.
@@ -51,19 +51,32 @@ fn back<U: 'static, T: 'static>(x: Vec<U>) -> Vec<T> {
 /// # Errors
 /// [`AttnError::BackendUnavailable`] without a usable GPU; [`AttnError::DTypeMismatch`] for
 /// f32 (the GPU kernels take f16 and bf16); everything [`forward_host`] returns.
-pub fn try_host_forward<T: Element>(p: &AttnProblem, q: &[T], k: &[T], v: &[T]) -> Result<(Vec<T>, Vec<f32>, Backend, f64)> {
+pub fn try_host_forward<T: Element>(
+    p: &AttnProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+) -> Result<(Vec<T>, Vec<f32>, Backend, f64)> {
     let gpu = shared_gpu()?;
     let kernel = KernelKind::Mma;
-    let backend = Backend::Cuda { device: gpu.info().name.clone(), kernel: format!("attn_{kernel}") };
+    let backend = Backend::Cuda {
+        device: gpu.info().name.clone(),
+        kernel: format!("attn_{kernel}"),
+    };
     if let (Some(q), Some(k), Some(v)) = (same::<T, f16>(q), same::<T, f16>(k), same::<T, f16>(v)) {
         let (o, lse, t) = forward_host(gpu, kernel, p, q, k, v)?;
         return Ok((back(o), lse, backend, t));
     }
-    if let (Some(q), Some(k), Some(v)) = (same::<T, bf16>(q), same::<T, bf16>(k), same::<T, bf16>(v)) {
+    if let (Some(q), Some(k), Some(v)) =
+        (same::<T, bf16>(q), same::<T, bf16>(k), same::<T, bf16>(v))
+    {
         let (o, lse, t) = forward_host(gpu, kernel, p, q, k, v)?;
         return Ok((back(o), lse, backend, t));
     }
     Err(AttnError::DTypeMismatch {
-        what: format!("the CUDA kernels take f16 or bf16 inputs, got {}: convert the inputs or use the CPU backend", T::DTYPE),
+        what: format!(
+            "the CUDA kernels take f16 or bf16 inputs, got {}: convert the inputs or use the CPU backend",
+            T::DTYPE
+        ),
     })
 }

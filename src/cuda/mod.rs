@@ -9,7 +9,7 @@ pub mod nvrtc;
 pub mod sources;
 
 pub use device::{DeviceInfo, Gpu, LoadedKernel};
-pub use nvrtc::{compile_cubin, Cubin, PtxasStats};
+pub use nvrtc::{Cubin, PtxasStats, compile_cubin};
 pub use sources::KernelSource;
 
 /// Supported architectures that CI compiles every kernel for.
@@ -19,6 +19,6 @@ pub mod attention;
 pub mod naive;
 pub mod simt;
 
-pub use attention::{forward_device, forward_host, GpuElement, KernelKind, LaunchInfo, MmaTile};
+pub use attention::{GpuElement, KernelKind, LaunchInfo, MmaTile, forward_device, forward_host};
 pub mod host;
 pub use host::{shared_gpu, try_host_forward};

@@ -7,7 +7,7 @@
 
 use crate::error::{AttnError, Result};
 use cudarc::nvrtc::{result, sys};
-use std::ffi::{c_char, CStr, CString};
+use std::ffi::{CStr, CString, c_char};
 
 /// What ptxas reported for one kernel entry point.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -80,7 +80,12 @@ fn ensure_nvrtc() -> Result<()> {
 /// # Errors
 /// [`AttnError::BackendUnavailable`] without NVRTC; [`AttnError::Compile`] with the full log
 /// when the source does not compile.
-pub fn compile_cubin(source: &str, name: &str, arch: &str, defines: &[(String, String)]) -> Result<Cubin> {
+pub fn compile_cubin(
+    source: &str,
+    name: &str,
+    arch: &str,
+    defines: &[(String, String)],
+) -> Result<Cubin> {
     ensure_nvrtc()?;
     let err = |log: String| AttnError::Compile {
         kernel: name.to_string(),
@@ -100,24 +105,32 @@ pub fn compile_cubin(source: &str, name: &str, arch: &str, defines: &[(String, S
     // SAFETY: `prog` is a live program; options are plain strings.
     let compiled = unsafe { result::compile_program(prog, &options) };
     let log = unsafe { result::get_program_log(prog) }
-        .map(|raw| unsafe { CStr::from_ptr(raw.as_ptr()) }.to_string_lossy().into_owned())
+        .map(|raw| {
+            unsafe { CStr::from_ptr(raw.as_ptr()) }
+                .to_string_lossy()
+                .into_owned()
+        })
         .unwrap_or_default();
-    let image = compiled.map_err(|e| err(format!("{e:?}\n{log}"))).and_then(|()| {
-        let mut size = 0usize;
-        // SAFETY: size query then a buffer of that size, on a successfully compiled program.
-        unsafe {
-            let r = sys::nvrtcGetCUBINSize(prog, &mut size);
-            if r != sys::nvrtcResult::NVRTC_SUCCESS {
-                return Err(err(format!("nvrtcGetCUBINSize: {r:?} (was a real sm_XX arch given?)")));
+    let image = compiled
+        .map_err(|e| err(format!("{e:?}\n{log}")))
+        .and_then(|()| {
+            let mut size = 0usize;
+            // SAFETY: size query then a buffer of that size, on a successfully compiled program.
+            unsafe {
+                let r = sys::nvrtcGetCUBINSize(prog, &mut size);
+                if r != sys::nvrtcResult::NVRTC_SUCCESS {
+                    return Err(err(format!(
+                        "nvrtcGetCUBINSize: {r:?} (was a real sm_XX arch given?)"
+                    )));
+                }
+                let mut buf = vec![0u8; size];
+                let r = sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut c_char);
+                if r != sys::nvrtcResult::NVRTC_SUCCESS {
+                    return Err(err(format!("nvrtcGetCUBIN: {r:?}")));
+                }
+                Ok(buf)
             }
-            let mut buf = vec![0u8; size];
-            let r = sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut c_char);
-            if r != sys::nvrtcResult::NVRTC_SUCCESS {
-                return Err(err(format!("nvrtcGetCUBIN: {r:?}")));
-            }
-            Ok(buf)
-        }
-    });
+        });
     // SAFETY: destroyed once, after its last use.
     let _ = unsafe { result::destroy_program(prog) };
     let image = image?;
@@ -137,12 +150,19 @@ pub fn parse_ptxas_log(log: &str) -> Vec<PtxasStats> {
     let mut out: Vec<PtxasStats> = Vec::new();
     let num_before = |line: &str, key: &str| -> Option<u32> {
         let idx = line.find(key)?;
-        line[..idx].split(|c: char| !c.is_ascii_digit()).rfind(|s| !s.is_empty())?.parse().ok()
+        line[..idx]
+            .split(|c: char| !c.is_ascii_digit())
+            .rfind(|s| !s.is_empty())?
+            .parse()
+            .ok()
     };
     for line in log.lines() {
         if let Some(rest) = line.split("Compiling entry function '").nth(1) {
             let f = rest.split('\'').next().unwrap_or("").to_string();
-            out.push(PtxasStats { function: f, ..Default::default() });
+            out.push(PtxasStats {
+                function: f,
+                ..Default::default()
+            });
         } else if let Some(cur) = out.last_mut() {
             if line.contains("spill stores") {
                 cur.stack_frame = num_before(line, "bytes stack frame").unwrap_or(0);
