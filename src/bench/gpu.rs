@@ -1,0 +1,336 @@
+//! Timing our kernels on the GPU: random input sets rotated past L2, CUDA events around each
+//! launch, extra device memory, and a finite-output check.
+
+use super::report::{LineResult, Source};
+use super::stats;
+use super::sweep::{Case, Line};
+use crate::cuda::device::cuda_err;
+use crate::cuda::{Gpu, GpuElement, forward_device};
+use crate::error::{AttnError, Result};
+use crate::{AttnProblem, DType, Element};
+use cudarc::driver::{CudaSlice, sys};
+use half::{bf16, f16};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+/// L2 size assumed when the driver does not say (H200: 60 MB).
+const FALLBACK_L2: usize = 64 << 20;
+
+/// How `extra_mem_bytes` of our lines is measured.
+pub const EXTRA_MEM_METHOD: &str = "measured: free device memory (cuMemGetInfo) before a warm launch minus the least seen right after the launch call returned and after synchronizing (2 MiB granularity); q, k, v, o, lse and the loaded module are outside it";
+
+/// Rotating input sets of one dtype, with one o and one lse.
+struct Inputs<T> {
+    sets: Vec<[CudaSlice<T>; 3]>,
+    o: CudaSlice<T>,
+    lse: CudaSlice<f32>,
+    len: usize,
+    lse_len: usize,
+}
+
+/// Times lines of a sweep on one GPU; keeps input sets between cases of the same size.
+pub struct GpuBench<'g> {
+    gpu: &'g Gpu,
+    l2: usize,
+    f16: Option<Inputs<f16>>,
+    bf16: Option<Inputs<bf16>>,
+    seed: u64,
+}
+
+/// Normal(0, 1) values rounded to `T`, generated in parallel and reproducibly from `seed`.
+pub fn normal_values<T: Element>(len: usize, seed: u64) -> Vec<T> {
+    let mut v = vec![T::default(); len];
+    v.par_chunks_mut(1 << 20)
+        .enumerate()
+        .for_each(|(i, chunk)| {
+            let mut rng =
+                StdRng::seed_from_u64(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            for pair in chunk.chunks_mut(2) {
+                // Box-Muller: u1 in (0, 1] keeps ln finite.
+                let u1: f64 = 1.0 - rng.r#gen::<f64>();
+                let u2: f64 = rng.r#gen::<f64>();
+                let r = (-2.0 * u1.ln()).sqrt();
+                let a = std::f64::consts::TAU * u2;
+                pair[0] = T::from_f32((r * a.cos()) as f32);
+                if let Some(x) = pair.get_mut(1) {
+                    *x = T::from_f32((r * a.sin()) as f32);
+                }
+            }
+        });
+    v
+}
+
+impl<'g> GpuBench<'g> {
+    /// Reads the L2 size; allocates nothing yet.
+    pub fn new(gpu: &'g Gpu) -> Self {
+        let l2 = gpu
+            .context()
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+            .ok()
+            .filter(|&b| b > 0)
+            .map_or(FALLBACK_L2, |b| b as usize);
+        GpuBench {
+            gpu,
+            l2,
+            f16: None,
+            bf16: None,
+            seed: 0x5EED_F1A5,
+        }
+    }
+
+    /// L2 bytes the rotation is sized against.
+    pub fn l2_bytes(&self) -> usize {
+        self.l2
+    }
+
+    /// Input sets for `case`: together over 3x L2, within a quarter of free memory.
+    pub fn sets_for(&self, case: &Case) -> usize {
+        let held = self
+            .f16
+            .as_ref()
+            .map_or(0, |i| i.sets.len() * 3 * i.len * 2)
+            + self
+                .bf16
+                .as_ref()
+                .map_or(0, |i| i.sets.len() * 3 * i.len * 2);
+        let free = self
+            .gpu
+            .context()
+            .mem_get_info()
+            .map_or(usize::MAX / 8, |(f, _)| f)
+            + held;
+        stats::input_sets(case.input_bytes(), self.l2, free)
+    }
+
+    /// Frees every input set.
+    pub fn release(&mut self) {
+        self.f16 = None;
+        self.bf16 = None;
+        let _ = self.gpu.stream().synchronize();
+    }
+
+    /// Times every line on `case`; a line that fails is recorded as skipped with the reason.
+    pub fn run_case(
+        &mut self,
+        case: &Case,
+        lines: &[Line],
+        sets: usize,
+        iters: usize,
+        warmup: usize,
+        mut progress: impl FnMut(&str),
+    ) -> Vec<LineResult> {
+        let prepared = (|| -> Result<(AttnProblem, DType)> {
+            let p = case.problem()?;
+            let dt = case.dtype()?;
+            let (len, lse_len) = (case.tensor_len(), p.shape.lse_len());
+            match dt {
+                DType::F16 => {
+                    self.bf16 = None;
+                    ensure(self.gpu, &mut self.f16, sets, len, lse_len, self.seed)?;
+                }
+                _ => {
+                    self.f16 = None;
+                    ensure(self.gpu, &mut self.bf16, sets, len, lse_len, self.seed)?;
+                }
+            }
+            Ok((p, dt))
+        })();
+        let (p, dt) = match prepared {
+            Ok(x) => x,
+            Err(e) => {
+                let why = format!("preparing inputs: {e}");
+                return lines
+                    .iter()
+                    .map(|l| LineResult::skipped(&l.name, Source::Ours, why.clone()))
+                    .collect();
+            }
+        };
+        let mut out = Vec::new();
+        for line in lines {
+            progress(&line.name);
+            let gpu = self.gpu;
+            let r = catch_unwind(AssertUnwindSafe(|| match dt {
+                DType::F16 => time_line(
+                    gpu,
+                    line,
+                    &p,
+                    self.f16.as_mut().expect("prepared"),
+                    sets,
+                    iters,
+                    warmup,
+                ),
+                _ => time_line(
+                    gpu,
+                    line,
+                    &p,
+                    self.bf16.as_mut().expect("prepared"),
+                    sets,
+                    iters,
+                    warmup,
+                ),
+            }));
+            out.push(match r {
+                Ok(Ok(l)) => l,
+                Ok(Err(e)) => LineResult::skipped(&line.name, Source::Ours, e.to_string()),
+                Err(panic) => {
+                    let msg = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default();
+                    LineResult::skipped(&line.name, Source::Ours, format!("panicked: {msg}"))
+                }
+            });
+        }
+        out
+    }
+}
+
+/// Makes `slot` hold at least `sets` input sets of `len` elements (reallocating when short).
+fn ensure<T: GpuElement>(
+    gpu: &Gpu,
+    slot: &mut Option<Inputs<T>>,
+    sets: usize,
+    len: usize,
+    lse_len: usize,
+    seed: u64,
+) -> Result<()> {
+    if slot
+        .as_ref()
+        .is_some_and(|i| i.sets.len() >= sets && i.len >= len && i.lse_len >= lse_len)
+    {
+        return Ok(());
+    }
+    *slot = None;
+    let stream = gpu.stream();
+    stream
+        .synchronize()
+        .map_err(cuda_err("synchronizing before allocating bench inputs"))?;
+    let mut all = Vec::with_capacity(sets);
+    for s in 0..sets {
+        let mut one = Vec::with_capacity(3);
+        for t in 0..3u64 {
+            let host: Vec<T> = normal_values(
+                len,
+                seed ^ ((s as u64) << 8 | t).wrapping_mul(0xA24B_AED4_963E_E407),
+            );
+            one.push(stream.clone_htod(&host).map_err(cuda_err(format!(
+                "copying bench input set {s} ({} MB) to the device",
+                (len * 2) >> 20
+            )))?);
+        }
+        let [q, k, v]: [CudaSlice<T>; 3] =
+            one.try_into().map_err(|_| AttnError::ShapeMismatch {
+                what: "three inputs".into(),
+            })?;
+        all.push([q, k, v]);
+    }
+    let o = stream
+        .alloc_zeros::<T>(len)
+        .map_err(cuda_err("allocating bench output o"))?;
+    let lse = stream
+        .alloc_zeros::<f32>(lse_len)
+        .map_err(cuda_err("allocating bench lse"))?;
+    stream
+        .synchronize()
+        .map_err(cuda_err("uploading bench inputs"))?;
+    *slot = Some(Inputs {
+        sets: all,
+        o,
+        lse,
+        len,
+        lse_len,
+    });
+    Ok(())
+}
+
+/// Warm-up, one launch for memory, `iters` timed launches, then an lse check.
+fn time_line<T: GpuElement>(
+    gpu: &Gpu,
+    line: &Line,
+    p: &AttnProblem,
+    inputs: &mut Inputs<T>,
+    sets: usize,
+    iters: usize,
+    warmup: usize,
+) -> Result<LineResult> {
+    let stream = gpu.stream();
+    let ctx = gpu.context();
+    let what = format!(
+        "{} on {}",
+        line.name,
+        crate::cuda::attention::launch_context(line.kernel.name(), p)
+    );
+    let Inputs {
+        sets: bufs, o, lse, ..
+    } = inputs;
+    let n = sets.clamp(1, bufs.len());
+    let mut launch = |i: usize| {
+        let [q, k, v] = &bufs[i % n];
+        forward_device(gpu, line.kernel, line.tile, p, q, k, v, o, lse)
+    };
+    for i in 0..warmup.max(1) {
+        launch(i)?;
+    }
+    stream
+        .synchronize()
+        .map_err(cuda_err(format!("{what}: warm-up")))?;
+    let free = || {
+        ctx.mem_get_info()
+            .map(|(f, _)| f as i64)
+            .map_err(cuda_err("cuMemGetInfo"))
+    };
+    let free0 = free()?;
+    let info = launch(0)?;
+    let free1 = free()?;
+    stream
+        .synchronize()
+        .map_err(cuda_err(format!("{what}: memory launch")))?;
+    let free2 = free()?;
+    let flag = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let mut events = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        events.push((
+            ctx.new_event(flag).map_err(cuda_err("creating an event"))?,
+            ctx.new_event(flag).map_err(cuda_err("creating an event"))?,
+        ));
+    }
+    // One untimed launch in flight, so the GPU is busy while the first timed one is queued.
+    launch(1)?;
+    for (i, (start, end)) in events.iter().enumerate() {
+        start
+            .record(stream)
+            .map_err(cuda_err("recording an event"))?;
+        launch(warmup.max(1) + 1 + i)?;
+        end.record(stream).map_err(cuda_err("recording an event"))?;
+    }
+    stream
+        .synchronize()
+        .map_err(cuda_err(format!("{what}: timed launches")))?;
+    let mut times = Vec::with_capacity(iters);
+    for (start, end) in &events {
+        times.push(
+            start
+                .elapsed_ms(end)
+                .map_err(cuda_err("reading event times"))? as f64,
+        );
+    }
+    let timing = stats::summarize(&times, p.flops()).ok_or_else(|| AttnError::Cuda {
+        context: what.clone(),
+        message: "no valid event times".into(),
+    })?;
+    let host = stream
+        .clone_dtoh(&lse.slice(0..p.shape.lse_len()))
+        .map_err(cuda_err(format!("{what}: copying lse back")))?;
+    let mut r = LineResult::timed(&line.name, Source::Ours, timing);
+    r.tile = info.tile.map(|t| format!("{} ({t})", t.spec()));
+    r.registers = Some(info.registers);
+    r.spill_bytes = Some(info.spill_bytes);
+    r.smem_bytes = Some(info.smem_bytes);
+    r.extra_mem_bytes = Some((free0 - free1.min(free2)).max(0));
+    r.extra_mem_method = Some(EXTRA_MEM_METHOD.into());
+    r.output_finite = Some(host.iter().all(|x| x.is_finite()));
+    Ok(r)
+}

@@ -1,0 +1,222 @@
+//! Options of `flashattn bench` and `flashattn bench-plot` (clap `Args`, usable without clap
+//! through [`BenchOptions::from_args`]).
+
+use super::sweep::{self, Line, Sweep};
+use crate::DType;
+use crate::cuda::KernelKind;
+use crate::error::{AttnError, Result};
+use clap::{Args, Parser, ValueEnum};
+use std::path::PathBuf;
+
+/// Which masks to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CausalChoice {
+    /// No mask only.
+    Off,
+    /// Causal only.
+    On,
+    /// Both.
+    Both,
+}
+
+/// Which element types to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DTypeChoice {
+    /// fp16 only.
+    F16,
+    /// bf16 only.
+    Bf16,
+    /// Both.
+    Both,
+}
+
+/// `flashattn bench`: time our kernels (and PyTorch SDPA peers) over FlashAttention's sweep.
+#[derive(Debug, Clone, Args)]
+pub struct BenchOptions {
+    /// Sequence lengths, comma-separated; `k` means 1024 [default: 512,1k,2k,4k,8k,16k].
+    #[arg(long, value_delimiter = ',', value_parser = parse_len, value_name = "LIST")]
+    pub seqlen: Vec<usize>,
+    /// Head dims, comma-separated [default: 64,128].
+    #[arg(long = "head-dim", value_delimiter = ',', value_name = "LIST")]
+    pub head_dim: Vec<usize>,
+    /// Masks to run [default: both].
+    #[arg(long, value_enum, value_name = "off|on|both")]
+    pub causal: Option<CausalChoice>,
+    /// Element types to run [default: both; f16 with --quick].
+    #[arg(long, value_enum, value_name = "f16|bf16|both")]
+    pub dtype: Option<DTypeChoice>,
+    /// Kernels, comma-separated from naive, simt, mma [default: mma, or none when --tiles is
+    /// given]; naive and simt are slow and naive needs O(seqlen^2) memory.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub kernels: Vec<String>,
+    /// An `mma` tile `mt,nwarps,bc[,q]` timed as its own line `mma[mt,nwarps,bc]`; repeat the
+    /// option, or separate tiles with `;` or spaces.
+    #[arg(long = "tiles", value_name = "MT,NWARPS,BC[,q]", action = clap::ArgAction::Append)]
+    pub tiles: Vec<String>,
+    /// Timed launches per case and line (at least 20); the median is reported.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(20..))]
+    pub iters: u32,
+    /// Untimed launches before timing (at least 1 is always done).
+    #[arg(long, default_value_t = 10)]
+    pub warmup: u32,
+    /// Where bench.json, bench.txt and the plots go (at most 6 files).
+    #[arg(long = "out-dir", default_value = "out/bench", value_name = "DIR")]
+    pub out_dir: PathBuf,
+    /// Also time PyTorch SDPA (flash, cuDNN, efficient) with bench/peers.py after our kernels.
+    #[arg(long)]
+    pub peers: bool,
+    /// Small sweep: seqlen 1k,4k; head_dim 64,128; f16; both masks (explicit options win).
+    #[arg(long)]
+    pub quick: bool,
+    /// Tokens per case (`batch = tokens / seqlen`).
+    #[arg(long, default_value_t = sweep::DEFAULT_TOKENS, value_name = "N")]
+    pub tokens: usize,
+    /// Hidden size per token (`heads = hidden / head_dim`).
+    #[arg(long, default_value_t = sweep::DEFAULT_HIDDEN, value_name = "N")]
+    pub hidden: usize,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub device: usize,
+    /// Skip writing the plots (bench.json and bench.txt are still written).
+    #[arg(long = "no-plot")]
+    pub no_plot: bool,
+}
+
+/// `flashattn bench-plot`: redraw the plots from a bench.json.
+#[derive(Debug, Clone, Args)]
+pub struct PlotOptions {
+    /// The bench.json written by `flashattn bench`.
+    #[arg(long, value_name = "FILE")]
+    pub json: PathBuf,
+    /// Where `bench-<dtype>.png` and `.svg` go.
+    #[arg(long = "out-dir", default_value = "out/bench", value_name = "DIR")]
+    pub out_dir: PathBuf,
+}
+
+#[derive(Parser)]
+#[command(no_binary_name = true)]
+struct Wrapper {
+    #[command(flatten)]
+    opts: BenchOptions,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        Self::from_args(std::iter::empty::<&str>()).expect("the defaults parse")
+    }
+}
+
+/// Parses `512`, `1k`, `16K`.
+fn parse_len(s: &str) -> std::result::Result<usize, String> {
+    let t = s.trim();
+    let (num, mul) = match t.strip_suffix(['k', 'K']) {
+        Some(n) => (n, 1024),
+        None => (t, 1),
+    };
+    match num.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n * mul),
+        _ => Err(format!(
+            "'{s}' is not a positive length (e.g. 512, 1k, 16k)"
+        )),
+    }
+}
+
+impl BenchOptions {
+    /// Parses the options from plain strings, without the program or subcommand name, e.g.
+    /// `["--quick", "--peers"]`.
+    ///
+    /// # Errors
+    /// [`AttnError::ShapeMismatch`] carrying clap's message.
+    pub fn from_args<I, T>(args: I) -> Result<Self>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        Wrapper::try_parse_from(args)
+            .map(|w| w.opts)
+            .map_err(|e| AttnError::ShapeMismatch {
+                what: format!("bench options: {e}"),
+            })
+    }
+
+    /// The sweep these options ask for.
+    ///
+    /// # Errors
+    /// Unknown kernel names, malformed tiles, head dims that do not divide `--hidden`, or an
+    /// empty list of lines.
+    pub fn sweep(&self) -> Result<Sweep> {
+        let seqlens = if !self.seqlen.is_empty() {
+            self.seqlen.clone()
+        } else if self.quick {
+            vec![1024, 4096]
+        } else {
+            sweep::DEFAULT_SEQLENS.to_vec()
+        };
+        let head_dims = if self.head_dim.is_empty() {
+            sweep::DEFAULT_HEAD_DIMS.to_vec()
+        } else {
+            self.head_dim.clone()
+        };
+        let causal = match self.causal.unwrap_or(CausalChoice::Both) {
+            CausalChoice::Off => vec![false],
+            CausalChoice::On => vec![true],
+            CausalChoice::Both => vec![false, true],
+        };
+        let dtype = self.dtype.unwrap_or(if self.quick {
+            DTypeChoice::F16
+        } else {
+            DTypeChoice::Both
+        });
+        let dtypes = match dtype {
+            DTypeChoice::F16 => vec![DType::F16],
+            DTypeChoice::Bf16 => vec![DType::BF16],
+            DTypeChoice::Both => vec![DType::F16, DType::BF16],
+        };
+        let mut lines: Vec<Line> = Vec::new();
+        let names: Vec<String> = if self.kernels.is_empty() && self.tiles.is_empty() {
+            vec!["mma".into()]
+        } else {
+            self.kernels
+                .iter()
+                .map(|k| k.trim().to_string())
+                .filter(|k| !k.is_empty())
+                .collect()
+        };
+        for name in names {
+            let line = Line::kernel(KernelKind::parse(&name)?);
+            if !lines.contains(&line) {
+                lines.push(line);
+            }
+        }
+        for spec in self
+            .tiles
+            .iter()
+            .flat_map(|t| t.split([';', ' ']))
+            .filter(|t| !t.trim().is_empty())
+        {
+            let line = Line::tile(spec)?;
+            if !lines.iter().any(|l| l.name == line.name) {
+                lines.push(line);
+            }
+        }
+        if lines.is_empty() {
+            return Err(AttnError::UnknownKernel {
+                name: String::new(),
+                available: "naive, simt, mma (or --tiles)".into(),
+            });
+        }
+        Ok(Sweep {
+            cases: sweep::cases(
+                &dtypes,
+                &head_dims,
+                &causal,
+                &seqlens,
+                self.tokens,
+                self.hidden,
+            )?,
+            lines,
+            iters: self.iters as usize,
+            warmup: self.warmup as usize,
+        })
+    }
+}

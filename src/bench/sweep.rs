@@ -1,0 +1,211 @@
+//! The benchmark sweep: cases (shape, dtype, mask) and lines (kernel and tile).
+//!
+//! As FlashAttention's own benchmark: `batch * seqlen` tokens and `heads * head_dim` hidden
+//! size are held fixed (16384 and 2048), so every case moves the same bytes and the FLOPs grow
+//! with seqlen.
+
+use crate::cuda::{KernelKind, MmaTile};
+use crate::error::{AttnError, Result};
+use crate::{AttnProblem, AttnShape, DType, Mask};
+use serde::{Deserialize, Serialize};
+
+/// Tokens per case (`batch * seqlen`) in FlashAttention's benchmark.
+pub const DEFAULT_TOKENS: usize = 16384;
+/// Hidden size per token (`heads * head_dim`) in FlashAttention's benchmark.
+pub const DEFAULT_HIDDEN: usize = 2048;
+/// Sequence lengths of the default sweep.
+pub const DEFAULT_SEQLENS: [usize; 6] = [512, 1024, 2048, 4096, 8192, 16384];
+/// Head dims of the default sweep.
+pub const DEFAULT_HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// One measured configuration: self-attention `[batch, seqlen, heads, head_dim]`, dense.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Case {
+    /// `f16` or `bf16`.
+    pub dtype: String,
+    /// Sequences.
+    pub batch: usize,
+    /// Query and key rows per sequence.
+    pub seqlen: usize,
+    /// Heads (query and key/value).
+    pub heads: usize,
+    /// Channels per head.
+    pub head_dim: usize,
+    /// Causal mask (square, so top-left and bottom-right alignment agree).
+    pub causal: bool,
+}
+
+impl Case {
+    /// A case with `tokens / seqlen` sequences (at least 1) and `hidden / head_dim` heads.
+    ///
+    /// # Errors
+    /// [`AttnError::ShapeMismatch`] when `head_dim` does not divide `hidden` or a size is 0.
+    pub fn new(
+        dtype: DType,
+        seqlen: usize,
+        head_dim: usize,
+        causal: bool,
+        tokens: usize,
+        hidden: usize,
+    ) -> Result<Self> {
+        if seqlen == 0
+            || head_dim == 0
+            || tokens == 0
+            || !hidden.is_multiple_of(head_dim)
+            || hidden < head_dim
+        {
+            return Err(AttnError::ShapeMismatch {
+                what: format!(
+                    "bench case seqlen {seqlen}, head_dim {head_dim}: need seqlen > 0 and head_dim dividing the hidden size {hidden}"
+                ),
+            });
+        }
+        Ok(Case {
+            dtype: dtype.name().to_string(),
+            batch: (tokens / seqlen).max(1),
+            seqlen,
+            heads: hidden / head_dim,
+            head_dim,
+            causal,
+        })
+    }
+
+    /// Stable identifier, e.g. `f16-d64-causal-s4096-b4-h32`.
+    pub fn id(&self) -> String {
+        format!(
+            "{}-d{}-{}-s{}-b{}-h{}",
+            self.dtype,
+            self.head_dim,
+            self.mask().name(),
+            self.seqlen,
+            self.batch,
+            self.heads
+        )
+    }
+
+    /// The mask.
+    pub fn mask(&self) -> Mask {
+        if self.causal {
+            Mask::Causal
+        } else {
+            Mask::None
+        }
+    }
+
+    /// The element type.
+    ///
+    /// # Errors
+    /// [`AttnError::DTypeMismatch`] for anything but `f16` and `bf16`.
+    pub fn dtype(&self) -> Result<DType> {
+        match self.dtype.as_str() {
+            "f16" => Ok(DType::F16),
+            "bf16" => Ok(DType::BF16),
+            other => Err(AttnError::DTypeMismatch {
+                what: format!("bench dtype '{other}': expected f16 or bf16"),
+            }),
+        }
+    }
+
+    /// The attention problem (dense bshd, default scale).
+    ///
+    /// # Errors
+    /// Shape validation errors.
+    pub fn problem(&self) -> Result<AttnProblem> {
+        Ok(AttnProblem::new(AttnShape::new(
+            self.batch,
+            self.seqlen,
+            self.heads,
+            self.head_dim,
+        ))?
+        .with_mask(self.mask()))
+    }
+
+    /// FLOPs by [`AttnProblem::flops`] (visible pairs only).
+    pub fn flops(&self) -> f64 {
+        self.problem().map(|p| p.flops()).unwrap_or(0.0)
+    }
+
+    /// Elements of one of q, k, v, o.
+    pub fn tensor_len(&self) -> usize {
+        self.batch * self.seqlen * self.heads * self.head_dim
+    }
+
+    /// Bytes of q, k and v together (one input set).
+    pub fn input_bytes(&self) -> usize {
+        3 * self.tensor_len() * 2
+    }
+}
+
+/// One line of the benchmark (a column of the table, a curve of the plot).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Line {
+    /// `mma`, `simt`, `naive`, or `mma[2,4,64]` for an explicit tile.
+    pub name: String,
+    /// The kernel.
+    pub kernel: KernelKind,
+    /// Explicit `mma` tile; `None` takes the kernel's default.
+    pub tile: Option<MmaTile>,
+}
+
+impl Line {
+    /// A kernel with its default tile.
+    pub fn kernel(kernel: KernelKind) -> Self {
+        Line {
+            name: kernel.name().to_string(),
+            kernel,
+            tile: None,
+        }
+    }
+
+    /// `mma` with an explicit tile, named `mma[<spec>]` after the spec as given (trimmed).
+    ///
+    /// # Errors
+    /// [`MmaTile::parse`] errors.
+    pub fn tile(spec: &str) -> Result<Self> {
+        let tile = MmaTile::parse(spec)?;
+        let spec: String = spec.chars().filter(|c| !c.is_whitespace()).collect();
+        Ok(Line {
+            name: format!("mma[{spec}]"),
+            kernel: KernelKind::Mma,
+            tile: Some(tile),
+        })
+    }
+}
+
+/// Everything to measure.
+#[derive(Debug, Clone)]
+pub struct Sweep {
+    /// Cases in table order (dtype, head_dim, mask, seqlen).
+    pub cases: Vec<Case>,
+    /// Our lines in column order.
+    pub lines: Vec<Line>,
+    /// Timed launches per line and case.
+    pub iters: usize,
+    /// Untimed launches first.
+    pub warmup: usize,
+}
+
+/// Cases of the cross product, in table order.
+///
+/// # Errors
+/// [`Case::new`] errors.
+pub fn cases(
+    dtypes: &[DType],
+    head_dims: &[usize],
+    causal: &[bool],
+    seqlens: &[usize],
+    tokens: usize,
+    hidden: usize,
+) -> Result<Vec<Case>> {
+    let mut out = Vec::new();
+    for &dt in dtypes {
+        for &d in head_dims {
+            for &c in causal {
+                for &s in seqlens {
+                    out.push(Case::new(dt, s, d, c, tokens, hidden)?);
+                }
+            }
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,145 @@
+//! The text table: one row per case, TFLOP/s of every line and peer, and our ratios.
+
+use super::report::BenchReport;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+/// Renders the header, the table and the skip reasons.
+pub fn render(report: &BenchReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", header(report));
+    let peers = report.peer_names();
+    let primary = report.primary_line();
+    let mut head: Vec<String> = ["dtype", "d", "causal", "seqlen"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    head.extend(report.lines.iter().cloned());
+    head.extend(peers.iter().cloned());
+    if let Some(p) = &primary {
+        head.extend(peers.iter().map(|q| format!("{p}/{q}")));
+    }
+    let mut rows = vec![head];
+    for c in &report.cases {
+        let k = &c.case;
+        let mut row = vec![
+            k.dtype.clone(),
+            k.head_dim.to_string(),
+            if k.causal { "yes" } else { "no" }.to_string(),
+            k.seqlen.to_string(),
+        ];
+        for name in report.lines.iter().chain(&peers) {
+            row.push(c.tflops(name).map_or("-".into(), |t| format!("{t:.1}")));
+        }
+        if let Some(p) = &primary {
+            row.extend(
+                peers
+                    .iter()
+                    .map(|q| c.ratio(p, q).map_or("-".into(), |r| format!("{r:.2}"))),
+            );
+        }
+        rows.push(row);
+    }
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
+        .collect();
+    for (n, row) in rows.iter().enumerate() {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (cell, w))| {
+                if i < 4 {
+                    format!("{cell:<w$}")
+                } else {
+                    format!("{cell:>w$}")
+                }
+            })
+            .collect();
+        let _ = writeln!(out, "{}", cells.join("  ").trim_end());
+        if n == 0 {
+            let _ = writeln!(
+                out,
+                "{}",
+                "-".repeat(widths.iter().sum::<usize>() + 2 * (widths.len() - 1))
+            );
+        }
+    }
+    out.push_str(&skips(report));
+    out
+}
+
+fn header(report: &BenchReport) -> String {
+    let dev = report
+        .device
+        .get("name")
+        .and_then(|v| v.as_str())
+        .unwrap_or("no GPU");
+    let arch = report
+        .device
+        .get("arch")
+        .and_then(|v| v.as_str())
+        .unwrap_or("");
+    let mut h = format!(
+        "flashattn {} bench on {dev} {arch}: forward TFLOP/s (median of {} launches, CUDA events, inputs rotated past L2; causal FLOPs count visible pairs only)",
+        report.version, report.method.iters
+    );
+    if let Some(e) = &report.gpu_error {
+        let _ = write!(h, "\nour kernels did not run: {e}");
+    }
+    let p = &report.peers;
+    if p.requested && p.available {
+        let _ = write!(
+            h,
+            "\npeers: PyTorch SDPA (torch {}, cuDNN {}, CUDA {}): flash = FlashAttention-2 backend, cudnn = cuDNN backend, efficient = memory-efficient backend",
+            p.torch.as_deref().unwrap_or("?"),
+            p.cudnn.as_deref().unwrap_or("?"),
+            p.cuda.as_deref().unwrap_or("?")
+        );
+    } else if p.requested {
+        let _ = write!(
+            h,
+            "\npeers: NOT AVAILABLE ({}); only our numbers follow",
+            p.message.as_deref().unwrap_or("no reason given")
+        );
+    }
+    if let Some(prim) = report.primary_line()
+        && !report.peer_names().is_empty()
+    {
+        let _ = write!(
+            h,
+            "\nratios: {prim} TFLOP/s over the peer's (> 1 means {prim} is faster)"
+        );
+    }
+    h
+}
+
+/// Skip reasons grouped by (line, reason), with the number of cases.
+fn skips(report: &BenchReport) -> String {
+    let mut groups: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for c in &report.cases {
+        for r in &c.results {
+            if let Some(why) = &r.skipped {
+                groups
+                    .entry((r.name.clone(), why.clone()))
+                    .or_default()
+                    .push(c.id.clone());
+            }
+        }
+    }
+    let mut out = String::new();
+    if !groups.is_empty() {
+        out.push_str("skipped:\n");
+    }
+    for ((name, why), ids) in groups {
+        let first = &ids[0];
+        let more = if ids.len() > 1 {
+            format!(" and {} more", ids.len() - 1)
+        } else {
+            String::new()
+        };
+        let why: String = why.chars().take(400).collect();
+        let _ = writeln!(out, "  {name} on {first}{more}: {why}");
+    }
+    out
+}
