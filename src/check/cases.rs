@@ -1,0 +1,265 @@
+//! The problems of the GPU sweep: the regular grid (dtype x head_dim x mask x length), shape
+//! variants (seqlen_q != seqlen_k, GQA/MQA, batch, strided views, scale), and the edge cases
+//! attention kernels have failed on in the field (decoding, 2^16 boundaries, huge logits,
+//! non-finite inputs).
+
+use crate::dtype::DType;
+use crate::mask::Mask;
+use crate::shape::{AttnProblem, AttnShape, Strides};
+use serde::Serialize;
+
+/// Which input tensor a special value goes into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Tensor {
+    /// q.
+    Q,
+    /// k.
+    K,
+    /// v.
+    V,
+}
+
+/// How a case's inputs are made.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum Inputs {
+    /// Seeded normal values, never zero.
+    Random,
+    /// q = k = v = this value everywhere: scores are huge and all equal, so o must equal v
+    /// exactly (no overflow, no NaN).
+    Constant(f32),
+    /// Random, then every channel of sequence position `pos` of `tensor` (all batches and
+    /// heads) set to `value` (NaN or Inf): checks the documented propagation rule.
+    NonFinite {
+        /// Which tensor.
+        tensor: Tensor,
+        /// Sequence position.
+        pos: usize,
+        /// NaN or +-Inf.
+        value: f32,
+    },
+}
+
+/// One problem of the sweep (run by every selected kernel).
+#[derive(Debug, Clone, Serialize)]
+pub struct Case {
+    /// Short description: dtype, shape, mask, layout, inputs.
+    pub label: String,
+    /// Element type.
+    pub dtype: DType,
+    /// The problem.
+    pub problem: AttnProblem,
+    /// How inputs are made.
+    pub inputs: Inputs,
+    /// Query positions compared with the oracle (all batches and heads); `None` = all rows.
+    /// Long sequences compare a sample, on both sides of 2^16 and at the end.
+    pub rows: Option<Vec<usize>>,
+}
+
+fn problem(shape: AttnShape, mask: Mask) -> AttnProblem {
+    AttnProblem::new(shape)
+        .map(|p| p.with_mask(mask))
+        .expect("sweep shapes are valid")
+}
+
+fn shape(
+    batch: usize,
+    seqlen_q: usize,
+    seqlen_k: usize,
+    heads_q: usize,
+    heads_kv: usize,
+    head_dim: usize,
+) -> AttnShape {
+    AttnShape {
+        batch,
+        seqlen_q,
+        seqlen_k,
+        heads_q,
+        heads_kv,
+        head_dim,
+    }
+}
+
+/// Collects cases with a uniform label.
+struct Sweep(Vec<Case>);
+
+impl Sweep {
+    fn push_with(
+        &mut self,
+        dtype: DType,
+        p: AttnProblem,
+        what: &str,
+        inputs: Inputs,
+        rows: Option<Vec<usize>>,
+    ) {
+        let s = p.shape;
+        let label = format!(
+            "{dtype} b{} sq{} sk{} hq{} hkv{} d{} {}{}",
+            s.batch,
+            s.seqlen_q,
+            s.seqlen_k,
+            s.heads_q,
+            s.heads_kv,
+            s.head_dim,
+            p.mask.name(),
+            what
+        );
+        self.0.push(Case {
+            label,
+            dtype,
+            problem: p,
+            inputs,
+            rows,
+        });
+    }
+
+    fn push(&mut self, dtype: DType, p: AttnProblem, what: &str) {
+        self.push_with(dtype, p, what, Inputs::Random, None);
+    }
+}
+
+/// Query positions sampled from a long sequence: the start, both sides of 2^15 and 2^16,
+/// and the end.
+fn sample_rows(seqlen_q: usize) -> Vec<usize> {
+    let mut rows: Vec<usize> = [0, 1, 2, 63, 64, 127, 128]
+        .into_iter()
+        .chain((1usize << 15) - 2..(1 << 15) + 2)
+        .chain((1usize << 16) - 3..(1 << 16) + 2)
+        .chain(seqlen_q.saturating_sub(5)..seqlen_q)
+        .filter(|&i| i < seqlen_q)
+        .collect();
+    rows.sort_unstable();
+    rows.dedup();
+    rows
+}
+
+/// The sweep. `quick` keeps it small enough for compute-sanitizer.
+pub fn cases(quick: bool) -> Vec<Case> {
+    let mut sw = Sweep(Vec::new());
+    let masks = [Mask::None, Mask::Causal];
+    let (head_dims, lengths): (&[usize], &[usize]) = if quick {
+        (&[64, 128], &[1, 17, 64, 65, 129])
+    } else {
+        (
+            &[32, 40, 64, 72, 80, 96, 112, 128, 256],
+            &[1, 17, 63, 64, 65, 127, 129, 200, 512, 1000, 4096],
+        )
+    };
+    for dtype in [DType::F16, DType::BF16] {
+        for &d in head_dims {
+            for mask in masks {
+                for &l in lengths {
+                    // Long sequences only where the oracle stays cheap.
+                    if l >= 4096 && !(d == 64 || d == 128) {
+                        continue;
+                    }
+                    sw.push(dtype, problem(AttnShape::new(1, l, 2, d), mask), "");
+                }
+            }
+        }
+        let pairs: &[(usize, usize)] = if quick {
+            &[(5, 2), (2, 5), (1, 8), (65, 200)]
+        } else {
+            &[
+                (5, 2),
+                (2, 5),
+                (1, 8),
+                (1, 1000),
+                (64, 200),
+                (200, 64),
+                (129, 1000),
+                (1000, 129),
+                (17, 4096),
+            ]
+        };
+        for &(sq, sk) in pairs {
+            for mask in masks {
+                sw.push(dtype, problem(shape(1, sq, sk, 2, 2, 64), mask), "");
+            }
+        }
+        for mask in masks {
+            // GQA 4:1, 8:1 at 64 query heads, MQA, batch 3 (distinct data per batch).
+            sw.push(dtype, problem(shape(2, 200, 200, 8, 2, 64), mask), " gqa");
+            if !quick {
+                sw.push(dtype, problem(shape(1, 256, 256, 64, 8, 128), mask), " gqa");
+            }
+            sw.push(dtype, problem(shape(1, 129, 129, 4, 1, 128), mask), " mqa");
+            sw.push(
+                dtype,
+                problem(AttnShape::new(3, 100, 2, 64), mask),
+                " batch",
+            );
+            // Memory [b, h, s, d] seen as bshd (a transposed view), and a non-default scale.
+            let st = Strides {
+                batch: 3 * 77 * 64,
+                seq: 64,
+                head: 77 * 64,
+            };
+            let p = problem(AttnShape::new(2, 77, 3, 64), mask)
+                .with_strides(st, st, st, st)
+                .and_then(|p| p.with_scale(0.3))
+                .expect("valid strides");
+            sw.push(dtype, p, " bhsd-view scale0.3");
+        }
+        edge_cases(&mut sw, dtype, quick);
+    }
+    sw.0
+}
+
+/// Inputs that broke attention kernels in the field.
+fn edge_cases(sw: &mut Sweep, dtype: DType, quick: bool) {
+    let big = if dtype == DType::BF16 {
+        133120.0
+    } else {
+        60000.0
+    };
+    for mask in [Mask::None, Mask::Causal] {
+        // Decoding: one query sees every key (bottom-right alignment).
+        let decode: &[usize] = if quick { &[8, 1000] } else { &[8, 1000, 65537] };
+        for &sk in decode {
+            sw.push(dtype, problem(shape(1, 1, sk, 8, 2, 128), mask), " decode");
+        }
+        // Huge equal logits: o must equal v exactly, one key and several.
+        for l in [1, 37] {
+            sw.push_with(
+                dtype,
+                problem(shape(1, l, l, 1, 1, 64), mask),
+                &format!(" all={big}"),
+                Inputs::Constant(big),
+                None,
+            );
+        }
+        // Non-finite inputs stay in the rows that read them (see the module docs of check).
+        for (tensor, value) in [
+            (Tensor::Q, f32::NAN),
+            (Tensor::K, f32::NAN),
+            (Tensor::V, f32::INFINITY),
+        ] {
+            let inputs = Inputs::NonFinite {
+                tensor,
+                pos: 150,
+                value,
+            };
+            sw.push_with(
+                dtype,
+                problem(shape(1, 300, 300, 2, 2, 64), mask),
+                &format!(" {tensor:?}[150]={value}"),
+                inputs,
+                None,
+            );
+        }
+        if !quick {
+            // Both sides of 2^16, and 2^17 keys with one head: sampled rows against the oracle.
+            for l in [65536, 65537] {
+                let p = problem(shape(1, l, l, 1, 1, 64), mask);
+                sw.push_with(dtype, p, " long", Inputs::Random, Some(sample_rows(l)));
+            }
+            let p = problem(shape(1, 131072, 131072, 1, 1, 128), mask);
+            sw.push_with(dtype, p, " long", Inputs::Random, Some(sample_rows(131072)));
+            sw.push(
+                dtype,
+                problem(shape(1, 300, 131072, 1, 1, 64), mask),
+                " long-k",
+            );
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! `flashattn check`: every GPU kernel against the f64 oracle, over a sweep of dtypes, head
+//! dims, masks, lengths, GQA, strides, `seqlen_q != seqlen_k` and field edge cases
+//! ([`cases`]).
+//!
+//! Each case draws fresh inputs (seeded; the seed is printed and `FLASHATTN_SEED` replays it),
+//! poisons `o` and `lse` (NaN bit patterns) including a guard region past the last element,
+//! launches, and then requires: every compared row within [`Tolerance`] (rules for special
+//! inputs in [`inputs`]), and the guard region untouched (no write past the end). The oracle of
+//! a case is computed once and shared by every kernel.
+
+pub mod cases;
+pub mod inputs;
+
+pub use cases::{Case, Inputs, Tensor, cases};
+
+use crate::compare::{Tolerance, dense_o};
+use crate::cuda::device::cuda_err;
+use crate::cuda::{Gpu, GpuElement, KernelKind, MmaTile, forward_device};
+use crate::dtype::DType;
+use crate::error::Result;
+use half::{bf16, f16};
+use serde::Serialize;
+
+/// Elements past the end of `o` and `lse` that must stay poisoned.
+const GUARD: usize = 256;
+/// NaN in both f16 and bf16 (all exponent and mantissa bits set).
+const POISON16: u16 = 0xFFFF;
+
+/// The outcome of one (case, kernel).
+#[derive(Debug, Clone, Serialize)]
+pub struct CaseResult {
+    /// Case label.
+    pub label: String,
+    /// Kernel name.
+    pub kernel: String,
+    /// rel-L2 of o.
+    pub o_rel_l2: f64,
+    /// max-abs error of o.
+    pub o_max_abs: f64,
+    /// max-abs error of lse.
+    pub lse_max_abs: f64,
+    /// Poisoned guard elements past the end that were overwritten.
+    pub guard_overwritten: usize,
+    /// Passed every rule.
+    pub passed: bool,
+    /// Why it failed (or was skipped), empty when passed.
+    pub message: String,
+}
+
+/// Options of [`run`].
+#[derive(Debug, Clone)]
+pub struct CheckOptions {
+    /// Kernels to check.
+    pub kernels: Vec<KernelKind>,
+    /// Small sweep.
+    pub quick: bool,
+    /// Base seed (printed).
+    pub seed: u64,
+    /// Only cases whose label contains this.
+    pub filter: Option<String>,
+    /// Tile override for `mma`.
+    pub tile: Option<MmaTile>,
+}
+
+/// Runs the sweep, printing one line per (case, kernel) with `print`. Returns every result.
+///
+/// # Errors
+/// Only failures that stop the sweep (oracle errors on a valid case); kernel failures are
+/// recorded as failed results.
+pub fn run(gpu: &Gpu, opts: &CheckOptions, mut print: impl FnMut(&str)) -> Result<Vec<CaseResult>> {
+    let mut results = Vec::new();
+    let all = cases(opts.quick);
+    let selected: Vec<&Case> = all
+        .iter()
+        .filter(|c| {
+            opts.filter
+                .as_ref()
+                .is_none_or(|f| c.label.contains(f.as_str()))
+        })
+        .collect();
+    print(&format!(
+        "checking {} cases x {} kernels on {} ({}), seed {} (replay with FLASHATTN_SEED={})",
+        selected.len(),
+        opts.kernels.len(),
+        gpu.info().name,
+        gpu.info().arch,
+        opts.seed,
+        opts.seed
+    ));
+    for (i, case) in selected.iter().enumerate() {
+        let seed = opts.seed.wrapping_add(i as u64 * 0x9E37_79B9);
+        let r = match case.dtype {
+            DType::F16 => run_case::<f16>(gpu, case, opts, seed)?,
+            DType::BF16 => run_case::<bf16>(gpu, case, opts, seed)?,
+            DType::F32 => continue,
+        };
+        for x in r {
+            print(&format!(
+                "[{}] {:6} {:<48} o rel-L2 {:.2e} max-abs {:.2e} | lse max-abs {:.2e}{}",
+                if x.passed { "PASS" } else { "FAIL" },
+                x.kernel,
+                x.label,
+                x.o_rel_l2,
+                x.o_max_abs,
+                x.lse_max_abs,
+                if x.message.is_empty() {
+                    String::new()
+                } else {
+                    format!(" | {}", x.message)
+                }
+            ));
+            results.push(x);
+        }
+    }
+    let failed = results.iter().filter(|r| !r.passed).count();
+    print(&format!(
+        "{} passed, {} failed",
+        results.len() - failed,
+        failed
+    ));
+    Ok(results)
+}
+
+fn run_case<T: GpuElement>(
+    gpu: &Gpu,
+    case: &Case,
+    opts: &CheckOptions,
+    seed: u64,
+) -> Result<Vec<CaseResult>> {
+    let p = &case.problem;
+    let s = p.shape;
+    let (q, k, v) = inputs::make_inputs::<T>(case, seed);
+    let oracle = inputs::oracle(case, &q, &k, &v)?;
+    let tol = Tolerance::for_dtype(case.dtype);
+    let stream = gpu.stream();
+    let up = |x: &[T]| stream.clone_htod(x).map_err(cuda_err("copying inputs"));
+    let (dq, dk, dv) = (up(&q)?, up(&k)?, up(&v)?);
+    let o_len = p
+        .o_strides
+        .required_len("o", s.batch, s.seqlen_q, s.heads_q, s.head_dim)?;
+    let lse_len = s.lse_len();
+    // SAFETY: T is f16 or bf16; every 16-bit pattern is a valid value.
+    let poison: T = unsafe { std::mem::transmute_copy::<u16, T>(&POISON16) };
+    let poison_o: Vec<T> = vec![poison; o_len + GUARD];
+    let poison_lse: Vec<f32> = vec![f32::NAN; lse_len + GUARD];
+    let mut out = Vec::new();
+    for &kernel in &opts.kernels {
+        let mut result = CaseResult {
+            label: case.label.clone(),
+            kernel: kernel.name().into(),
+            o_rel_l2: f64::NAN,
+            o_max_abs: f64::NAN,
+            lse_max_abs: f64::NAN,
+            guard_overwritten: 0,
+            passed: false,
+            message: String::new(),
+        };
+        // Fresh poisoned outputs for every kernel; the kernel sees only the first o_len/lse_len.
+        let mut d_o = stream
+            .clone_htod(&poison_o)
+            .map_err(cuda_err("poisoning o"))?;
+        let mut d_lse = stream
+            .clone_htod(&poison_lse)
+            .map_err(cuda_err("poisoning lse"))?;
+        let mut o_view = d_o.slice_mut(0..o_len);
+        let mut lse_view = d_lse.slice_mut(0..lse_len);
+        let what = crate::cuda::attention::launch_context(kernel.name(), p);
+        let launched = forward_device(
+            gpu,
+            kernel,
+            opts.tile,
+            p,
+            &dq,
+            &dk,
+            &dv,
+            &mut o_view,
+            &mut lse_view,
+        )
+        .and_then(|_| stream.synchronize().map_err(cuda_err(what)));
+        if let Err(e) = launched {
+            result.message = e.to_string();
+            out.push(result);
+            continue;
+        }
+        let o_host: Vec<T> = stream
+            .clone_dtoh(&d_o)
+            .map_err(cuda_err("copying o back"))?;
+        let lse_host: Vec<f32> = stream
+            .clone_dtoh(&d_lse)
+            .map_err(cuda_err("copying lse back"))?;
+        let guard_o = o_host[o_len..]
+            .iter()
+            .filter(|x| to_bits(**x) != POISON16)
+            .count();
+        let guard_lse = lse_host[lse_len..].iter().filter(|x| !x.is_nan()).count();
+        result.guard_overwritten = guard_o + guard_lse;
+        let verdict = inputs::judge(
+            case,
+            &oracle,
+            &dense_o(p, &o_host[..o_len])?,
+            &lse_host[..lse_len],
+            &tol,
+        );
+        result.o_rel_l2 = verdict.o.rel_l2;
+        result.o_max_abs = verdict.o.max_abs;
+        result.lse_max_abs = verdict.lse.max_abs;
+        let mut problems = verdict.problems;
+        if result.guard_overwritten > 0 {
+            problems.push(format!(
+                "{} elements past the end were written",
+                result.guard_overwritten
+            ));
+        }
+        result.passed = problems.is_empty();
+        result.message = problems
+            .into_iter()
+            .chain(verdict.notes)
+            .collect::<Vec<_>>()
+            .join("; ");
+        out.push(result);
+    }
+    Ok(out)
+}
+
+fn to_bits<T: GpuElement>(x: T) -> u16 {
+    // SAFETY: T is f16 or bf16, both 16-bit plain data.
+    unsafe { std::mem::transmute_copy::<T, u16>(&x) }
+}
