@@ -8,7 +8,7 @@
 //   HEAD_DIM (multiple of 8, <= 256), MT (m16 tiles per warp), NWARPS, BC (keys per tile,
 //   multiple of 16), IS_BF16, IS_CAUSAL, Q_IN_REGS (keep Q's A fragments in registers),
 //   RESCALE_SLACK (how far a row max may rise before O is rescaled; 0 = always),
-//   PIPE_FRAGS (double-buffer the S = Q K^T fragments in registers), SMEM_EPILOGUE (write O
+//   PIPE_FRAGS (double-buffer the S = Q K^T fragments in registers), HEAD_MAJOR (block order), SMEM_EPILOGUE (write O
 //   through shared memory in 16-byte pieces).
 #include "ptx.cuh"
 
@@ -38,6 +38,9 @@
 #endif
 #ifndef SMEM_EPILOGUE
 #define SMEM_EPILOGUE 0
+#endif
+#ifndef HEAD_MAJOR
+#define HEAD_MAJOR 0
 #endif
 #ifndef RESCALE_SLACK
 #define RESCALE_SLACK 0
@@ -119,11 +122,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_mma(const Params p) {
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
 
-    // Block -> (query block, head, batch). Query blocks go from last to first: under a causal
-    // mask the last blocks see the most keys, so the heaviest work starts first.
+    // Block -> (query block, head, batch). Causal: query blocks go from last to first (the
+    // last see the most keys, so the heaviest work starts first). HEAD_MAJOR (non-causal):
+    // consecutive blocks are consecutive query blocks of one head, so the blocks resident at
+    // once share their K and V in L2.
     const int bh = p.batch * p.heads_q;
+#if HEAD_MAJOR && !IS_CAUSAL
+    const int m_block = (int)(blockIdx.x % p.num_m_blocks);
+    const int rem = (int)(blockIdx.x / p.num_m_blocks);
+#else
     const int m_block = p.num_m_blocks - 1 - (int)(blockIdx.x / bh);
     const int rem = blockIdx.x % bh;
+#endif
     const int h = rem % p.heads_q, b = rem / p.heads_q, hk = h / p.group;
     const u16 *qb = p.q + b * p.q_sb + h * p.q_sh;
     const u16 *kb = p.k + b * p.k_sb + hk * p.k_sh;
@@ -312,7 +322,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_mma(const Params p) {
                 mx = fmaxf(mx, shfl_xor(mx, 1));
                 mx = fmaxf(mx, shfl_xor(mx, 2));
                 const float m_old = row_max[mt][r];
-                const float m_cand = mx * p.scale_log2;
+                const float m_cand = fmul_rn(mx, p.scale_log2);
                 const float m_new = m_cand > m_old + (float)RESCALE_SLACK ? m_cand : m_old;
                 // A row that has seen only masked keys keeps max -inf; subtract 0 instead so
                 // that exp2(-inf - (-inf)) never makes a NaN.
@@ -325,7 +335,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_mma(const Params p) {
                 for (int nt = 0; nt < NS; ++nt)
 #pragma unroll
                     for (int e = 2 * r; e < 2 * r + 2; ++e) {
-                        const float pe = ex2(fmaf(s[mt][nt][e], p.scale_log2, -m_use));
+                        const float pe = ex2(fmul_rn(s[mt][nt][e], p.scale_log2) - m_use);
                         s[mt][nt][e] = pe;
                         sum += pe;
                     }

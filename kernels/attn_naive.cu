@@ -152,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(SM_WARPS * 32) attn_naive_softmax(c
         const int n_vis = visible_keys(i, diag, p.seqlen_k);
         float m = neg_inf(), l = 0.f;
         for (int j = lane; j < n_vis; j += 32) {
-            const float x = s[j] * LOG2E; // finite: visible entries are scaled dot products
+            const float x = fmul_rn(s[j], LOG2E); // finite: visible entries are scaled dot products
             const float m_new = fmaxf(m, x);
             l = l * ex2(m - m_new) + ex2(x - m_new); // ex2(-inf) = 0 on a lane's first key
             m = m_new;
@@ -168,7 +168,7 @@ extern "C" __global__ void __launch_bounds__(SM_WARPS * 32) attn_naive_softmax(c
         }
         const float inv = l > 0.f ? 1.f / l : 0.f;
         for (int j = lane; j < p.seqlen_k; j += 32)
-            s[j] = j < n_vis ? ex2(fmaf(s[j], LOG2E, -m)) * inv : 0.f;
+            s[j] = j < n_vis ? ex2(fmul_rn(s[j], LOG2E) - m) * inv : 0.f;
         if (lane == 0) p.lse[row] = l > 0.f ? (m + lg2(l)) * LN2 : neg_inf();
     }
 }

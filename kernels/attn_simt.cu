@@ -245,7 +245,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_simt(const Params p) {
             for (int kp = 1; kp < KPL; ++kp) mx = fmaxf(mx, s[r][kp]);
 #pragma unroll
             for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, shfl_xor(mx, off));
-            const float m_new = fmaxf(row_max[r], mx * p.scale_log2);
+            const float m_new = fmaxf(row_max[r], fmul_rn(mx, p.scale_log2));
             // A row that has seen only masked keys keeps max -inf; subtract 0 instead so that
             // 2^(-inf - (-inf)) never makes a NaN.
             const float m_use = m_new == neg_inf() ? 0.f : m_new;
@@ -254,7 +254,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_simt(const Params p) {
             float sum = 0.f;
 #pragma unroll
             for (int kp = 0; kp < KPL; ++kp) {
-                const float pe = ex2(fmaf(s[r][kp], p.scale_log2, -m_use));
+                const float pe = ex2(fmul_rn(s[r][kp], p.scale_log2) - m_use);
                 s[r][kp] = pe;
                 sum += pe;
             }

@@ -118,6 +118,15 @@ FA_DEVICE float ex2(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
+// Round-to-nearest multiply that the compiler may not fuse into an FMA (9.7.3.5 mul).
+// Softmax needs p = 2^(x - m) with x = round(s * scale) and m = max of those same rounded
+// values, so that x - m <= 0 exactly: fma(s, scale, -m) keeps the product's rounding error,
+// which for logits near 1e10 is thousands, and 2^thousands is inf.
+FA_DEVICE float fmul_rn(float a, float b) {
+    float y;
+    asm("mul.rn.f32 %0, %1, %2;\n" : "=f"(y) : "f"(a), "f"(b));
+    return y;
+}
 FA_DEVICE float lg2(float x) {
     float y;
     asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

@@ -8,6 +8,7 @@
 //! inputs in [`inputs`]), and the guard region untouched (no write past the end). The oracle of
 //! a case is computed once and shared by every kernel.
 
+pub mod bad_input;
 pub mod cases;
 pub mod inputs;
 
@@ -108,6 +109,18 @@ pub fn run(gpu: &Gpu, opts: &CheckOptions, mut print: impl FnMut(&str)) -> Resul
                 } else {
                     format!(" | {}", x.message)
                 }
+            ));
+            results.push(x);
+        }
+    }
+    if opts.filter.is_none() {
+        for x in bad_input::run(gpu)? {
+            print(&format!(
+                "[{}] {:6} invalid call: {:<40} {}",
+                if x.passed { "PASS" } else { "FAIL" },
+                x.kernel,
+                x.label,
+                x.message
             ));
             results.push(x);
         }

@@ -84,14 +84,17 @@ pub struct MmaTile {
     pub pipe_frags: bool,
     /// Write O through shared memory in coalesced 16-byte pieces.
     pub smem_epilogue: bool,
+    /// Non-causal only: order blocks head by head so that resident blocks share K/V in L2.
+    pub head_major: bool,
 }
 
 /// The optional flags of a tile spec, in their written order: (letter, define).
-const TILE_FLAGS: [(&str, &str); 4] = [
+const TILE_FLAGS: [(&str, &str); 5] = [
     ("q", "Q_IN_REGS"),
     ("l", "RESCALE_SLACK"),
     ("p", "PIPE_FRAGS"),
     ("e", "SMEM_EPILOGUE"),
+    ("h", "HEAD_MAJOR"),
 ];
 
 impl MmaTile {
@@ -119,7 +122,8 @@ impl MmaTile {
             q_in_regs,
             lazy_rescale: true,
             pipe_frags: false,
-            smem_epilogue: false,
+            smem_epilogue: true,
+            head_major: true,
         };
         if head_dim <= 64 {
             tile(2, 4, 64, true)
@@ -133,14 +137,15 @@ impl MmaTile {
     }
 
     /// Parses `mt,nwarps,bc[,flag...]` with flags q (Q in registers), l (lazy rescale),
-    /// p (pipelined fragments), e (shared-memory epilogue), e.g. `2,4,64` or `2,4,32,l,p,e`.
+    /// p (pipelined fragments), e (shared-memory epilogue), h (head-major block order), e.g.
+    /// `2,4,64` or `2,4,32,l,p,e`.
     ///
     /// # Errors
     /// [`AttnError::ShapeMismatch`] describing the expected form.
     pub fn parse(s: &str) -> Result<Self> {
         let bad = || AttnError::ShapeMismatch {
             what: format!(
-                "tile '{s}': expected mt,nwarps,bc[,q][,l][,p][,e] with mt in 1..=4, nwarps in 1..=16, bc a multiple of 16 up to 128"
+                "tile '{s}': expected mt,nwarps,bc[,q][,l][,p][,e][,h] with mt in 1..=4, nwarps in 1..=16, bc a multiple of 16 up to 128"
             ),
         };
         let parts: Vec<&str> = s.split(',').map(str::trim).collect();
@@ -161,6 +166,7 @@ impl MmaTile {
             lazy_rescale: flags.contains(&"l"),
             pipe_frags: flags.contains(&"p"),
             smem_epilogue: flags.contains(&"e"),
+            head_major: flags.contains(&"h"),
         };
         if !(1..=4).contains(&t.mt)
             || !(1..=16).contains(&t.nwarps)
@@ -174,12 +180,13 @@ impl MmaTile {
     }
 
     /// The flags set, in [`TILE_FLAGS`] order.
-    fn flags(&self) -> [bool; 4] {
+    fn flags(&self) -> [bool; 5] {
         [
             self.q_in_regs,
             self.lazy_rescale,
             self.pipe_frags,
             self.smem_epilogue,
+            self.head_major,
         ]
     }
 
@@ -234,6 +241,7 @@ impl fmt::Display for MmaTile {
             "lazy rescale",
             "pipelined frags",
             "smem epilogue",
+            "head-major grid",
         ];
         for (name, on) in names.iter().zip(self.flags()) {
             if on {
@@ -465,6 +473,49 @@ where
     }
 }
 
+/// Compiles and loads the module a launch of `kernel` on this problem will use, so that a
+/// timed launch afterwards measures the kernel, not NVRTC. (Launches compile on first use
+/// anyway; this only moves the cost.)
+///
+/// # Errors
+/// [`AttnError::Compile`] or [`AttnError::Cuda`] from loading the module.
+pub fn prepare(
+    gpu: &Gpu,
+    kernel: KernelKind,
+    tile: Option<MmaTile>,
+    p: &AttnProblem,
+    dtype: DType,
+) -> Result<()> {
+    let s = &p.shape;
+    let causal = p.mask.is_causal();
+    match kernel {
+        KernelKind::Mma => {
+            let tile = tile
+                .unwrap_or_else(|| MmaTile::default_for(gpu.info().compute_capability, s.head_dim));
+            gpu.kernel(
+                KernelSource::AttnMma,
+                "attn_mma",
+                &tile.defines(dtype, s.head_dim, causal),
+            )?;
+        }
+        KernelKind::Simt => {
+            gpu.kernel(
+                KernelSource::AttnSimt,
+                "attn_simt",
+                &super::simt::defines(dtype, s.head_dim, causal),
+            )?;
+        }
+        KernelKind::Naive => {
+            gpu.kernel(
+                KernelSource::AttnNaive,
+                "attn_naive_scores",
+                &super::naive::defines(dtype, s.head_dim, causal),
+            )?;
+        }
+    }
+    Ok(())
+}
+
 /// Names the kernel and shape in a driver error.
 pub(crate) fn launch_context(kernel: &str, p: &AttnProblem) -> String {
     let s = &p.shape;
@@ -573,6 +624,7 @@ pub fn forward_host<T: GpuElement>(
     let mut d_lse: CudaSlice<f32> = stream
         .alloc_zeros(s.lse_len())
         .map_err(cuda_err("allocating lse"))?;
+    prepare(gpu, kernel, None, &dense, T::DTYPE)?;
     let ctx = gpu.context();
     let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
     let start = ctx
@@ -599,4 +651,29 @@ pub fn forward_host<T: GpuElement>(
         .elapsed_ms(&end)
         .map_err(cuda_err("reading event time"))?;
     Ok((o, lse, ms as f64 / 1e3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_tile_flag_parses_round_trips_and_defines() {
+        for (letter, define) in TILE_FLAGS {
+            let spec = format!("2,4,32,{letter}");
+            let t = MmaTile::parse(&spec).unwrap();
+            assert_eq!(t.spec(), spec);
+            assert!(
+                t.defines(DType::F16, 128, false)
+                    .iter()
+                    .any(|(k, _)| k == define),
+                "{define}"
+            );
+        }
+        let all = MmaTile::parse("1,8,64,q,l,p,e,h").unwrap();
+        assert_eq!(all.spec(), "1,8,64,q,l,p,e,h");
+        for bad in ["2,4", "2,4,33", "0,4,32", "2,4,32,x", "2,4,32,q,z"] {
+            assert!(MmaTile::parse(bad).is_err(), "{bad}");
+        }
+    }
 }
