@@ -9,6 +9,9 @@ use crate::shape::{AttnProblem, AttnShape, Strides};
 use cudarc::driver::{CudaContext, CudaSlice};
 use half::f16;
 
+/// An invalid call: what it is, what came back, and which error kind it must be.
+type Refusal<'a> = (&'a str, Result<()>, fn(&AttnError) -> bool);
+
 fn result(label: &str, passed: bool, message: String) -> CaseResult {
     CaseResult {
         label: label.into(),
@@ -59,7 +62,7 @@ pub fn run(gpu: &Gpu) -> Result<Vec<CaseResult>> {
     let mut out = Vec::new();
     for kernel in KernelKind::ALL {
         let q_mis = q.slice(1..n + 1);
-        let cases: Vec<(&str, Result<()>, fn(&AttnError) -> bool)> = vec![
+        let cases: Vec<Refusal> = vec![
             (
                 "o one element too short",
                 forward_device(gpu, kernel, None, &p, &q, &k, &v, &mut o_short, &mut lse)
