@@ -8,13 +8,11 @@
 //   HEAD_DIM (multiple of 8, <= 256), MT (m16 tiles per warp), NWARPS, BC (keys per tile,
 //   multiple of 16), IS_BF16, IS_CAUSAL, Q_IN_REGS (keep Q's A fragments in registers),
 //   RESCALE_SLACK (how far a row max may rise before O is rescaled; 0 = always),
-//   PIPE_FRAGS (double-buffer the S = Q K^T fragments in registers), HEAD_MAJOR (block order), SMEM_EPILOGUE (write O
-//   through shared memory in 16-byte pieces).
+//   PIPE_FRAGS (double-buffer the S = Q K^T fragments in registers), HEAD_MAJOR (block order,
+//   see attn_common.cuh), SMEM_EPILOGUE (write O through shared memory in 16-byte pieces).
 #include "ptx.cuh"
+#include "attn_common.cuh"
 
-#ifndef HEAD_DIM
-#define HEAD_DIM 64
-#endif
 #ifndef MT
 #define MT 2
 #endif
@@ -23,12 +21,6 @@
 #endif
 #ifndef BC
 #define BC 64
-#endif
-#ifndef IS_BF16
-#define IS_BF16 0
-#endif
-#ifndef IS_CAUSAL
-#define IS_CAUSAL 0
 #endif
 #ifndef Q_IN_REGS
 #define Q_IN_REGS 0
@@ -39,15 +31,11 @@
 #ifndef SMEM_EPILOGUE
 #define SMEM_EPILOGUE 0
 #endif
-#ifndef HEAD_MAJOR
-#define HEAD_MAJOR 0
-#endif
 #ifndef RESCALE_SLACK
 #define RESCALE_SLACK 0
 #endif
 
 // ---- tile geometry --------------------------------------------------------------------------
-constexpr int D = HEAD_DIM;
 constexpr int DP = (D + 15) / 16 * 16; // head_dim padded to the mma k-step; pad columns are zero
 constexpr int CH = DP / 8;             // 16-byte chunks per row
 // Shared-memory row stride: one spare chunk makes it an odd number of 16-byte slots, so the
@@ -61,37 +49,12 @@ constexpr int NS = BC / 8;       // n8 tiles of S
 constexpr int ND = DP / 8;       // n8 tiles of O
 constexpr int PK = BC / 16;      // k-steps of O += P V
 static_assert(BC % 16 == 0, "BC must be a multiple of 16");
-static_assert(D % 8 == 0 && D <= 256, "HEAD_DIM must be a multiple of 8, at most 256");
-
-// Kernel parameters; mirrored by `MmaParams` in src/cuda/attention.rs (same order and types).
-struct Params {
-    const u16 *q, *k, *v;
-    u16 *o;
-    float *lse;
-    i64 q_sb, q_ss, q_sh; // element strides: batch, seq, head
-    i64 k_sb, k_ss, k_sh;
-    i64 v_sb, v_ss, v_sh;
-    i64 o_sb, o_ss, o_sh;
-    int seqlen_q, seqlen_k;
-    int heads_q, group;    // group = heads_q / heads_kv
-    int batch, num_m_blocks;
-    float scale_log2;      // softmax_scale * log2(e): exp(x*scale) = 2^(x*scale_log2)
-    int pad_;
-};
 
 FA_DEVICE void mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
 #if IS_BF16
     mma_bf16(d, a0, a1, a2, a3, b0, b1);
 #else
     mma_f16(d, a0, a1, a2, a3, b0, b1);
-#endif
-}
-
-FA_DEVICE u32 pack2(float lo, float hi) {
-#if IS_BF16
-    return pack_bf16x2(lo, hi);
-#else
-    return pack_f16x2(lo, hi);
 #endif
 }
 
@@ -122,19 +85,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_mma(const Params p) {
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
 
-    // Block -> (query block, head, batch). Causal: query blocks go from last to first (the
-    // last see the most keys, so the heaviest work starts first). HEAD_MAJOR (non-causal):
-    // consecutive blocks are consecutive query blocks of one head, so the blocks resident at
-    // once share their K and V in L2.
-    const int bh = p.batch * p.heads_q;
-#if HEAD_MAJOR && !IS_CAUSAL
-    const int m_block = (int)(blockIdx.x % p.num_m_blocks);
-    const int rem = (int)(blockIdx.x / p.num_m_blocks);
-#else
-    const int m_block = p.num_m_blocks - 1 - (int)(blockIdx.x / bh);
-    const int rem = blockIdx.x % bh;
-#endif
-    const int h = rem % p.heads_q, b = rem / p.heads_q, hk = h / p.group;
+    const BlockCoords bc = block_coords(p);
+    const int m_block = bc.m_block, h = bc.h, b = bc.b, hk = bc.hk;
     const u16 *qb = p.q + b * p.q_sb + h * p.q_sh;
     const u16 *kb = p.k + b * p.k_sb + hk * p.k_sh;
     const u16 *vb = p.v + b * p.v_sb + hk * p.v_sh;
@@ -143,16 +95,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_mma(const Params p) {
     // Causal, bottom-right: row i sees keys j < i + 1 + (seqlen_k - seqlen_q).
     const i64 diag = (i64)p.seqlen_k - p.seqlen_q;
 
-    int n_end = p.seqlen_k;
-    if (IS_CAUSAL) {
-        const i64 lim = (i64)row0 + BR + diag;
-        n_end = (int)(lim < 0 ? 0 : (lim < p.seqlen_k ? lim : p.seqlen_k));
-    }
+    // Keys seen by the block's last row: tiles past them are skipped.
+    const int n_end = visible_keys((i64)row0 + BR - 1, diag, p.seqlen_k);
     const int n_blocks = (n_end + BC - 1) / BC;
-    // Keys visible to this warp's first row, clamped to 32 bits: adding a row offset (< 256)
-    // to a value clamped at -2^30 still masks everything, as the true value would.
-    const i64 wl = (i64)wrow0 + 1 + diag;
-    const int wlim0 = (int)(wl < -(1ll << 30) ? -(1ll << 30) : (wl > p.seqlen_k ? p.seqlen_k : wl));
+    // Keys visible to this warp's first row; row r of the warp sees min(wlim0 + r, seqlen_k).
+    const int wlim0 = row_limit(wrow0, diag, p.seqlen_k);
 
     // ---- prologue: Q, and the first K/V tile ----
     load_tile<BR>(sQ, qb, p.q_ss, row0, p.seqlen_q);

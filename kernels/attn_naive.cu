@@ -7,73 +7,9 @@
 // size works for any batch * heads * seqlen. Specialised at NVRTC time by HEAD_DIM (multiple
 // of 8, <= 256), IS_BF16 and IS_CAUSAL. Same Params and masking rules as attn_mma.cu.
 #include "ptx.cuh"
+#include "attn_common.cuh"
 
-#ifndef HEAD_DIM
-#define HEAD_DIM 64
-#endif
-#ifndef IS_BF16
-#define IS_BF16 0
-#endif
-#ifndef IS_CAUSAL
-#define IS_CAUSAL 0
-#endif
-
-constexpr int D = HEAD_DIM;
 constexpr int CH = D / 8; // 16-byte chunks per row
-static_assert(D % 8 == 0 && D >= 8 && D <= 256, "HEAD_DIM must be a multiple of 8, at most 256");
-
-constexpr float LOG2E = 1.4426950408889634f;
-constexpr float LN2 = 0.6931471805599453f;
-
-// Kernel parameters; the same struct as attn_mma.cu, mirrored by `FlashParams` in
-// src/cuda/attention.rs (same order and types). num_m_blocks is not used here.
-struct Params {
-    const u16 *q, *k, *v;
-    u16 *o;
-    float *lse;
-    i64 q_sb, q_ss, q_sh; // element strides: batch, seq, head
-    i64 k_sb, k_ss, k_sh;
-    i64 v_sb, v_ss, v_sh;
-    i64 o_sb, o_ss, o_sh;
-    int seqlen_q, seqlen_k;
-    int heads_q, group;    // group = heads_q / heads_kv
-    int batch, num_m_blocks;
-    float scale_log2;      // softmax_scale * log2(e)
-    int pad_;
-};
-
-FA_DEVICE float to_f32(u16 x) {
-#if IS_BF16
-    return bf16_to_f32(x);
-#else
-    return f16_to_f32(x);
-#endif
-}
-
-FA_DEVICE u16 from_f32(float x) {
-#if IS_BF16
-    return f32_to_bf16(x);
-#else
-    return f32_to_f16(x);
-#endif
-}
-
-// Keys visible to query row i: j < i + 1 + diag, clamped to [0, seqlen_k].
-FA_DEVICE int visible_keys(int i, i64 diag, int seqlen_k) {
-    if (!IS_CAUSAL) return seqlen_k;
-    const i64 lim = (i64)i + 1 + diag;
-    return (int)(lim < 0 ? 0 : (lim > seqlen_k ? seqlen_k : lim));
-}
-
-// Eight 16-bit values (one 16-byte chunk) as floats.
-FA_DEVICE void unpack8(const uint4 &raw, float (&f)[8]) {
-    const u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        f[2 * e] = to_f32((u16)(w[e] & 0xffff));
-        f[2 * e + 1] = to_f32((u16)(w[e] >> 16));
-    }
-}
 
 // ---- (a) S = softmax_scale * Q K^T ----------------------------------------------------------
 // One 16x16 tile of S per block iteration, one element per thread. The Q and K rows of the tile

@@ -17,16 +17,8 @@
 // tile RW (rows per warp, multiple of 4), KPL (keys per lane), NWARPS. The launcher
 // (src/cuda/simt.rs, SimtTile) computes the same shared-memory size.
 #include "ptx.cuh"
+#include "attn_common.cuh"
 
-#ifndef HEAD_DIM
-#define HEAD_DIM 64
-#endif
-#ifndef IS_BF16
-#define IS_BF16 0
-#endif
-#ifndef IS_CAUSAL
-#define IS_CAUSAL 0
-#endif
 #ifndef RW
 #define RW 8
 #endif
@@ -38,14 +30,12 @@
 #endif
 
 // ---- tile geometry --------------------------------------------------------------------------
-constexpr int D = HEAD_DIM;
 constexpr int CH = D / 8;                        // 16-byte chunks per row
 constexpr int KRS = (CH % 2 == 1 ? CH : CH + 1) * 8; // K row stride (u16): odd 16-byte slots
 constexpr int BR = RW * NWARPS;                  // query rows per block
 constexpr int BC = 32 * KPL;                     // keys per tile
 constexpr int NT = NWARPS * 32;                  // threads per block
 constexpr int NCH = (D + 31) / 32;               // channels of O per lane
-static_assert(D % 8 == 0 && D >= 8 && D <= 256, "HEAD_DIM must be a multiple of 8, at most 256");
 static_assert(RW % 4 == 0 && RW >= 4, "RW must be a multiple of 4");
 static_assert(KPL >= 1 && KPL <= 4, "KPL must be 1..4");
 static_assert(NT >= CH, "a K/V copy pass needs at least one thread per 16-byte chunk of a row");
@@ -58,48 +48,6 @@ constexpr int SV_BYTES = BC * D * 2;
 constexpr int SP_BYTES = NWARPS * BC * RW * 4;
 constexpr int SMEM_BYTES = SQ_BYTES + SK_BYTES + SV_BYTES + SP_BYTES;
 static_assert(SMEM_BYTES <= 227 * 1024, "tile needs more shared memory than any GPU has");
-
-// Kernel parameters; the same struct as attn_mma.cu, mirrored by `FlashParams` in
-// src/cuda/attention.rs (same order and types).
-struct Params {
-    const u16 *q, *k, *v;
-    u16 *o;
-    float *lse;
-    i64 q_sb, q_ss, q_sh; // element strides: batch, seq, head
-    i64 k_sb, k_ss, k_sh;
-    i64 v_sb, v_ss, v_sh;
-    i64 o_sb, o_ss, o_sh;
-    int seqlen_q, seqlen_k;
-    int heads_q, group;    // group = heads_q / heads_kv
-    int batch, num_m_blocks;
-    float scale_log2;      // softmax_scale * log2(e): exp(x*scale) = 2^(x*scale_log2)
-    int pad_;
-};
-
-FA_DEVICE float to_f32(u16 x) {
-#if IS_BF16
-    return bf16_to_f32(x);
-#else
-    return f16_to_f32(x);
-#endif
-}
-
-FA_DEVICE u16 from_f32(float x) {
-#if IS_BF16
-    return f32_to_bf16(x);
-#else
-    return f32_to_f16(x);
-#endif
-}
-
-FA_DEVICE void unpack8(const uint4 &raw, float (&f)[8]) {
-    const u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        f[2 * e] = to_f32((u16)(w[e] & 0xffff));
-        f[2 * e + 1] = to_f32((u16)(w[e] >> 16));
-    }
-}
 
 // Copies rows [row_begin, row_begin + BC) of a [seq, head_dim] slice into shared memory with
 // row stride RS (u16). Rows at or past row_limit are zero-filled (0 source bytes: nothing is
@@ -131,11 +79,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_simt(const Params p) {
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     float *sP = (float *)(smem_raw + SQ_BYTES + SK_BYTES + SV_BYTES) + warp * BC * RW; // this warp's [BC][RW]
 
-    // Block -> (query block, head, batch), heaviest (last) query blocks first, as attn_mma.
-    const int bh = p.batch * p.heads_q;
-    const int m_block = p.num_m_blocks - 1 - (int)(blockIdx.x / bh);
-    const int rem = blockIdx.x % bh;
-    const int h = rem % p.heads_q, b = rem / p.heads_q, hk = h / p.group;
+    const BlockCoords coords = block_coords(p); // heaviest (last) query blocks first
+    const int m_block = coords.m_block, h = coords.h, b = coords.b, hk = coords.hk;
     const u16 *qb = p.q + b * p.q_sb + h * p.q_sh;
     const u16 *kb = p.k + b * p.k_sb + hk * p.k_sh;
     const u16 *vb = p.v + b * p.v_sb + hk * p.v_sh;
@@ -144,16 +89,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_simt(const Params p) {
     // Causal, bottom-right: row i sees keys j < i + 1 + (seqlen_k - seqlen_q).
     const i64 diag = (i64)p.seqlen_k - p.seqlen_q;
 
-    int n_end = p.seqlen_k;
-    if (IS_CAUSAL) {
-        const i64 lim = (i64)row0 + BR + diag;
-        n_end = (int)(lim < 0 ? 0 : (lim < p.seqlen_k ? lim : p.seqlen_k));
-    }
+    const int n_end = visible_keys((i64)row0 + BR - 1, diag, p.seqlen_k); // the block's last row
     const int n_blocks = (n_end + BC - 1) / BC;
-    // Keys visible to this warp's first row, clamped to 32 bits (adding r < RW keeps the
-    // meaning: a value clamped at -2^30 still masks everything).
-    const i64 wl = (i64)wrow0 + 1 + diag;
-    const int wlim0 = (int)(wl < -(1ll << 30) ? -(1ll << 30) : (wl > p.seqlen_k ? p.seqlen_k : wl));
+    // Keys visible to this warp's first row; row r of the warp sees min(wlim0 + r, seqlen_k).
+    const int wlim0 = row_limit(wrow0, diag, p.seqlen_k);
 
     // ---- prologue: Q as f32 (rows past seqlen_q are zero and never written back) ----
     for (int x = tid; x < BR * CH; x += NT) {

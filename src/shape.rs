@@ -95,6 +95,17 @@ impl AttnShape {
     }
 }
 
+impl std::fmt::Display for AttnShape {
+    /// `b=1 sq=77 sk=77 hq=12 hkv=12 d=32`: the form every table and message uses.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "b={} sq={} sk={} hq={} hkv={} d={}",
+            self.batch, self.seqlen_q, self.seqlen_k, self.heads_q, self.heads_kv, self.head_dim
+        )
+    }
+}
+
 /// Element strides of a `[batch, seqlen, heads, head_dim]` tensor; head_dim has stride 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub struct Strides {

@@ -1,6 +1,6 @@
 //! Running bench/peers.py (PyTorch SDPA: flash, cuDNN, efficient) and merging its results.
 
-use super::report::{BenchReport, LineResult, PEERS, PeersInfo, Source};
+use super::report::{BenchReport, LineResult, PEERS, PeerEnv, PeersInfo, Source};
 use super::stats::{self, Timing};
 use super::sweep::Case;
 use serde::{Deserialize, Serialize};
@@ -94,18 +94,9 @@ pub struct PeerResponse {
     /// Why not.
     #[serde(default)]
     pub error: Option<String>,
-    /// torch version.
-    #[serde(default)]
-    pub torch: Option<String>,
-    /// cuDNN version.
-    #[serde(default)]
-    pub cudnn: Option<String>,
-    /// torch's CUDA version.
-    #[serde(default)]
-    pub cuda: Option<String>,
-    /// GPU name.
-    #[serde(default)]
-    pub device: Option<String>,
+    /// Versions and device.
+    #[serde(flatten)]
+    pub env: PeerEnv,
     /// One per (case, peer).
     #[serde(default)]
     pub results: Vec<PeerResult>,
@@ -231,10 +222,7 @@ pub fn merge(report: &mut BenchReport, outcome: Result<PeerResponse, String>) {
         requested: true,
         available: resp.ok,
         message: resp.error.clone(),
-        torch: resp.torch.clone(),
-        cudnn: resp.cudnn.clone(),
-        cuda: resp.cuda.clone(),
-        device: resp.device.clone(),
+        env: resp.env.clone(),
     };
     if !resp.ok {
         return;

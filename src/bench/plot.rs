@@ -156,13 +156,13 @@ pub fn figures(report: &BenchReport) -> Vec<Figure> {
         .get("name")
         .and_then(|v| v.as_str())
         .map(str::to_string)
-        .or_else(|| report.peers.device.clone())
+        .or_else(|| report.peers.env.device.clone())
         .unwrap_or_else(|| "unknown GPU".into());
     let mut sub = format!(
         "TFLOP/s against sequence length; flashattn {}; median of {} launches",
         report.version, report.method.iters
     );
-    if let Some(t) = &report.peers.torch {
+    if let Some(t) = &report.peers.env.torch {
         sub.push_str(&format!("; PyTorch {t}"));
     }
     if let Some(c) = report.cases.first() {

@@ -134,16 +134,9 @@ pub struct Method {
     pub l2_bytes: Option<u64>,
 }
 
-/// What the peers run said about itself.
+/// The software and GPU under the peers, as peers.py reports them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct PeersInfo {
-    /// `--peers` was given.
-    pub requested: bool,
-    /// The peers ran (torch and a GPU were there).
-    pub available: bool,
-    /// Why not, or notes.
-    #[serde(default)]
-    pub message: Option<String>,
+pub struct PeerEnv {
     /// `torch.__version__`.
     #[serde(default)]
     pub torch: Option<String>,
@@ -156,6 +149,21 @@ pub struct PeersInfo {
     /// The GPU torch saw.
     #[serde(default)]
     pub device: Option<String>,
+}
+
+/// What the peers run said about itself.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PeersInfo {
+    /// `--peers` was given.
+    pub requested: bool,
+    /// The peers ran (torch and a GPU were there).
+    pub available: bool,
+    /// Why not, or notes.
+    #[serde(default)]
+    pub message: Option<String>,
+    /// Versions and device the peers reported.
+    #[serde(flatten)]
+    pub env: PeerEnv,
 }
 
 /// The whole benchmark record (bench.json).

@@ -92,9 +92,9 @@ fn header(report: &BenchReport) -> String {
         let _ = write!(
             h,
             "\npeers: PyTorch SDPA (torch {}, cuDNN {}, CUDA {}): flash = FlashAttention-2 backend, cudnn = cuDNN backend, efficient = memory-efficient backend",
-            p.torch.as_deref().unwrap_or("?"),
-            p.cudnn.as_deref().unwrap_or("?"),
-            p.cuda.as_deref().unwrap_or("?")
+            p.env.torch.as_deref().unwrap_or("?"),
+            p.env.cudnn.as_deref().unwrap_or("?"),
+            p.env.cuda.as_deref().unwrap_or("?")
         );
     } else if p.requested {
         let _ = write!(

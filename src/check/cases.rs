@@ -91,18 +91,7 @@ impl Sweep {
         inputs: Inputs,
         rows: Option<Vec<usize>>,
     ) {
-        let s = p.shape;
-        let label = format!(
-            "{dtype} b{} sq{} sk{} hq{} hkv{} d{} {}{}",
-            s.batch,
-            s.seqlen_q,
-            s.seqlen_k,
-            s.heads_q,
-            s.heads_kv,
-            s.head_dim,
-            p.mask.name(),
-            what
-        );
+        let label = format!("{dtype} {} {}{}", p.shape, p.mask.name(), what);
         self.0.push(Case {
             label,
             dtype,

@@ -16,7 +16,7 @@ pub struct CheckArgs {
     /// A small sweep (for compute-sanitizer).
     #[arg(long)]
     pub quick: bool,
-    /// Only cases whose label contains this text (e.g. "bf16", "d128", "causal").
+    /// Only cases whose label contains this text (e.g. "bf16", "d=128", "causal", "decode").
     #[arg(long)]
     pub filter: Option<String>,
     /// Override the mma tile: mt,nwarps,bc[,q][,l][,p][,e] (see `MmaTile::parse`).

@@ -174,13 +174,8 @@ impl Ctx<'_> {
         }
         let name = if prefix.is_empty() { "(top)" } else { prefix };
         println!(
-            "{name}: b={} sq={} sk={} hq={} hkv={} d={}  {:.3} ms  {:.2} GFLOP/s",
-            s.batch,
-            s.seqlen_q,
-            s.seqlen_k,
-            s.heads_q,
-            s.heads_kv,
-            s.head_dim,
+            "{name}: {}  {:.3} ms  {:.2} GFLOP/s",
+            p.shape,
             fw.seconds * 1e3,
             p.flops() / fw.seconds.max(1e-12) / 1e9
         );

@@ -518,17 +518,7 @@ pub fn prepare(
 
 /// Names the kernel and shape in a driver error.
 pub(crate) fn launch_context(kernel: &str, p: &AttnProblem) -> String {
-    let s = &p.shape;
-    format!(
-        "{kernel} launch (batch {}, seqlen_q {}, seqlen_k {}, heads_q {}, heads_kv {}, head_dim {}, mask {})",
-        s.batch,
-        s.seqlen_q,
-        s.seqlen_k,
-        s.heads_q,
-        s.heads_kv,
-        s.head_dim,
-        p.mask.name()
-    )
+    format!("{kernel} launch ({}, mask {})", p.shape, p.mask.name())
 }
 
 /// Raises a function's dynamic shared-memory limit when it needs more than the default 48 KB.
@@ -550,42 +540,85 @@ pub(crate) fn set_dynamic_smem(
 }
 
 fn launch_mma(gpu: &Gpu, l: &Launch, tile: Option<MmaTile>) -> Result<LaunchInfo> {
+    let s = &l.problem.shape;
+    let tile =
+        tile.unwrap_or_else(|| MmaTile::default_for(gpu.info().compute_capability, s.head_dim));
+    launch_flash(
+        gpu,
+        l,
+        FlashKernel {
+            kernel: KernelKind::Mma,
+            source: KernelSource::AttnMma,
+            function: "attn_mma",
+            defines: tile.defines(l.dtype, s.head_dim, l.problem.mask.is_causal()),
+            br: tile.br(),
+            nwarps: tile.nwarps,
+            smem: tile.smem_bytes(s.head_dim),
+            tile: Some(tile),
+        },
+    )
+}
+
+/// A flash kernel (attn_simt, attn_mma) specialised for one launch.
+pub(crate) struct FlashKernel {
+    /// Its rung.
+    pub kernel: KernelKind,
+    /// Its source file.
+    pub source: KernelSource,
+    /// Its entry point.
+    pub function: &'static str,
+    /// NVRTC defines.
+    pub defines: Vec<(String, String)>,
+    /// Query rows per block.
+    pub br: u32,
+    /// Warps per block.
+    pub nwarps: u32,
+    /// Dynamic shared memory per block.
+    pub smem: usize,
+    /// The mma tile, for the report.
+    pub tile: Option<MmaTile>,
+}
+
+/// Launches a flash kernel: one block per (query block, head, batch), [`FlashParams`] by value.
+pub(crate) fn launch_flash(gpu: &Gpu, l: &Launch, f: FlashKernel) -> Result<LaunchInfo> {
     let p = l.problem;
     let s = &p.shape;
-    let info = gpu.info();
-    let tile = tile.unwrap_or_else(|| MmaTile::default_for(info.compute_capability, s.head_dim));
-    let smem = tile.smem_bytes(s.head_dim);
-    if smem > info.smem_per_block_optin as usize {
+    let allowed = gpu.info().smem_per_block_optin as usize;
+    if f.smem > allowed {
         return Err(AttnError::TooLarge {
-            kernel: "attn_mma",
+            kernel: f.function,
             reason: format!(
-                "tile {tile} needs {smem} bytes of shared memory, the device allows {} per block: pick a smaller tile",
-                info.smem_per_block_optin
+                "head_dim {} needs {} bytes of shared memory per block, the device allows {allowed}: pick a smaller tile",
+                s.head_dim, f.smem
             ),
         });
     }
-    let defines = tile.defines(l.dtype, s.head_dim, p.mask.is_causal());
-    let k = gpu.kernel(KernelSource::AttnMma, "attn_mma", &defines)?;
-    let ctx = launch_context("attn_mma", p);
-    set_dynamic_smem(&k.function, smem, &ctx)?;
-    let params = FlashParams::new(l, tile.br());
-    let blocks = params.num_m_blocks as u32 * s.batch as u32 * s.heads_q as u32;
+    let k = gpu.kernel(f.source, f.function, &f.defines)?;
+    let ctx = launch_context(f.function, p);
+    set_dynamic_smem(&k.function, f.smem, &ctx)?;
+    let params = FlashParams::new(l, f.br);
+    // check_gpu_problem bounds ceil(seqlen_q / 16) * batch * heads_q by 2^31 - 1, and Br >= 16.
+    let blocks = params.num_m_blocks as u64 * s.batch as u64 * s.heads_q as u64;
+    let blocks = u32::try_from(blocks).map_err(|_| AttnError::TooLarge {
+        kernel: f.function,
+        reason: format!("{blocks} thread blocks: split the batch"),
+    })?;
     let cfg = LaunchConfig {
         grid_dim: (blocks, 1, 1),
-        block_dim: (32 * tile.nwarps, 1, 1),
-        shared_mem_bytes: smem as u32,
+        block_dim: (32 * f.nwarps, 1, 1),
+        shared_mem_bytes: f.smem as u32,
     };
     let mut b = gpu.stream().launch_builder(&k.function);
     b.arg(&params);
-    // SAFETY: the parameters mirror the kernel's struct; every buffer was checked against the
-    // shape and strides above, and the kernel reads/writes only inside those bounds.
+    // SAFETY: the parameters mirror the kernel's struct; forward_device checked every buffer
+    // against the shape and strides, and the kernel reads/writes only inside those bounds.
     unsafe { b.launch(cfg) }.map_err(cuda_err(ctx))?;
     Ok(LaunchInfo {
-        kernel: KernelKind::Mma,
-        tile: Some(tile),
+        kernel: f.kernel,
+        tile: f.tile,
         registers: k.stats.registers,
         spill_bytes: k.stats.spill_stores,
-        smem_bytes: smem,
+        smem_bytes: f.smem,
     })
 }
 

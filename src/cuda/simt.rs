@@ -1,13 +1,10 @@
 //! Launcher of attn_simt.cu: flash forward on CUDA cores (FFMA), online softmax.
 
-use super::attention::{
-    FlashParams, KernelKind, Launch, LaunchInfo, launch_context, set_dynamic_smem,
-};
-use super::device::{Gpu, cuda_err};
+use super::attention::{FlashKernel, KernelKind, Launch, LaunchInfo, launch_flash};
+use super::device::Gpu;
 use super::sources::KernelSource;
 use crate::dtype::DType;
-use crate::error::{AttnError, Result};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use crate::error::Result;
 
 /// Tile of `attn_simt`: `nwarps` warps of `rows_per_warp` query rows each; K/V tiles of
 /// `32 * keys_per_lane` keys (lane `j` computes the dot products of keys `j`, `j + 32`, ..).
@@ -83,48 +80,22 @@ pub fn defines(dtype: DType, head_dim: usize, causal: bool) -> Vec<(String, Stri
 /// [`AttnError::TooLarge`] when the tile's shared memory exceeds the device's per-block limit;
 /// [`AttnError::Compile`]/[`AttnError::Cuda`] with the kernel name and shape.
 pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
-    let p = l.problem;
-    let s = &p.shape;
+    let s = &l.problem.shape;
     let tile = SimtTile::for_head_dim(s.head_dim);
-    let smem = tile.smem_bytes(s.head_dim);
-    let info = gpu.info();
-    if smem > info.smem_per_block_optin as usize {
-        return Err(AttnError::TooLarge {
-            kernel: "attn_simt",
-            reason: format!(
-                "head_dim {} needs {smem} bytes of shared memory, the device allows {} per block",
-                s.head_dim, info.smem_per_block_optin
-            ),
-        });
-    }
-    let defines = tile.defines(l.dtype, s.head_dim, p.mask.is_causal());
-    let k = gpu.kernel(KernelSource::AttnSimt, "attn_simt", &defines)?;
-    let ctx = launch_context("attn_simt", p);
-    set_dynamic_smem(&k.function, smem, &ctx)?;
-    let params = FlashParams::new(l, tile.br());
-    // check_gpu_problem bounds ceil(seqlen_q / 16) * batch * heads_q by 2^31 - 1, and Br >= 16.
-    let blocks = params.num_m_blocks as u64 * s.batch as u64 * s.heads_q as u64;
-    let blocks = u32::try_from(blocks).map_err(|_| AttnError::TooLarge {
-        kernel: "attn_simt",
-        reason: format!("{blocks} thread blocks: split the batch"),
-    })?;
-    let cfg = LaunchConfig {
-        grid_dim: (blocks, 1, 1),
-        block_dim: (32 * tile.nwarps, 1, 1),
-        shared_mem_bytes: smem as u32,
-    };
-    let mut b = gpu.stream().launch_builder(&k.function);
-    b.arg(&params);
-    // SAFETY: the parameters mirror the kernel's struct; forward_device checked every buffer
-    // against the shape and strides, and the kernel reads/writes only inside those bounds.
-    unsafe { b.launch(cfg) }.map_err(cuda_err(ctx))?;
-    Ok(LaunchInfo {
-        kernel: KernelKind::Simt,
-        tile: None,
-        registers: k.stats.registers,
-        spill_bytes: k.stats.spill_stores,
-        smem_bytes: smem,
-    })
+    launch_flash(
+        gpu,
+        l,
+        FlashKernel {
+            kernel: KernelKind::Simt,
+            source: KernelSource::AttnSimt,
+            function: "attn_simt",
+            defines: tile.defines(l.dtype, s.head_dim, l.problem.mask.is_causal()),
+            br: tile.br(),
+            nwarps: tile.nwarps,
+            smem: tile.smem_bytes(s.head_dim),
+            tile: None,
+        },
+    )
 }
 
 #[cfg(test)]

@@ -5,6 +5,10 @@
 
 /// The shared PTX wrappers.
 pub const PTX_CUH: &str = include_str!("../../kernels/ptx.cuh");
+/// What the attention kernels share (parameters, conversions, causal rule, block map).
+pub const ATTN_COMMON_CUH: &str = include_str!("../../kernels/attn_common.cuh");
+/// Headers a kernel may include, by the name in its `#include "..."` line.
+const HEADERS: [(&str, &str); 2] = [("ptx.cuh", PTX_CUH), ("attn_common.cuh", ATTN_COMMON_CUH)];
 
 /// One kernel source file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -47,7 +51,8 @@ impl KernelSource {
         }
     }
 
-    /// The source with `#include "ptx.cuh"` expanded, ready for NVRTC.
+    /// The source with its `#include "ptx.cuh"` / `"attn_common.cuh"` lines expanded, ready
+    /// for NVRTC.
     pub fn text(self) -> String {
         expand_includes(self.raw())
     }
@@ -56,8 +61,11 @@ impl KernelSource {
 fn expand_includes(src: &str) -> String {
     let mut out = String::with_capacity(src.len() + PTX_CUH.len());
     for line in src.lines() {
-        if line.trim_start().starts_with("#include") && line.contains("\"ptx.cuh\"") {
-            out.push_str(PTX_CUH);
+        let header = HEADERS.iter().find(|(name, _)| {
+            line.trim_start().starts_with("#include") && line.contains(&format!("\"{name}\""))
+        });
+        if let Some((_, text)) = header {
+            out.push_str(text);
         } else {
             out.push_str(line);
         }
