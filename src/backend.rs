@@ -66,13 +66,14 @@ pub fn forward<T: Element>(
     k: &[T],
     v: &[T],
 ) -> Result<Forward<T>> {
-    problem.validate()?;
+    // o comes back dense, so the caller's o_strides are replaced before validation.
     let s = problem.shape;
     let dense = Strides::contiguous(s.seqlen_q, s.heads_q, s.head_dim);
     let p = AttnProblem {
         o_strides: dense,
         ..*problem
     };
+    p.validate()?;
     p.check_lengths(q.len(), k.len(), v.len(), usize::MAX, usize::MAX)?;
     match choice {
         BackendChoice::Cpu => run_cpu(&p, q, k, v, "asked for".into()),

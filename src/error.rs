@@ -91,6 +91,13 @@ pub enum AttnError {
         what: String,
     },
 
+    /// A command-line option or input file that does not parse.
+    #[error("invalid {what}")]
+    InvalidInput {
+        /// What was given, what was expected, and what to do.
+        what: String,
+    },
+
     /// A file could not be read or written.
     #[error("I/O error on {path}: {source}")]
     Io {

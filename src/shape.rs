@@ -90,8 +90,11 @@ impl AttnShape {
     }
 
     /// Elements of `lse`: `batch * heads_q * seqlen_q`.
+    /// Saturates at `usize::MAX` for sizes that [`Self::validate`] rejects.
     pub fn lse_len(&self) -> usize {
-        self.batch * self.heads_q * self.seqlen_q
+        self.batch
+            .saturating_mul(self.heads_q)
+            .saturating_mul(self.seqlen_q)
     }
 }
 
@@ -148,6 +151,9 @@ impl Strides {
         let of = || AttnError::Overflow {
             what: format!("largest element offset of {tensor}"),
         };
+        if batch == 0 || seqlen == 0 || heads == 0 || head_dim == 0 {
+            return Ok(0); // nothing is addressed
+        }
         let last = (batch - 1)
             .checked_mul(self.batch)
             .and_then(|a| {
@@ -346,16 +352,25 @@ fn check_no_overlap(
     axes.retain(|a| a.1 > 1);
     axes.sort_by_key(|a| a.0);
     let mut span = head_dim; // elements covered by the axes inside this one
+    let mut inner: Option<(usize, &str)> = None; // the previous (stride, axis)
     for (stride, len, axis) in axes {
         if stride < span {
-            return Err(AttnError::InvalidStrides {
-                tensor: name,
-                reason: format!(
+            let reason = match inner {
+                // Equal strides: the sort order between the two says nothing; name both.
+                Some((s, other)) if s == stride => format!(
+                    "{other} and {axis} strides are both {stride}, so positions overlap; use strides of a dense layout (head_dim contiguous)"
+                ),
+                _ => format!(
                     "{axis} stride {stride} is smaller than the {span} elements the inner axes span, so positions overlap; use strides of a dense layout (head_dim contiguous)"
                 ),
+            };
+            return Err(AttnError::InvalidStrides {
+                tensor: name,
+                reason,
             });
         }
         span = stride.saturating_mul(len - 1).saturating_add(span);
+        inner = Some((stride, axis));
     }
     Ok(())
 }

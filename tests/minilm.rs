@@ -1,8 +1,7 @@
 //! Real inputs: q/k/v of every layer of all-MiniLM-L6-v2 with exact stored references.
 //!
-//! `data/minilm-L6-s77.safetensors` ships in the repository and is always tested. The s200
-//! file is read from `../shared/data/minilm/` beside the repository; when it is absent the
-//! test says so and passes, unless `FLASHATTN_REQUIRE_SHARED` is set, then it fails.
+//! Both files ship in the repository (`data/minilm-L6-s77.safetensors`, `-s200`) and are
+//! always tested.
 
 use flashattn::compare::{Tolerance, diff_lse, diff_o, widen};
 use flashattn::io::SafeFile;
@@ -19,21 +18,8 @@ fn s77() -> PathBuf {
     repo().join("data/minilm-L6-s77.safetensors")
 }
 
-/// The s200 file, or `None` (after saying so) when it is absent and not required.
-fn s200() -> Option<PathBuf> {
-    let p = repo().join("../shared/data/minilm/minilm-L6-s200.safetensors");
-    if p.is_file() {
-        return Some(p);
-    }
-    let msg = format!(
-        "{} not found (the shared data beside the repository)",
-        p.display()
-    );
-    if std::env::var_os("FLASHATTN_REQUIRE_SHARED").is_some() {
-        panic!("{msg}, and FLASHATTN_REQUIRE_SHARED is set");
-    }
-    eprintln!("{msg}: skipping the s200 checks (set FLASHATTN_REQUIRE_SHARED to make this fail)");
-    None
+fn s200() -> PathBuf {
+    repo().join("data/minilm-L6-s200.safetensors")
 }
 
 fn to_f64(x: &[f32]) -> Vec<f64> {
@@ -102,9 +88,7 @@ fn minilm_s77_all_layers() {
 
 #[test]
 fn minilm_s200_all_layers() {
-    if let Some(p) = s200() {
-        check_file(&p, 200);
-    }
+    check_file(&s200(), 200);
 }
 
 #[test]
@@ -192,7 +176,9 @@ fn cli_errors_are_messages_not_panics() {
     );
     let (ok, _, stderr) = flashattn(&["run", "--backend", "cpu", "--prefix", "layer9"]);
     assert!(
-        !ok && stderr.contains("layer9.q") && !stderr.contains("panicked"),
+        !ok && stderr.contains("layer9")
+            && stderr.contains("its layers are: layer0")
+            && !stderr.contains("panicked"),
         "{stderr}"
     );
     let (ok, _, stderr) = flashattn(&["run", "--backend", "cpu", "--scale=-1"]);

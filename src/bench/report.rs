@@ -240,14 +240,14 @@ impl BenchReport {
     /// Reads a bench.json.
     ///
     /// # Errors
-    /// [`AttnError::Io`] for unreadable or malformed files.
+    /// [`AttnError::Io`] for unreadable files, [`AttnError::InvalidInput`] for malformed ones.
     pub fn read(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
-        serde_json::from_str(&text).map_err(|e| {
-            io_err(
-                path,
-                std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-            )
+        serde_json::from_str(&text).map_err(|e| AttnError::InvalidInput {
+            what: format!(
+                "{}: not a bench.json written by `flashattn bench` ({e})",
+                path.display()
+            ),
         })
     }
 }

@@ -109,7 +109,8 @@ fn measure(gpu: &Gpu, sweep: &Sweep, report: &mut BenchReport) {
 /// asked, then writes bench.json, bench.txt and the plots (failures become notes).
 ///
 /// # Errors
-/// Only bad options (unknown kernel, malformed tile, impossible shape).
+/// Bad options (unknown kernel, malformed tile, impossible shape), and no usable GPU when the
+/// peers were not asked for (then nothing could be measured).
 pub fn run(opts: &BenchOptions) -> Result<BenchOutcome> {
     let sweep = opts.sweep()?;
     let mut report = new_report(&sweep);
@@ -122,6 +123,8 @@ pub fn run(opts: &BenchOptions) -> Result<BenchOutcome> {
     );
     match Gpu::new(opts.device) {
         Ok(gpu) => measure(&gpu, &sweep, &mut report),
+        // Nothing would be measured: say so before writing any file or table.
+        Err(e) if !opts.peers => return Err(e),
         Err(e) => {
             let why = format!("GPU unavailable: {e}");
             for c in &mut report.cases {

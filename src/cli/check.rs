@@ -10,7 +10,7 @@ use std::path::PathBuf;
 /// Options of `flashattn check`.
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// Kernels to check (comma-separated: mma, simt, naive, or all).
+    /// Kernels to check (comma-separated: mma, simt, naive, auto (= mma), or all).
     #[arg(long, default_value = "all", value_delimiter = ',')]
     pub kernel: Vec<String>,
     /// A small sweep (for compute-sanitizer).
@@ -19,7 +19,8 @@ pub struct CheckArgs {
     /// Only cases whose label contains this text (e.g. "bf16", "d=128", "causal", "decode").
     #[arg(long)]
     pub filter: Option<String>,
-    /// Override the mma tile: mt,nwarps,bc[,q][,l][,p][,e] (see `MmaTile::parse`).
+    /// Override the mma tile: mt,nwarps,bc[,q][,l][,p][,e][,h] (flags: Q in registers, lazy
+    /// rescale, pipelined fragments, smem epilogue, head-major grid).
     #[arg(long)]
     pub tile: Option<String>,
     /// Write every result as JSON here.

@@ -78,10 +78,43 @@ pub fn run(a: &RunArgs) -> Result<()> {
         None => find_default_data()?,
     };
     let file = SafeFile::open(&path)?;
+    let layers = file.layer_prefixes();
     let prefixes = match &a.prefix {
-        Some(p) => vec![p.trim_end_matches('.').to_string()],
-        None => file.layer_prefixes(),
+        Some(p) => {
+            let p = p.trim_end_matches('.').to_string();
+            if !layers.contains(&p) {
+                return Err(AttnError::InvalidInput {
+                    what: format!(
+                        "--prefix {p}: {} has no layer of that name; its layers are: {}",
+                        path.display(),
+                        if layers.is_empty() {
+                            "(none)".to_string()
+                        } else {
+                            layers.join(", ")
+                        }
+                    ),
+                });
+            }
+            vec![p]
+        }
+        None => layers,
     };
+    // Fail before any work when the output cannot be written.
+    if let Some(out) = &a.out {
+        let dir = out
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        if !dir.is_dir() {
+            return Err(AttnError::InvalidInput {
+                what: format!(
+                    "--out {}: the folder {} does not exist; create it first",
+                    out.display(),
+                    dir.display()
+                ),
+            });
+        }
+    }
     if prefixes.is_empty() {
         return Err(AttnError::SafeTensors {
             what: format!(
@@ -203,6 +236,11 @@ impl Ctx<'_> {
                     &ld,
                 );
             }
+        }
+        if stored.is_none() && !self.a.check {
+            println!(
+                "  (no stored reference for this layer: add --check to compare with the f64 oracle)"
+            );
         }
         if (converted && stored.is_some()) || (stored.is_none() && self.a.check) {
             let r = reference::attention(&p, &qkv.q, &qkv.k, &qkv.v)?;

@@ -141,9 +141,9 @@ impl MmaTile {
     /// `2,4,64` or `2,4,32,l,p,e`.
     ///
     /// # Errors
-    /// [`AttnError::ShapeMismatch`] describing the expected form.
+    /// [`AttnError::InvalidInput`] describing the expected form.
     pub fn parse(s: &str) -> Result<Self> {
-        let bad = || AttnError::ShapeMismatch {
+        let bad = || AttnError::InvalidInput {
             what: format!(
                 "tile '{s}': expected mt,nwarps,bc[,q][,l][,p][,e][,h] with mt in 1..=4, nwarps in 1..=16, bc a multiple of 16 up to 128"
             ),
