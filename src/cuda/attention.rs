@@ -486,33 +486,17 @@ pub fn prepare(
     p: &AttnProblem,
     dtype: DType,
 ) -> Result<()> {
-    let s = &p.shape;
-    let causal = p.mask.is_causal();
-    match kernel {
-        KernelKind::Mma => {
-            let tile = tile
-                .unwrap_or_else(|| MmaTile::default_for(gpu.info().compute_capability, s.head_dim));
-            gpu.kernel(
-                KernelSource::AttnMma,
-                "attn_mma",
-                &tile.defines(dtype, s.head_dim, causal),
-            )?;
-        }
-        KernelKind::Simt => {
-            gpu.kernel(
-                KernelSource::AttnSimt,
-                "attn_simt",
-                &super::simt::defines(dtype, s.head_dim, causal),
-            )?;
-        }
+    // The same specialisation the launch will ask for, from the same functions.
+    let flash = match kernel {
+        KernelKind::Mma => mma_kernel(gpu, dtype, p, tile),
+        KernelKind::Simt => super::simt::flash_kernel(dtype, p),
         KernelKind::Naive => {
-            gpu.kernel(
-                KernelSource::AttnNaive,
-                "attn_naive_scores",
-                &super::naive::defines(dtype, s.head_dim, causal),
-            )?;
+            let defines = super::naive::defines(dtype, p.shape.head_dim, p.mask.is_causal());
+            gpu.kernel(KernelSource::AttnNaive, "attn_naive_scores", &defines)?;
+            return Ok(());
         }
-    }
+    };
+    gpu.kernel(flash.source, flash.function, &flash.defines)?;
     Ok(())
 }
 
@@ -540,23 +524,23 @@ pub(crate) fn set_dynamic_smem(
 }
 
 fn launch_mma(gpu: &Gpu, l: &Launch, tile: Option<MmaTile>) -> Result<LaunchInfo> {
-    let s = &l.problem.shape;
-    let tile =
-        tile.unwrap_or_else(|| MmaTile::default_for(gpu.info().compute_capability, s.head_dim));
-    launch_flash(
-        gpu,
-        l,
-        FlashKernel {
-            kernel: KernelKind::Mma,
-            source: KernelSource::AttnMma,
-            function: "attn_mma",
-            defines: tile.defines(l.dtype, s.head_dim, l.problem.mask.is_causal()),
-            br: tile.br(),
-            nwarps: tile.nwarps,
-            smem: tile.smem_bytes(s.head_dim),
-            tile: Some(tile),
-        },
-    )
+    launch_flash(gpu, l, mma_kernel(gpu, l.dtype, l.problem, tile))
+}
+
+/// attn_mma specialised for this problem: `tile`, or the arch's default.
+fn mma_kernel(gpu: &Gpu, dtype: DType, p: &AttnProblem, tile: Option<MmaTile>) -> FlashKernel {
+    let d = p.shape.head_dim;
+    let tile = tile.unwrap_or_else(|| MmaTile::default_for(gpu.info().compute_capability, d));
+    FlashKernel {
+        kernel: KernelKind::Mma,
+        source: KernelSource::AttnMma,
+        function: "attn_mma",
+        defines: tile.defines(dtype, d, p.mask.is_causal()),
+        br: tile.br(),
+        nwarps: tile.nwarps,
+        smem: tile.smem_bytes(d),
+        tile: Some(tile),
+    }
 }
 
 /// A flash kernel (attn_simt, attn_mma) specialised for one launch.

@@ -5,6 +5,7 @@ use super::device::Gpu;
 use super::sources::KernelSource;
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::shape::AttnProblem;
 
 /// Tile of `attn_simt`: `nwarps` warps of `rows_per_warp` query rows each; K/V tiles of
 /// `32 * keys_per_lane` keys (lane `j` computes the dot products of keys `j`, `j + 32`, ..).
@@ -80,22 +81,23 @@ pub fn defines(dtype: DType, head_dim: usize, causal: bool) -> Vec<(String, Stri
 /// [`AttnError::TooLarge`] when the tile's shared memory exceeds the device's per-block limit;
 /// [`AttnError::Compile`]/[`AttnError::Cuda`] with the kernel name and shape.
 pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
-    let s = &l.problem.shape;
-    let tile = SimtTile::for_head_dim(s.head_dim);
-    launch_flash(
-        gpu,
-        l,
-        FlashKernel {
-            kernel: KernelKind::Simt,
-            source: KernelSource::AttnSimt,
-            function: "attn_simt",
-            defines: tile.defines(l.dtype, s.head_dim, l.problem.mask.is_causal()),
-            br: tile.br(),
-            nwarps: tile.nwarps,
-            smem: tile.smem_bytes(s.head_dim),
-            tile: None,
-        },
-    )
+    launch_flash(gpu, l, flash_kernel(l.dtype, l.problem))
+}
+
+/// attn_simt specialised for this problem (the tile follows head_dim).
+pub(crate) fn flash_kernel(dtype: DType, p: &AttnProblem) -> FlashKernel {
+    let d = p.shape.head_dim;
+    let tile = SimtTile::for_head_dim(d);
+    FlashKernel {
+        kernel: KernelKind::Simt,
+        source: KernelSource::AttnSimt,
+        function: "attn_simt",
+        defines: tile.defines(dtype, d, p.mask.is_causal()),
+        br: tile.br(),
+        nwarps: tile.nwarps,
+        smem: tile.smem_bytes(d),
+        tile: None,
+    }
 }
 
 #[cfg(test)]
