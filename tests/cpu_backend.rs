@@ -3,10 +3,12 @@
 
 use flashattn::compare::{Tolerance, dense_o, diff_lse, diff_o, random_inputs, random_seed, widen};
 use flashattn::{
-    AttnError, AttnProblem, AttnShape, Backend, BackendChoice, Element, Mask, Strides, cpu,
-    reference,
+    AttnError, AttnProblem, Backend, BackendChoice, Element, Mask, Strides, cpu, reference,
 };
 use half::{bf16, f16};
+
+mod common;
+use common::problem;
 use proptest::prelude::*;
 
 /// Runs the CPU backend on poisoned outputs and returns (o as written, lse).
@@ -48,26 +50,6 @@ fn check_all_dtypes(p: &AttnProblem, label: &str) {
     check::<f16>(p, label);
     check::<bf16>(p, label);
     check::<f32>(p, label);
-}
-
-fn problem(
-    b: usize,
-    sq: usize,
-    sk: usize,
-    hq: usize,
-    hkv: usize,
-    d: usize,
-    mask: Mask,
-) -> AttnProblem {
-    let shape = AttnShape {
-        batch: b,
-        seqlen_q: sq,
-        seqlen_k: sk,
-        heads_q: hq,
-        heads_kv: hkv,
-        head_dim: d,
-    };
-    AttnProblem::new(shape).unwrap().with_mask(mask)
 }
 
 #[test]

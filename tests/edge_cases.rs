@@ -3,19 +3,14 @@
 //! FLASHATTN_SEED=<seed>.
 
 use flashattn::compare::{Tolerance, dense_o, diff, random_inputs, random_seed};
-use flashattn::{AttnProblem, AttnShape, Element, Mask, cpu, reference};
+use flashattn::{AttnProblem, Element, Mask, cpu, reference};
 use half::{bf16, f16};
 
+mod common;
+
+/// Batch 1: every case here is about lengths, heads or inputs.
 fn problem(sq: usize, sk: usize, hq: usize, hkv: usize, d: usize, mask: Mask) -> AttnProblem {
-    let shape = AttnShape {
-        batch: 1,
-        seqlen_q: sq,
-        seqlen_k: sk,
-        heads_q: hq,
-        heads_kv: hkv,
-        head_dim: d,
-    };
-    AttnProblem::new(shape).unwrap().with_mask(mask)
+    common::problem(1, sq, sk, hq, hkv, d, mask)
 }
 
 /// Runs the CPU backend with `o` and `lse` longer than needed and poisoned; returns them whole.

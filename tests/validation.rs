@@ -6,16 +6,8 @@ use flashattn::io::{SafeFile, Writer};
 use flashattn::{AttnError, AttnProblem, AttnShape, BackendChoice, Mask, Strides, cpu, reference};
 use half::f16;
 
-fn shape(b: usize, sq: usize, sk: usize, hq: usize, hkv: usize, d: usize) -> AttnShape {
-    AttnShape {
-        batch: b,
-        seqlen_q: sq,
-        seqlen_k: sk,
-        heads_q: hq,
-        heads_kv: hkv,
-        head_dim: d,
-    }
-}
+mod common;
+use common::shape;
 
 /// A problem whose fields were set directly (bypassing the checked constructors), as a user
 /// of the public struct can.
