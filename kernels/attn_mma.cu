@@ -77,6 +77,28 @@ FA_DEVICE void load_tile(u32 dst, const u16 *src, i64 row_stride, int row_begin,
     }
 }
 
+// K/V tile loads when every thread's chunks of a tile sit in one column (NT a multiple of CH):
+// rows r0, r0 + NT/CH, ... of column chunk c. The thread keeps one cursor, its chunk of row r0
+// of the tile, advanced by a fixed step, instead of a 64-bit address per chunk; with the
+// generic load_tile ptxas spills at d128 Bc64. Rows at or past rows_valid are zero-filled
+// with the source `safe` (any valid address: 0 source bytes read nothing).
+constexpr bool FAST_LOADS = NT % CH == 0 && (BC * CH) % NT == 0;
+constexpr int LROWS = FAST_LOADS ? NT / CH : 1; // rows between one thread's chunks
+FA_DEVICE void load_kv_tile(u32 dst, const u16 *g, const u16 *safe, i64 row_stride, int rows_valid) {
+    const int r0 = (int)threadIdx.x / CH, c = (int)threadIdx.x % CH;
+    dst += (u32)(r0 * RS + c * 8) * 2;
+#pragma unroll
+    for (int it = 0; it < BC / LROWS; ++it) {
+        const bool ok = r0 + it * LROWS < rows_valid && c * 8 < D;
+        cp_async_16(dst + (u32)(it * LROWS * RS) * 2, ok ? g : safe, ok ? 16 : 0);
+        g += LROWS * row_stride;
+    }
+}
+
+template <bool B> struct Bool {
+    static constexpr bool value = B;
+};
+
 extern "C" __global__ void __launch_bounds__(NT, 1) attn_mma(const Params p) {
     extern __shared__ __align__(16) u16 smem[];
     const u32 sQ = smem_u32(smem);
@@ -102,10 +124,20 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_mma(const Params p) {
     const int wlim0 = row_limit(wrow0, diag, p.seqlen_k);
 
     // ---- prologue: Q, and the first K/V tile ----
+    // kg, vg: this thread's chunk of the next K/V tile to load (used when FAST_LOADS).
+    const u16 *kg = kb + (i64)(tid / CH) * p.k_ss + (tid % CH) * 8;
+    const u16 *vg = vb + (i64)(tid / CH) * p.v_ss + (tid % CH) * 8;
     load_tile<BR>(sQ, qb, p.q_ss, row0, p.seqlen_q);
     if (n_blocks > 0) {
-        load_tile<BC>(sK, kb, p.k_ss, 0, p.seqlen_k);
-        load_tile<BC>(sV, vb, p.v_ss, 0, p.seqlen_k);
+        if constexpr (FAST_LOADS) {
+            load_kv_tile(sK, kg, p.k, p.k_ss, p.seqlen_k);
+            load_kv_tile(sV, vg, p.v, p.v_ss, p.seqlen_k);
+            kg += (i64)BC * p.k_ss;
+            vg += (i64)BC * p.v_ss;
+        } else {
+            load_tile<BC>(sK, kb, p.k_ss, 0, p.seqlen_k);
+            load_tile<BC>(sV, vb, p.v_ss, 0, p.seqlen_k);
+        }
     }
     cp_async_commit();
 
@@ -125,13 +157,22 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_mma(const Params p) {
 #endif
 
     // ---- main loop over key tiles ----
-    for (int j = 0; j < n_blocks; ++j) {
+    // One key tile; MASKED is a compile-time Bool so that the tiles no row of the block needs
+    // masked run without the mask code.
+    auto tile_step = [&](const int j, auto masked) {
         cp_async_wait<0>();
         __syncthreads(); // tile j landed; every warp is done with tile j-1's stage
         if (j + 1 < n_blocks) {
             const u32 st = (u32)((j + 1) & 1) * BC * RS * 2;
-            load_tile<BC>(sK + st, kb, p.k_ss, (j + 1) * BC, p.seqlen_k);
-            load_tile<BC>(sV + st, vb, p.v_ss, (j + 1) * BC, p.seqlen_k);
+            if constexpr (FAST_LOADS) {
+                load_kv_tile(sK + st, kg, p.k, p.k_ss, p.seqlen_k - (j + 1) * BC);
+                load_kv_tile(sV + st, vg, p.v, p.v_ss, p.seqlen_k - (j + 1) * BC);
+                kg += (i64)BC * p.k_ss;
+                vg += (i64)BC * p.v_ss;
+            } else {
+                load_tile<BC>(sK + st, kb, p.k_ss, (j + 1) * BC, p.seqlen_k);
+                load_tile<BC>(sV + st, vb, p.v_ss, (j + 1) * BC, p.seqlen_k);
+            }
         }
         cp_async_commit();
         const u32 cK = sK + (u32)(j & 1) * BC * RS * 2;
@@ -235,20 +276,23 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_mma(const Params p) {
         // row g + 8*(e/2), column 8*nt + 2t + (e%2). Only tiles that cross the sequence end or
         // the causal diagonal of this warp's rows pay for it.
         const int n0 = j * BC;
-        const bool tail = n0 + BC > p.seqlen_k;
-        const bool diag_cross = IS_CAUSAL && (i64)n0 + BC - 1 > (i64)wrow0 + diag;
-        if (tail || diag_cross) {
+        // The warp's first row sees the fewest keys (wlim0 <= seqlen_k), so a tile needs the
+        // mask iff it reaches past them: that covers both the sequence end and the diagonal.
+        if (decltype(masked)::value && n0 + BC > (IS_CAUSAL ? wlim0 : p.seqlen_k)) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int nt = 0; nt < NS; ++nt)
+                for (int r = 0; r < 2; ++r) {
+                    // keys this row sees, counted from this lane's first column in the tile
+                    int lim = p.seqlen_k;
+                    if (IS_CAUSAL) lim = min(wlim0 + mt * 16 + g + 8 * r, lim);
+                    lim -= n0 + 2 * t;
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int col = n0 + nt * 8 + 2 * t + (e & 1);
-                        int lim = p.seqlen_k;
-                        if (IS_CAUSAL) lim = min(wlim0 + mt * 16 + g + 8 * (e >> 1), lim);
-                        if (col >= lim) s[mt][nt][e] = neg_inf();
-                    }
+                    for (int nt = 0; nt < NS; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e)
+                            if (nt * 8 + e >= lim) s[mt][nt][2 * r + e] = neg_inf();
+                }
         }
 
         // Online softmax on the fragments. Row r of m-tile mt lives in the 4 lanes of a quad;
@@ -258,6 +302,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_mma(const Params p) {
         // f16/bf16 and f32 sums, and most tiles then skip rescaling O (a warp-uniform vote).
         bool moved = false;
         float alpha[MT][2];
+        // P packed to 16-bit pairs as soon as it is computed: pf[mt][nt][r] holds row g + 8r,
+        // columns 2t and 2t+1 of n-tile nt. Half the registers of f32 P while O is rescaled
+        // and P V runs (this is what lets Bc 64 fit at d128).
+        u32 pf[MT][NS][2];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -279,13 +327,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_mma(const Params p) {
                 row_max[mt][r] = m_new;
                 float sum = 0.f;
 #pragma unroll
-                for (int nt = 0; nt < NS; ++nt)
-#pragma unroll
-                    for (int e = 2 * r; e < 2 * r + 2; ++e) {
-                        const float pe = ex2(fmul_rn(s[mt][nt][e], p.scale_log2) - m_use);
-                        s[mt][nt][e] = pe;
-                        sum += pe;
-                    }
+                for (int nt = 0; nt < NS; ++nt) {
+                    const float p0 = ex2(fmul_rn(s[mt][nt][2 * r], p.scale_log2) - m_use);
+                    const float p1 = ex2(fmul_rn(s[mt][nt][2 * r + 1], p.scale_log2) - m_use);
+                    sum += p0 + p1;
+                    pf[mt][nt][r] = pack2(p0, p1);
+                }
                 // per-lane partial sum; the quad reduces it once, in the epilogue
                 row_sum[mt][r] = row_sum[mt][r] * alpha[mt][r] + sum;
             }
@@ -307,10 +354,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_mma(const Params p) {
             u32 a[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-                a[mt][0] = pack2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                a[mt][1] = pack2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                a[mt][2] = pack2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                a[mt][3] = pack2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                a[mt][0] = pf[mt][2 * kk][0];
+                a[mt][1] = pf[mt][2 * kk][1];
+                a[mt][2] = pf[mt][2 * kk + 1][0];
+                a[mt][3] = pf[mt][2 * kk + 1][1];
             }
 #pragma unroll
             for (int dp = 0; dp < ND / 2; ++dp) {
@@ -326,7 +373,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_mma(const Params p) {
                 }
             }
         }
-    }
+    };
+    // Tiles wholly below the block's first row limit need no mask for any row of the block.
+    const int lim_block = IS_CAUSAL ? row_limit(row0, diag, p.seqlen_k) : p.seqlen_k;
+    const int n_unmasked = lim_block > 0 ? min(lim_block / BC, n_blocks) : 0;
+    int j = 0;
+    for (; j < n_unmasked; ++j) tile_step(j, Bool<false>());
+    for (; j < n_blocks; ++j) tile_step(j, Bool<true>());
     cp_async_wait<0>();
 
     // ---- epilogue: O / row_sum as 16-bit pairs, lse = ln(sum exp) in f32 ----

@@ -127,6 +127,11 @@ impl MmaTile {
         };
         if head_dim <= 64 {
             tile(2, 4, 64, true)
+        } else if head_dim > 112 && head_dim <= 128 && big_smem {
+            // Bc 64 halves the per-key softmax and barrier overhead; its 104 KB of shared
+            // memory needs sm_80/sm_90, and only at a 128-wide padded row does every thread's
+            // K/V chunks share one column (the fast loads that keep ptxas from spilling).
+            tile(2, 4, 64, false)
         } else if head_dim <= 128 {
             tile(2, 4, 32, false)
         } else if big_smem {
