@@ -91,14 +91,14 @@ struct BlockCoords {
 // Causal: query blocks from last to first (the last see the most keys, so the heaviest work
 // starts first). HEAD_MAJOR (non-causal): consecutive blocks are consecutive query blocks of
 // one head, so the blocks resident at once share their K and V in L2.
-FA_DEVICE BlockCoords block_coords(const Params &p) {
+FA_DEVICE BlockCoords block_coords(const Params &p, unsigned block = blockIdx.x) {
     const int bh = p.batch * p.heads_q;
 #if HEAD_MAJOR && !IS_CAUSAL
-    const int m_block = (int)(blockIdx.x % p.num_m_blocks);
-    const int rem = (int)(blockIdx.x / p.num_m_blocks);
+    const int m_block = (int)(block % p.num_m_blocks);
+    const int rem = (int)(block / p.num_m_blocks);
 #else
-    const int m_block = p.num_m_blocks - 1 - (int)(blockIdx.x / bh);
-    const int rem = (int)(blockIdx.x % bh);
+    const int m_block = p.num_m_blocks - 1 - (int)(block / bh);
+    const int rem = (int)(block % bh);
 #endif
     const int h = rem % p.heads_q;
     return BlockCoords{m_block, h, rem / p.heads_q, h / p.group};

@@ -9,7 +9,8 @@
 //   multiple of 16), IS_BF16, IS_CAUSAL, Q_IN_REGS (keep Q's A fragments in registers),
 //   RESCALE_SLACK (how far a row max may rise before O is rescaled; 0 = always),
 //   PIPE_FRAGS (double-buffer the S = Q K^T fragments in registers), HEAD_MAJOR (block order,
-//   see attn_common.cuh), SMEM_EPILOGUE (write O through shared memory in 16-byte pieces).
+//   see attn_common.cuh), SMEM_EPILOGUE (write O through shared memory in 16-byte pieces),
+//   MIN_BLOCKS (blocks per SM that the register allocation must allow).
 #include "ptx.cuh"
 #include "attn_common.cuh"
 
@@ -33,6 +34,9 @@
 #endif
 #ifndef RESCALE_SLACK
 #define RESCALE_SLACK 0
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1
 #endif
 
 // ---- tile geometry --------------------------------------------------------------------------
@@ -99,7 +103,7 @@ template <bool B> struct Bool {
     static constexpr bool value = B;
 };
 
-extern "C" __global__ void __launch_bounds__(NT, 1) attn_mma(const Params p) {
+extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Params p) {
     extern __shared__ __align__(16) u16 smem[];
     const u32 sQ = smem_u32(smem);
     const u32 sK = sQ + BR * RS * 2;          // two stages of BC rows
@@ -120,8 +124,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_mma(const Params p) {
     // Keys seen by the block's last row: tiles past them are skipped.
     const int n_end = visible_keys((i64)row0 + BR - 1, diag, p.seqlen_k);
     const int n_blocks = (n_end + BC - 1) / BC;
-    // Keys visible to this warp's first row; row r of the warp sees min(wlim0 + r, seqlen_k).
-    const int wlim0 = row_limit(wrow0, diag, p.seqlen_k);
+    // Keys visible to the block's first row, which sees the fewest: row r of the block sees
+    // min(lim_block + r, seqlen_k) (the clamp below -2^30 keeps fully masked rows masked).
+    // Block-uniform, so ptxas can keep it in a uniform register.
+    const int lim_block = IS_CAUSAL ? row_limit(row0, diag, p.seqlen_k) : p.seqlen_k;
 
     // ---- prologue: Q, and the first K/V tile ----
     // kg, vg: this thread's chunk of the next K/V tile to load (used when FAST_LOADS).
@@ -276,17 +282,20 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_mma(const Params p) {
         // row g + 8*(e/2), column 8*nt + 2t + (e%2). Only tiles that cross the sequence end or
         // the causal diagonal of this warp's rows pay for it.
         const int n0 = j * BC;
-        // The warp's first row sees the fewest keys (wlim0 <= seqlen_k), so a tile needs the
-        // mask iff it reaches past them: that covers both the sequence end and the diagonal.
-        if (decltype(masked)::value && n0 + BC > (IS_CAUSAL ? wlim0 : p.seqlen_k)) {
+        // A tile needs the mask iff it reaches past the keys of the block's first row: that
+        // covers both the sequence end and the diagonal. The lane's coordinates are re-read
+        // here (fresh %tid) so that nothing of the mask stays live through the other tiles.
+        if (decltype(masked)::value && n0 + BC > lim_block) {
+            const int mtid = (int)fresh_tid_x(), mg = (mtid % 32) / 4, mtq = mtid % 4;
+            const int wlim = lim_block + (mtid / 32) * WM; // this warp's first row
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     // keys this row sees, counted from this lane's first column in the tile
                     int lim = p.seqlen_k;
-                    if (IS_CAUSAL) lim = min(wlim0 + mt * 16 + g + 8 * r, lim);
-                    lim -= n0 + 2 * t;
+                    if (IS_CAUSAL) lim = min(wlim + mt * 16 + mg + 8 * r, lim);
+                    lim -= n0 + 2 * mtq;
 #pragma unroll
                     for (int nt = 0; nt < NS; ++nt)
 #pragma unroll
@@ -375,7 +384,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_mma(const Params p) {
         }
     };
     // Tiles wholly below the block's first row limit need no mask for any row of the block.
-    const int lim_block = IS_CAUSAL ? row_limit(row0, diag, p.seqlen_k) : p.seqlen_k;
     const int n_unmasked = lim_block > 0 ? min(lim_block / BC, n_blocks) : 0;
     int j = 0;
     for (; j < n_unmasked; ++j) tile_step(j, Bool<false>());
@@ -383,14 +391,21 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_mma(const Params p) {
     cp_async_wait<0>();
 
     // ---- epilogue: O / row_sum as 16-bit pairs, lse = ln(sum exp) in f32 ----
-    u16 *ob = p.o + b * p.o_sb + h * p.o_sh;
-    float *lse = p.lse + ((i64)b * p.heads_q + h) * p.seqlen_q;
+    // Coordinates recomputed from fresh reads of %tid and %ctaid rather than kept live
+    // through the loop: that frees the registers for the loop (zero spills at d64 with three
+    // blocks per SM).
+    const int etid = (int)fresh_tid_x(), ewarp = etid / 32, elane = etid % 32;
+    const int eg = elane / 4, et = elane % 4;
+    const BlockCoords ec = block_coords(p, fresh_ctaid_x());
+    const int ewrow0 = ec.m_block * BR + ewarp * WM;
+    u16 *ob = p.o + ec.b * p.o_sb + ec.h * p.o_sh;
+    float *lse = p.lse + ((i64)ec.b * p.heads_q + ec.h) * p.seqlen_q;
 #if SMEM_EPILOGUE
     // Stage this warp's rows of O in shared memory (its own slice of the Q tile, free once
     // every warp is past the loop), then write whole 16-byte pieces of each row: coalesced
     // stores instead of 4-byte ones scattered over 8 rows.
     __syncthreads();
-    const u32 sO = sQ + (u32)(warp * WM * RS) * 2;
+    const u32 sO = sQ + (u32)(ewarp * WM * RS) * 2;
 #endif
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -399,14 +414,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_mma(const Params p) {
             float l = row_sum[mt][r];
             l += shfl_xor(l, 1);
             l += shfl_xor(l, 2);
-            const int row = wrow0 + mt * 16 + g + 8 * r;
+            const int row = ewrow0 + mt * 16 + eg + 8 * r;
             // A row that saw no key: o = 0 and lse = -inf (never NaN).
             const float inv = l > 0.f ? 1.f / l : 0.f;
 #if SMEM_EPILOGUE
-            const int rl = mt * 16 + g + 8 * r;
+            const int rl = mt * 16 + eg + 8 * r;
 #pragma unroll
             for (int nd = 0; nd < ND; ++nd)
-                st_shared_u32(sO + (u32)(rl * RS + nd * 8 + 2 * t) * 2,
+                st_shared_u32(sO + (u32)(rl * RS + nd * 8 + 2 * et) * 2,
                               pack2(acc_o[mt][nd][2 * r] * inv, acc_o[mt][nd][2 * r + 1] * inv));
             if (row >= p.seqlen_q) continue;
 #else
@@ -414,20 +429,20 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_mma(const Params p) {
             u16 *orow = ob + (i64)row * p.o_ss;
 #pragma unroll
             for (int nd = 0; nd < ND; ++nd) {
-                const int col = nd * 8 + 2 * t;
+                const int col = nd * 8 + 2 * et;
                 if (col < D)
                     *(u32 *)(orow + col) = pack2(acc_o[mt][nd][2 * r] * inv, acc_o[mt][nd][2 * r + 1] * inv);
             }
 #endif
-            if (t == 0)
+            if (et == 0)
                 lse[row] = l > 0.f ? (row_max[mt][r] + lg2(l)) * 0.6931471805599453f : neg_inf();
         }
 #if SMEM_EPILOGUE
     __syncwarp();
 #pragma unroll
-    for (int i = lane; i < WM * CH; i += 32) {
+    for (int i = elane; i < WM * CH; i += 32) {
         const int rl = i / CH, c = i % CH;
-        const int row = wrow0 + rl;
+        const int row = ewrow0 + rl;
         if (row < p.seqlen_q && c * 8 < D) {
             u32 x0, x1, x2, x3;
             ld_shared_v4(x0, x1, x2, x3, sO + (u32)(rl * RS + c * 8) * 2);

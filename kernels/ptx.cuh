@@ -148,4 +148,18 @@ FA_DEVICE bool vote_any(bool pred) {
     return r != 0;
 }
 
+// Special registers read with asm volatile: ptxas cannot merge the read with an earlier one,
+// so values derived from it after a long loop are recomputed there instead of being held in
+// registers across the loop (9.7.9.? mov; special registers: PTX ISA 10.1 %tid, 10.5 %ctaid).
+FA_DEVICE unsigned fresh_tid_x() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(r));
+    return r;
+}
+FA_DEVICE unsigned fresh_ctaid_x() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(r));
+    return r;
+}
+
 FA_DEVICE float neg_inf() { return __int_as_float(0xff800000); }

@@ -86,6 +86,9 @@ pub struct MmaTile {
     pub smem_epilogue: bool,
     /// Non-causal only: order blocks head by head so that resident blocks share K/V in L2.
     pub head_major: bool,
+    /// Blocks per SM that ptxas must fit (`__launch_bounds__` minimum, 1..=8): caps registers
+    /// at 64K / (threads × blocks) so that more warps share each scheduler.
+    pub min_blocks: u32,
 }
 
 /// The optional flags of a tile spec, in their written order: (letter, define).
@@ -124,13 +127,23 @@ impl MmaTile {
             pipe_frags: false,
             smem_epilogue: true,
             head_major: true,
+            min_blocks: 1,
         };
-        if head_dim <= 64 {
+        // Padded rows of 16, 32, 64 or 128 halves: every thread's K/V chunks share one column
+        // (attn_mma's fast loads), which the tightest register budgets below rely on.
+        let fast_loads = (head_dim.div_ceil(16) * 16).is_power_of_two();
+        if head_dim <= 64 && cc == (9, 0) && fast_loads {
+            // Three blocks (12 warps) per SM instead of two: Q leaves the registers (168 per
+            // thread, spill-free on sm_90 only) so that more warps hide the softmax latency.
+            MmaTile {
+                min_blocks: 3,
+                ..tile(2, 4, 64, false)
+            }
+        } else if head_dim <= 64 {
             tile(2, 4, 64, true)
         } else if head_dim > 112 && head_dim <= 128 && big_smem {
             // Bc 64 halves the per-key softmax and barrier overhead; its 104 KB of shared
-            // memory needs sm_80/sm_90, and only at a 128-wide padded row does every thread's
-            // K/V chunks share one column (the fast loads that keep ptxas from spilling).
+            // memory needs sm_80/sm_90, and the fast loads keep ptxas from spilling.
             tile(2, 4, 64, false)
         } else if head_dim <= 128 {
             tile(2, 4, 32, false)
@@ -142,23 +155,24 @@ impl MmaTile {
     }
 
     /// Parses `mt,nwarps,bc[,flag...]` with flags q (Q in registers), l (lazy rescale),
-    /// p (pipelined fragments), e (shared-memory epilogue), h (head-major block order), e.g.
-    /// `2,4,64` or `2,4,32,l,p,e`.
+    /// p (pipelined fragments), e (shared-memory epilogue), h (head-major block order) and
+    /// bN (at least N blocks per SM), e.g. `2,4,64` or `2,4,32,l,p,e,b2`.
     ///
     /// # Errors
     /// [`AttnError::InvalidInput`] describing the expected form.
     pub fn parse(s: &str) -> Result<Self> {
         let bad = || AttnError::InvalidInput {
             what: format!(
-                "tile '{s}': expected mt,nwarps,bc[,q][,l][,p][,e][,h] with mt in 1..=4, nwarps in 1..=16, bc a multiple of 16 up to 128"
+                "tile '{s}': expected mt,nwarps,bc[,q][,l][,p][,e][,h][,bN] with mt in 1..=4, nwarps in 1..=16, bc a multiple of 16 up to 128, N in 1..=8"
             ),
         };
         let parts: Vec<&str> = s.split(',').map(str::trim).collect();
         let flags = parts.get(3..).unwrap_or_default();
+        let min_blocks = |f: &str| f.strip_prefix('b').and_then(|n| n.parse::<u32>().ok());
         if parts.len() < 3
             || flags
                 .iter()
-                .any(|f| !TILE_FLAGS.iter().any(|(l, _)| l == f))
+                .any(|f| !TILE_FLAGS.iter().any(|(l, _)| l == f) && min_blocks(f).is_none())
         {
             return Err(bad());
         }
@@ -172,8 +186,10 @@ impl MmaTile {
             pipe_frags: flags.contains(&"p"),
             smem_epilogue: flags.contains(&"e"),
             head_major: flags.contains(&"h"),
+            min_blocks: flags.iter().find_map(|f| min_blocks(f)).unwrap_or(1),
         };
         if !(1..=4).contains(&t.mt)
+            || !(1..=8).contains(&t.min_blocks)
             || !(1..=16).contains(&t.nwarps)
             || t.bc == 0
             || !t.bc.is_multiple_of(16)
@@ -204,6 +220,9 @@ impl MmaTile {
                 s.push_str(letter);
             }
         }
+        if self.min_blocks > 1 {
+            s.push_str(&format!(",b{}", self.min_blocks));
+        }
         s
     }
 
@@ -227,6 +246,7 @@ impl MmaTile {
                 d.push((define.to_string(), value.to_string()));
             }
         }
+        d.push(("MIN_BLOCKS".to_string(), self.min_blocks.to_string()));
         d
     }
 }
@@ -252,6 +272,9 @@ impl fmt::Display for MmaTile {
             if on {
                 write!(f, ", {name}")?;
             }
+        }
+        if self.min_blocks > 1 {
+            write!(f, ", {} blocks/SM", self.min_blocks)?;
         }
         Ok(())
     }
@@ -525,6 +548,16 @@ pub(crate) fn set_dynamic_smem(
             "{what}: raising dynamic shared memory to {bytes} bytes"
         )))?;
     }
+    // Prefer the largest shared-memory carveout (a hint, in percent): the kernels stage K/V
+    // with cp.async.cg, which bypasses L1, so L1 capacity buys nothing and the shared memory
+    // decides how many blocks fit per SM.
+    f.set_attribute(
+        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+        100,
+    )
+    .map_err(cuda_err(format!(
+        "{what}: setting the shared-memory carveout"
+    )))?;
     Ok(())
 }
 
