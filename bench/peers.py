@@ -7,13 +7,14 @@ SDPBackend.EFFICIENT_ATTENTION (memory-efficient).
 
 Method, as ours: tensors created [b, s, h, d] and viewed [b, h, s, d] with .transpose(1, 2)
 (the same memory layout as our bshd), random normal inputs rotated among `sets` input sets,
-`warmup` untimed calls, then `iters` calls each between two CUDA events; median, min, p90
+`warmup` untimed calls and then more until `warmup_ms` milliseconds have passed (steady
+clocks), then `iters` calls each between two CUDA events; median, min, p90
 (nearest rank); TFLOP/s from the FLOPs the request gives (the same model as ours). Peak memory
 per case: torch.cuda.max_memory_allocated() during one call after a reset, minus what was
 allocated before it (the inputs).
 
 Request (JSON, from a file path, a JSON string, or stdin):
-  {"iters": 30, "warmup": 10, "peers": ["flash", "cudnn", "efficient"],
+  {"iters": 30, "warmup": 10, "warmup_ms": 500, "peers": ["flash", "cudnn", "efficient"],
    "cases": [{"id": "...", "dtype": "f16", "batch": 32, "seqlen": 512, "heads": 32,
               "head_dim": 64, "causal": false, "flops": 6.9e10, "sets": 2}]}
 Response (JSON, to --out FILE or stdout):
@@ -33,6 +34,7 @@ import argparse
 import json
 import math
 import sys
+import time
 import warnings
 
 PEERS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
@@ -54,6 +56,7 @@ def parse_request(text):
         raise ValueError("request must be an object with a list 'cases'")
     req.setdefault("iters", 30)
     req.setdefault("warmup", 10)
+    req.setdefault("warmup_ms", 0)
     req.setdefault("peers", list(PEERS))
     for p in req["peers"]:
         if p not in PEERS:
@@ -89,7 +92,7 @@ def first_line(e):
     return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
 
 
-def time_case(torch, F, backend, case, iters, warmup):
+def time_case(torch, F, backend, case, iters, warmup, warmup_ms=0):
     """Times one backend on one case; returns a result dict (raises on backend errors)."""
     from torch.nn.attention import sdpa_kernel
 
@@ -116,6 +119,12 @@ def time_case(torch, F, backend, case, iters, warmup):
                 for i in range(max(1, warmup)):
                     call(i)
                 torch.cuda.synchronize()
+                # steady clocks: keep the GPU busy for warmup_ms before timing (as ours)
+                t0 = time.perf_counter()
+                while time.perf_counter() - t0 < warmup_ms / 1e3:
+                    for i in range(8):
+                        call(i)
+                    torch.cuda.synchronize()
             except Exception as e:
                 why = first_line(e)
                 notes = [str(w.message).strip().splitlines()[0] for w in caught if str(w.message).strip()]
@@ -168,7 +177,7 @@ def run(req):
         return resp
     resp["device"] = torch.cuda.get_device_name()
     resp["ok"] = True
-    iters, warmup = int(req["iters"]), int(req["warmup"])
+    iters, warmup, warmup_ms = int(req["iters"]), int(req["warmup"]), int(req["warmup_ms"])
     total = len(req["cases"]) * len(req["peers"])
     done = 0
     for case in req["cases"]:
@@ -177,7 +186,7 @@ def run(req):
             item = {"id": case["id"], "peer": peer}
             try:
                 backend = getattr(SDPBackend, PEERS[peer])
-                item.update(time_case(torch, F, backend, case, iters, warmup))
+                item.update(time_case(torch, F, backend, case, iters, warmup, warmup_ms))
                 log(f"[peers {done}/{total}] {case['id']} {peer}: {item['tflops']:.1f} TFLOP/s")
             except Exception as e:
                 item["skipped"] = str(e) if isinstance(e, Skip) else first_line(e)
@@ -219,7 +228,7 @@ def selftest():
         '{"iters": 20, "cases": [{"id": "a", "dtype": "f16", "batch": 1, "seqlen": 512,'
         ' "heads": 2, "head_dim": 64, "causal": true, "flops": 2e12}]}'
     )
-    assert req["warmup"] == 10 and req["peers"] == list(PEERS) and req["cases"][0]["sets"] == 2
+    assert req["warmup"] == 10 and req["warmup_ms"] == 0 and req["peers"] == list(PEERS) and req["cases"][0]["sets"] == 2
     s = summarize([float(x) for x in range(20, 0, -1)], 2e12)
     assert (s["median_ms"], s["min_ms"], s["p90_ms"], s["iters"]) == (10.5, 1.0, 18.0, 20), s
     assert abs(s["tflops"] - 2e12 / 10.5e-3 / 1e12) < 1e-9

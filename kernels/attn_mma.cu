@@ -108,8 +108,9 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
     const u32 sQ = smem_u32(smem);
     const u32 sK = sQ + BR * RS * 2;          // two stages of BC rows
     const u32 sV = sK + 2 * BC * RS * 2;      // two stages of BC rows
+    // Lane coordinates g = lane / 4 (fragment row) and t = lane % 4 (quad position) are
+    // derived where used (mask, epilogue) from fresh reads of %tid; see below.
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int g = lane / 4, t = lane % 4;
 
     const BlockCoords bc = block_coords(p);
     const int m_block = bc.m_block, h = bc.h, b = bc.b, hk = bc.hk;
@@ -117,7 +118,6 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
     const u16 *kb = p.k + b * p.k_sb + hk * p.k_sh;
     const u16 *vb = p.v + b * p.v_sb + hk * p.v_sh;
     const int row0 = m_block * BR;
-    const int wrow0 = row0 + warp * WM;
     // Causal, bottom-right: row i sees keys j < i + 1 + (seqlen_k - seqlen_q).
     const i64 diag = (i64)p.seqlen_k - p.seqlen_q;
 
@@ -163,8 +163,8 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
 #endif
 
     // ---- main loop over key tiles ----
-    // One key tile; MASKED is a compile-time Bool so that the tiles no row of the block needs
-    // masked run without the mask code.
+    // One key tile. `masked` is Bool<true> or Bool<false>: the tiles that no row of the block
+    // needs masked run in their own loop, compiled without the mask code.
     auto tile_step = [&](const int j, auto masked) {
         cp_async_wait<0>();
         __syncthreads(); // tile j landed; every warp is done with tile j-1's stage
@@ -280,7 +280,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
 
         // Mask from C-fragment coordinates: element e of n-tile nt sits at
         // row g + 8*(e/2), column 8*nt + 2t + (e%2). Only tiles that cross the sequence end or
-        // the causal diagonal of this warp's rows pay for it.
+        // the causal diagonal of the block's rows pay for it.
         const int n0 = j * BC;
         // A tile needs the mask iff it reaches past the keys of the block's first row: that
         // covers both the sequence end and the diagonal. The lane's coordinates are re-read

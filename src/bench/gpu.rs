@@ -118,7 +118,7 @@ impl<'g> GpuBench<'g> {
         lines: &[Line],
         sets: usize,
         iters: usize,
-        warmup: usize,
+        warmup: (usize, u64),
         mut progress: impl FnMut(&str),
     ) -> Vec<LineResult> {
         let prepared = (|| -> Result<(AttnProblem, DType)> {
@@ -254,7 +254,7 @@ fn time_line<T: GpuElement>(
     inputs: &mut Inputs<T>,
     sets: usize,
     iters: usize,
-    warmup: usize,
+    (warmup, warmup_ms): (usize, u64),
 ) -> Result<LineResult> {
     let stream = gpu.stream();
     let ctx = gpu.context();
@@ -277,6 +277,16 @@ fn time_line<T: GpuElement>(
     stream
         .synchronize()
         .map_err(cuda_err(format!("{what}: warm-up")))?;
+    // Steady clocks: keep the GPU busy for warmup_ms before timing (peers.py does the same).
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < std::time::Duration::from_millis(warmup_ms) {
+        for i in 0..8 {
+            launch(i)?;
+        }
+        stream
+            .synchronize()
+            .map_err(cuda_err(format!("{what}: warm-up")))?;
+    }
     let free = || {
         ctx.mem_get_info()
             .map(|(f, _)| f as i64)

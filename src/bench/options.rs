@@ -59,6 +59,13 @@ pub struct BenchOptions {
     /// Untimed launches before timing (at least 1 is always done).
     #[arg(long, default_value_t = 10)]
     pub warmup: u32,
+    /// After the untimed launches, keep launching until this many milliseconds have passed,
+    /// so that every line (ours and the peers) is timed in the sustained, power-limited state
+    /// and not in the boost that follows the idle gap of input generation (on the H200 the
+    /// SM clock fell from 1980 to ~1530 MHz once the 700 W limit was reached, ~300 ms into a
+    /// busy stretch); 0 turns it off.
+    #[arg(long = "warmup-ms", default_value_t = 500, value_name = "MS")]
+    pub warmup_ms: u64,
     /// Where bench.json, bench.txt and the plots go (at most 6 files).
     #[arg(long = "out-dir", default_value = "out/bench", value_name = "DIR")]
     pub out_dir: PathBuf,
@@ -217,6 +224,7 @@ impl BenchOptions {
             lines,
             iters: self.iters as usize,
             warmup: self.warmup as usize,
+            warmup_ms: self.warmup_ms,
         })
     }
 }

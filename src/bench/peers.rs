@@ -29,6 +29,9 @@ pub struct PeerRequest {
     pub iters: usize,
     /// Untimed calls first.
     pub warmup: usize,
+    /// Then untimed calls until this many milliseconds have passed.
+    #[serde(default)]
+    pub warmup_ms: u64,
     /// Backends to run: `flash`, `cudnn`, `efficient`.
     pub peers: Vec<String>,
     /// Cases.
@@ -41,6 +44,7 @@ impl PeerRequest {
         PeerRequest {
             iters: report.method.iters,
             warmup: report.method.warmup,
+            warmup_ms: report.method.warmup_ms,
             peers: PEERS.iter().map(|s| s.to_string()).collect(),
             cases: report
                 .cases

@@ -125,6 +125,10 @@ pub struct Method {
     pub iters: usize,
     /// Untimed launches first.
     pub warmup: usize,
+    /// Then untimed launches until this many milliseconds have passed (0 in reports written
+    /// before the option existed).
+    #[serde(default)]
+    pub warmup_ms: u64,
     /// What the timer covers.
     pub timing: String,
     /// The FLOP model.

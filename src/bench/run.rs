@@ -37,7 +37,8 @@ pub fn new_report(sweep: &Sweep) -> BenchReport {
         method: Method {
             iters: sweep.iters,
             warmup: sweep.warmup,
-            timing: "CUDA events recorded on the stream right before and after each launch; median (also min, p90) of the timed launches after untimed warm-up launches; random normal(0,1) inputs rotated among `sets` q/k/v sets per case (together over 3x L2 where memory allows)".into(),
+            warmup_ms: sweep.warmup_ms,
+            timing: "CUDA events recorded on the stream right before and after each launch; median (also min, p90) of the timed launches after untimed warm-up launches (a count, then more until `warmup_ms` have passed, for steady clocks); random normal(0,1) inputs rotated among `sets` q/k/v sets per case (together over 3x L2 where memory allows)".into(),
             flops: "4 * batch * heads * head_dim * visible (query, key) pairs: causal counts only unmasked pairs (about half)".into(),
             l2_bytes: None,
         },
@@ -87,7 +88,8 @@ fn measure(gpu: &Gpu, sweep: &Sweep, report: &mut BenchReport) {
     let total = sweep.cases.len();
     for (i, (case, rep)) in sweep.cases.iter().zip(report.cases.iter_mut()).enumerate() {
         rep.sets = bench.sets_for(case);
-        let (lines, iters, warmup) = (&sweep.lines, sweep.iters, sweep.warmup);
+        let (lines, iters) = (&sweep.lines, sweep.iters);
+        let warmup = (sweep.warmup, sweep.warmup_ms);
         rep.results = bench.run_case(case, lines, rep.sets, iters, warmup, |line| {
             pb.set_message(format!("{} {line}", rep.id));
             pb.inc(1);

@@ -183,6 +183,8 @@ pub struct Sweep {
     pub iters: usize,
     /// Untimed launches first.
     pub warmup: usize,
+    /// Then untimed launches until this many milliseconds have passed.
+    pub warmup_ms: u64,
 }
 
 /// Cases of the cross product, in table order.

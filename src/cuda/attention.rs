@@ -727,8 +727,41 @@ mod tests {
         }
         let all = MmaTile::parse("1,8,64,q,l,p,e,h").unwrap();
         assert_eq!(all.spec(), "1,8,64,q,l,p,e,h");
-        for bad in ["2,4", "2,4,33", "0,4,32", "2,4,32,x", "2,4,32,q,z"] {
+        assert_eq!(all.min_blocks, 1);
+        let b3 = MmaTile::parse("2,4,64,l,e,h,b3").unwrap();
+        assert_eq!((b3.min_blocks, b3.spec().as_str()), (3, "2,4,64,l,e,h,b3"));
+        assert!(
+            b3.defines(DType::F16, 64, false)
+                .contains(&("MIN_BLOCKS".to_string(), "3".to_string()))
+        );
+        assert!(b3.to_string().ends_with("3 blocks/SM"), "{b3}");
+        for bad in [
+            "2,4",
+            "2,4,33",
+            "0,4,32",
+            "2,4,32,x",
+            "2,4,32,q,z",
+            "2,4,32,b0",
+            "2,4,32,b9",
+            "2,4,32,bx",
+        ] {
             assert!(MmaTile::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn defaults_follow_the_arch_and_head_dim() {
+        let h200 = (9, 0);
+        assert_eq!(MmaTile::default_for(h200, 64).spec(), "2,4,64,l,e,h,b3");
+        assert_eq!(MmaTile::default_for(h200, 128).spec(), "2,4,64,l,e,h");
+        // 40 pads to 48-wide rows: no fast loads, so no three-block budget.
+        assert_eq!(MmaTile::default_for(h200, 40).spec(), "2,4,64,q,l,e,h");
+        assert_eq!(MmaTile::default_for((8, 0), 64).spec(), "2,4,64,q,l,e,h");
+        // 99 KB of shared memory per block: Bc 64 at d128 (104 KB) does not fit.
+        for cc in [(8, 6), (8, 9), (12, 0)] {
+            let t = MmaTile::default_for(cc, 128);
+            assert_eq!(t.spec(), "2,4,32,l,e,h");
+            assert!(t.smem_bytes(128) <= 99 * 1024);
         }
     }
 }
