@@ -533,7 +533,12 @@ pub(crate) fn launch_context(kernel: &str, p: &AttnProblem) -> String {
     format!("{kernel} launch ({}, mask {})", p.shape, p.mask.name())
 }
 
-/// Raises a function's dynamic shared-memory limit when it needs more than the default 48 KB.
+/// Raises a function's dynamic shared-memory limit when it needs more than the default 48 KB,
+/// and asks for the largest shared-memory carveout (so that as many blocks fit per SM as the
+/// registers allow).
+///
+/// # Errors
+/// [`AttnError::Cuda`] when the driver refuses either attribute.
 pub(crate) fn set_dynamic_smem(
     f: &cudarc::driver::CudaFunction,
     bytes: usize,
