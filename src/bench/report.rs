@@ -264,8 +264,14 @@ pub(crate) fn io_err(path: &Path, source: std::io::Error) -> AttnError {
     }
 }
 
-/// `git rev-parse HEAD` in the current directory, or `unknown`.
+/// The commit this binary was built from (`-dirty` when tracked files differed), recorded by
+/// build.rs; without git at build time, `git rev-parse HEAD` in the current directory, or
+/// `unknown`. (Asking the current directory alone named the wrong commit when the binary ran
+/// in an older checkout on the GPU machine.)
 pub fn git_commit() -> String {
+    if let Some(c) = option_env!("FLASHATTN_GIT_COMMIT").filter(|c| !c.is_empty()) {
+        return c.to_string();
+    }
     std::process::Command::new("git")
         .args(["rev-parse", "HEAD"])
         .stderr(std::process::Stdio::null())
@@ -311,6 +317,16 @@ pub fn format_utc(secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn git_commit_is_a_hash_or_unknown() {
+        let c = git_commit();
+        let hash = c.strip_suffix("-dirty").unwrap_or(&c);
+        assert!(
+            c == "unknown" || (hash.len() == 40 && hash.chars().all(|x| x.is_ascii_hexdigit())),
+            "{c}"
+        );
+    }
 
     #[test]
     fn utc_dates() {

@@ -40,6 +40,31 @@ pub struct LoadedKernel {
     pub stats: PtxasStats,
 }
 
+/// ptxas's statistics of a loaded function, completed by the driver's own attributes.
+///
+/// The register count always comes from the driver (`CU_FUNC_ATTRIBUTE_NUM_REGS`, what the
+/// launch really uses). On the H200, bench JSON reported 0 registers (the parsed log had no
+/// entry for the function) in every process after the first one on a machine; the cause was
+/// not isolated, so the driver is asked instead. When the log has no entry, the spill fields
+/// fall back to the local memory per thread (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`), which is 0
+/// exactly when the kernel neither spills nor keeps arrays in local memory.
+fn with_driver_stats(f: &CudaFunction, from_log: Option<&PtxasStats>) -> PtxasStats {
+    let attr = |a| f.get_attribute(a).ok().and_then(|v| u32::try_from(v).ok());
+    let mut stats = from_log.cloned().unwrap_or_default();
+    if let Some(regs) = attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS) {
+        stats.registers = regs;
+    }
+    if from_log.is_none() {
+        let local = attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES);
+        stats.stack_frame = local.unwrap_or(0);
+        stats.spill_stores = local.unwrap_or(0);
+        stats.spill_loads = local.unwrap_or(0);
+        stats.shared =
+            attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES).unwrap_or(0);
+    }
+    stats
+}
+
 /// Key of the module cache: (source, arch, specialisation defines).
 type CacheKey = (KernelSource, String, Vec<(String, String)>);
 /// A loaded module and ptxas's statistics of its functions.
@@ -188,11 +213,7 @@ impl Gpu {
         let f = module
             .load_function(function)
             .map_err(cuda_err(format!("finding {function} in {}", source.name())))?;
-        let stats = stats
-            .iter()
-            .find(|s| s.function == function)
-            .cloned()
-            .unwrap_or_default();
+        let stats = with_driver_stats(&f, stats.iter().find(|s| s.function == function));
         Ok(LoadedKernel { function: f, stats })
     }
 
