@@ -12,7 +12,8 @@ use flashattn::cuda::{CI_ARCHS, KernelSource, MmaTile, PtxasStats, compile_cubin
 use rayon::prelude::*;
 use std::time::Instant;
 
-const HEAD_DIMS: [usize; 7] = [32, 40, 64, 80, 96, 128, 256];
+// 8, 24, 56, 120: rows padded with a zero chunk on the one-column (FAST_LOADS) K/V path.
+const HEAD_DIMS: [usize; 11] = [8, 24, 32, 40, 56, 64, 80, 96, 120, 128, 256];
 const DTYPES: [DType; 2] = [DType::F16, DType::BF16];
 
 /// One specialisation to compile.

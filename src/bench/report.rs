@@ -265,23 +265,14 @@ pub(crate) fn io_err(path: &Path, source: std::io::Error) -> AttnError {
 }
 
 /// The commit this binary was built from (`-dirty` when tracked files differed), recorded by
-/// build.rs; without git at build time, `git rev-parse HEAD` in the current directory, or
-/// `unknown`. (Asking the current directory alone named the wrong commit when the binary ran
-/// in an older checkout on the GPU machine.)
+/// build.rs, or `unknown` when git was not there at build time. (Asking git in the current
+/// directory named the wrong commit when the binary ran in an older checkout on the GPU
+/// machine.)
 pub fn git_commit() -> String {
-    if let Some(c) = option_env!("FLASHATTN_GIT_COMMIT").filter(|c| !c.is_empty()) {
-        return c.to_string();
-    }
-    std::process::Command::new("git")
-        .args(["rev-parse", "HEAD"])
-        .stderr(std::process::Stdio::null())
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "unknown".into())
+    option_env!("FLASHATTN_GIT_COMMIT")
+        .filter(|c| !c.is_empty())
+        .unwrap_or("unknown")
+        .to_string()
 }
 
 /// The current time as RFC 3339 UTC, e.g. `2026-11-20T13:45:07Z`.

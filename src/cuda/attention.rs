@@ -129,10 +129,11 @@ impl MmaTile {
             head_major: true,
             min_blocks: 1,
         };
-        // Padded rows of 16, 32, 64 or 128 halves: every thread's K/V chunks share one column
-        // (attn_mma's fast loads), which the tightest register budgets below rely on.
-        let fast_loads = (head_dim.div_ceil(16) * 16).is_power_of_two();
-        if head_dim <= 64 && cc == (9, 0) && fast_loads {
+        // The tightest register budgets below need rows of 16, 32, 64 or 128 halves with no
+        // zero pad chunk: then every thread's K/V chunks share one column (attn_mma's fast
+        // loads), and no chunk needs a bounds test (d56, padded to 64, spills 12 bytes at 168).
+        let unpadded = head_dim >= 16 && head_dim.is_power_of_two();
+        if head_dim <= 64 && cc == (9, 0) && unpadded {
             // Three blocks (12 warps) per SM instead of two: Q leaves the registers (168 per
             // thread, spill-free on sm_90 only) so that more warps hide the softmax latency.
             MmaTile {
@@ -143,7 +144,8 @@ impl MmaTile {
             tile(2, 4, 64, true)
         } else if head_dim > 112 && head_dim <= 128 && big_smem {
             // Bc 64 halves the per-key softmax and barrier overhead; its 104 KB of shared
-            // memory needs sm_80/sm_90, and the fast loads keep ptxas from spilling.
+            // memory needs sm_80/sm_90, and the one-column K/V loads of 128-wide rows keep
+            // ptxas from spilling (measured at d128 on sm_90; d120 compiles spill-free too).
             tile(2, 4, 64, false)
         } else if head_dim <= 128 {
             tile(2, 4, 32, false)
@@ -163,7 +165,7 @@ impl MmaTile {
     pub fn parse(s: &str) -> Result<Self> {
         let bad = || AttnError::InvalidInput {
             what: format!(
-                "tile '{s}': expected mt,nwarps,bc[,q][,l][,p][,e][,h][,bN] with mt in 1..=4, nwarps in 1..=16, bc a multiple of 16 up to 128, N in 1..=8"
+                "tile '{s}': expected mt,nwarps,bc[,q][,l][,p][,e][,h][,bN] with mt in 1..=4, nwarps in 1..=16, bc a multiple of 16 up to 128, N in 1..=8 and 32 * nwarps * N <= 2048 threads per SM"
             ),
         };
         let parts: Vec<&str> = s.split(',').map(str::trim).collect();
@@ -188,8 +190,12 @@ impl MmaTile {
             head_major: flags.contains(&"h"),
             min_blocks: flags.iter().find_map(|f| min_blocks(f)).unwrap_or(1),
         };
+        let b_flags = flags.iter().filter(|f| min_blocks(f).is_some()).count();
         if !(1..=4).contains(&t.mt)
+            || b_flags > 1
             || !(1..=8).contains(&t.min_blocks)
+            // 2048 threads is the most an SM holds (sm_80/sm_90; 1536 on sm_86/89/120)
+            || 32 * t.nwarps * t.min_blocks > 2048
             || !(1..=16).contains(&t.nwarps)
             || t.bc == 0
             || !t.bc.is_multiple_of(16)
@@ -749,6 +755,8 @@ mod tests {
             "2,4,32,b0",
             "2,4,32,b9",
             "2,4,32,bx",
+            "2,4,32,b2,b3",
+            "1,16,64,b8",
         ] {
             assert!(MmaTile::parse(bad).is_err(), "{bad}");
         }
@@ -759,8 +767,11 @@ mod tests {
         let h200 = (9, 0);
         assert_eq!(MmaTile::default_for(h200, 64).spec(), "2,4,64,l,e,h,b3");
         assert_eq!(MmaTile::default_for(h200, 128).spec(), "2,4,64,l,e,h");
-        // 40 pads to 48-wide rows: no fast loads, so no three-block budget.
+        // 40 pads to 48-wide rows (no fast loads) and 56 to 64 (a zero chunk): no three-block
+        // budget for either.
         assert_eq!(MmaTile::default_for(h200, 40).spec(), "2,4,64,q,l,e,h");
+        assert_eq!(MmaTile::default_for(h200, 56).spec(), "2,4,64,q,l,e,h");
+        assert_eq!(MmaTile::default_for(h200, 32).spec(), "2,4,64,l,e,h,b3");
         assert_eq!(MmaTile::default_for((8, 0), 64).spec(), "2,4,64,q,l,e,h");
         // 99 KB of shared memory per block: Bc 64 at d128 (104 KB) does not fit.
         for cc in [(8, 6), (8, 9), (12, 0)] {

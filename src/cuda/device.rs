@@ -40,20 +40,22 @@ pub struct LoadedKernel {
     pub stats: PtxasStats,
 }
 
-/// ptxas's statistics of a loaded function, completed by the driver's own attributes.
+/// ptxas's statistics of a loaded function, completed by the driver's own attributes where the
+/// log lacks them.
 ///
-/// The register count always comes from the driver (`CU_FUNC_ATTRIBUTE_NUM_REGS`, what the
-/// launch really uses). On the H200, bench JSON reported 0 registers (the parsed log had no
-/// entry for the function) in every process after the first one on a machine; the cause was
-/// not isolated, so the driver is asked instead. When the log has no entry, the spill fields
-/// fall back to the local memory per thread (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`), which is 0
-/// exactly when the kernel neither spills nor keeps arrays in local memory.
+/// On the H200, bench JSON reported 0 registers (no usable ptxas entry for the function) in
+/// every process after the first one on a machine; the cause was not isolated. Then the
+/// register count comes from the driver (`CU_FUNC_ATTRIBUTE_NUM_REGS`, what the launch uses),
+/// and, without an entry at all, the stack frame and both spill fields from the local memory
+/// per thread (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`): an upper bound on spills, 0 exactly when
+/// the kernel neither spills nor keeps arrays in local memory (true of all our kernels).
 fn with_driver_stats(f: &CudaFunction, from_log: Option<&PtxasStats>) -> PtxasStats {
+    if let Some(s) = from_log.filter(|s| s.registers > 0) {
+        return s.clone();
+    }
     let attr = |a| f.get_attribute(a).ok().and_then(|v| u32::try_from(v).ok());
     let mut stats = from_log.cloned().unwrap_or_default();
-    if let Some(regs) = attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS) {
-        stats.registers = regs;
-    }
+    stats.registers = attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS).unwrap_or(0);
     if from_log.is_none() {
         let local = attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES);
         stats.stack_frame = local.unwrap_or(0);
