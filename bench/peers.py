@@ -17,8 +17,13 @@ Request (JSON, from a file path, a JSON string, or stdin):
   {"iters": 30, "warmup": 10, "warmup_ms": 500, "peers": ["flash", "cudnn", "efficient"],
    "cases": [{"id": "...", "dtype": "f16", "batch": 32, "seqlen": 512, "heads": 32,
               "head_dim": 64, "causal": false, "flops": 6.9e10, "sets": 2}]}
+The dense matrix-product ceiling is measured in the same run under the same warm-up: a torch
+matmul of two random 8192 x 8192 matrices per dtype of the cases (2 * 8192^3 FLOPs), reported
+under "matmul", so that every kernel can be read as a fraction of it.
+
 Response (JSON, to --out FILE or stdout):
   {"ok": true, "error": null, "torch": "...", "cudnn": "...", "cuda": "...", "device": "...",
+   "matmul": [{"dtype": "f16", "n": 8192, "median_ms": ..., "tflops": ...}],
    "results": [{"id": "...", "peer": "flash", "median_ms": ..., "min_ms": ..., "p90_ms": ...,
                 "iters": 30, "tflops": ..., "peak_mem_beyond_inputs_bytes": ...,
                 "extra_mem_bytes": ...} or {"id": "...", "peer": "...", "skipped": "why"}]}
@@ -155,9 +160,42 @@ def time_case(torch, F, backend, case, iters, warmup, warmup_ms=0):
     return r
 
 
+MATMUL_N = 8192
+
+
+def time_matmul(torch, dtype_name, iters, warmup, warmup_ms, n=MATMUL_N):
+    """Times torch.matmul of two random n x n matrices with the attention cases' method."""
+    dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(4321)
+    a = torch.randn(n, n, device="cuda", dtype=dtype, generator=gen)
+    b = torch.randn(n, n, device="cuda", dtype=dtype, generator=gen)
+    with torch.inference_mode():
+        for _ in range(max(1, warmup)):
+            torch.matmul(a, b)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < warmup_ms / 1e3:
+            for _ in range(4):
+                torch.matmul(a, b)
+            torch.cuda.synchronize()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        for i in range(iters):
+            starts[i].record()
+            torch.matmul(a, b)
+            ends[i].record()
+        torch.cuda.synchronize()
+    r = summarize([st.elapsed_time(en) for st, en in zip(starts, ends)], 2.0 * n**3)
+    if r is None:
+        raise Skip("non-finite event times")
+    r.update({"dtype": dtype_name, "n": n})
+    return r
+
+
 def run(req):
     """Runs every peer on every case; never raises for a backend or case failure."""
-    resp = {"ok": False, "error": None, "torch": None, "cudnn": None, "cuda": None, "device": None, "results": []}
+    resp = {"ok": False, "error": None, "torch": None, "cudnn": None, "cuda": None, "device": None, "matmul": [], "results": []}
     try:
         import torch
         import torch.nn.functional as F
@@ -178,6 +216,15 @@ def run(req):
     resp["device"] = torch.cuda.get_device_name()
     resp["ok"] = True
     iters, warmup, warmup_ms = int(req["iters"]), int(req["warmup"]), int(req["warmup_ms"])
+    for dt in dict.fromkeys(c["dtype"] for c in req["cases"]):
+        try:
+            m = time_matmul(torch, dt, iters, warmup, warmup_ms)
+            log(f"[peers] matmul {dt} {MATMUL_N}^3: {m['tflops']:.1f} TFLOP/s")
+        except Exception as e:
+            m = {"dtype": dt, "n": MATMUL_N, "skipped": str(e) if isinstance(e, Skip) else first_line(e)}
+        finally:
+            torch.cuda.empty_cache()
+        resp["matmul"].append(m)
     total = len(req["cases"]) * len(req["peers"])
     done = 0
     for case in req["cases"]:
@@ -201,6 +248,10 @@ def fake(req):
     """A response with made-up timings (100/200/50 TFLOP/s), for tests without torch."""
     rates = {"flash": 100.0, "cudnn": 200.0, "efficient": 50.0}
     resp = {"ok": True, "error": None, "torch": "fake", "cudnn": "fake", "cuda": "fake", "device": "fake", "results": []}
+    resp["matmul"] = [
+        dict(summarize([2.0 * MATMUL_N**3 / 600e12 * 1e3] * int(req["iters"]), 2.0 * MATMUL_N**3), dtype=dt, n=MATMUL_N)
+        for dt in dict.fromkeys(c["dtype"] for c in req["cases"])
+    ]
     for case in req["cases"]:
         for peer in req["peers"]:
             ms = float(case["flops"]) / (rates[peer] * 1e12) * 1e3
@@ -235,6 +286,7 @@ def selftest():
     assert summarize([3.0, 1.0, 2.0], 0.0)["median_ms"] == 2.0
     f = fake(req)
     assert len(f["results"]) == 3 and abs(f["results"][1]["tflops"] - 200.0) < 1e-6
+    assert len(f["matmul"]) == 1 and abs(f["matmul"][0]["tflops"] - 600.0) < 1e-6
     json.loads(json.dumps(clean(f), allow_nan=False))
     for bad in ('{"cases": 1}', '{"cases": [{"id": "x"}]}', '{"cases": [], "peers": ["nope"]}'):
         try:

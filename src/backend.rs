@@ -110,12 +110,12 @@ fn run_cuda<T: Element>(
     v: &[T],
     reason: &str,
 ) -> Result<Forward<T>> {
-    let (o, lse, backend, seconds) = crate::cuda::try_host_forward(p, q, k, v)?;
+    let (o, lse, backend, seconds, why) = crate::cuda::try_host_forward(p, q, k, v)?;
     Ok(Forward {
         o,
         lse,
         backend,
-        reason: reason.to_string(),
+        reason: format!("{reason}; kernel: {why}"),
         seconds,
     })
 }

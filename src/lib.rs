@@ -17,8 +17,10 @@ pub mod dtype;
 pub mod error;
 pub mod io;
 pub mod layout;
+pub mod layout_wgmma;
 pub mod mask;
 pub mod probe;
+pub mod probe_wgmma;
 pub mod reference;
 pub mod shape;
 

@@ -293,24 +293,59 @@ impl fmt::Display for ProbeReport {
     }
 }
 
+impl ProbeReport {
+    /// An empty, passing report (sections add to it).
+    pub fn new(dtype: DType, source: String) -> Self {
+        ProbeReport {
+            dtype,
+            source,
+            passed: true,
+            checked: 0,
+            wrong: 0,
+            lines: Vec::new(),
+            mismatches: Vec::new(),
+        }
+    }
+
+    /// A failed report saying why the dtype cannot be probed.
+    pub fn unsupported(dtype: DType, source: &str, why: &str) -> Self {
+        ProbeReport {
+            lines: vec![format!("[FAIL] {dtype}: {why}")],
+            passed: false,
+            ..Self::new(dtype, source.to_string())
+        }
+    }
+}
+
 /// Collects one check: a title, a cell count, and the wrong cells.
-struct Section {
+pub(crate) struct Section {
     title: String,
+    /// What the index of a cell counts: `lane` (a warp's) or `thread` (a warpgroup's).
+    who: &'static str,
     cells: usize,
     wrong: Vec<Mismatch>,
 }
 
 impl Section {
-    fn new(title: impl Into<String>) -> Self {
+    pub(crate) fn new(title: impl Into<String>) -> Self {
         Self {
             title: title.into(),
+            who: "lane",
             cells: 0,
             wrong: Vec::new(),
         }
     }
 
+    /// A section whose cells are indexed by warpgroup thread (0..128).
+    pub(crate) fn threads(title: impl Into<String>) -> Self {
+        Self {
+            who: "thread",
+            ..Self::new(title)
+        }
+    }
+
     /// Counts one cell; when `ok` is false records `lane REG: got GOT, expected EXPECTED`.
-    fn cell(
+    pub(crate) fn cell(
         &mut self,
         ok: bool,
         lane: usize,
@@ -321,7 +356,8 @@ impl Section {
         self.cells += 1;
         if !ok {
             let line = format!(
-                "  lane {lane} {register}: got {}, expected {expected}",
+                "  {} {lane} {register}: got {}, expected {expected}",
+                self.who,
                 got()
             );
             self.wrong.push(Mismatch {
@@ -332,7 +368,7 @@ impl Section {
         }
     }
 
-    fn finish(self, report: &mut ProbeReport) {
+    pub(crate) fn finish(self, report: &mut ProbeReport) {
         report.checked += self.cells;
         report.wrong += self.wrong.len();
         if self.wrong.is_empty() {
@@ -356,7 +392,7 @@ impl Section {
 }
 
 /// A value as it reads best: integers without a fraction, NaN/inf as such.
-fn show(x: f32) -> String {
+pub(crate) fn show(x: f32) -> String {
     if x.is_finite() && x.fract() == 0.0 && x.abs() < 1e9 {
         format!("{}", x as i64)
     } else {
@@ -428,15 +464,7 @@ fn describe_d2(v: f32) -> String {
 pub fn check(dump: &RegisterDump, source: impl Into<String>) -> ProbeReport {
     let input = dump.input;
     let dec = |r: u32, half| input.decode(layout::unpack(r, half));
-    let mut report = ProbeReport {
-        dtype: input.dtype(),
-        source: source.into(),
-        passed: true,
-        checked: 0,
-        wrong: 0,
-        lines: Vec::new(),
-        mismatches: Vec::new(),
-    };
+    let mut report = ProbeReport::new(input.dtype(), source.into());
 
     let mut a = Section::new("A[i][j] = i");
     let mut b = Section::new("B[k][j] = j");
@@ -544,28 +572,17 @@ pub fn check(dump: &RegisterDump, source: impl Into<String>) -> ProbeReport {
     report
 }
 
-/// A failed report for a dtype that has no 16-bit `mma` (f32).
-fn unsupported(dtype: DType, source: &str) -> ProbeReport {
-    ProbeReport {
-        dtype,
-        source: source.to_string(),
-        passed: false,
-        checked: 0,
-        wrong: 0,
-        lines: vec![format!(
-            "[FAIL] {dtype}: mma.m16n8k16 takes f16 or bf16 inputs; probe one of those"
-        )],
-        mismatches: Vec::new(),
-    }
-}
-
 /// Runs the probe on the CPU emulator (no GPU needed) and checks it.
 /// With `inject_fault`, B is loaded without `.trans` and the report must fail.
 /// f32 gives a failed report saying that only f16 and bf16 can be probed.
 pub fn run_emulated(dtype: DType, inject_fault: bool) -> ProbeReport {
     match Input16::from_dtype(dtype) {
         Some(input) => check(&emulate(input, inject_fault), "emulator"),
-        None => unsupported(dtype, "emulator"),
+        None => ProbeReport::unsupported(
+            dtype,
+            "emulator",
+            "mma.m16n8k16 takes f16 or bf16 inputs; probe one of those",
+        ),
     }
 }
 

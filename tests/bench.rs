@@ -88,8 +88,11 @@ fn default_sweep_is_flashattention_s() {
     let s = BenchOptions::default().sweep().unwrap();
     assert_eq!(s.cases.len(), 48);
     assert_eq!(
-        (s.iters, s.lines.len(), s.lines[0].name.as_str()),
-        (30, 1, "mma")
+        (
+            s.iters,
+            s.lines.iter().map(|l| l.name.as_str()).collect::<Vec<_>>()
+        ),
+        (30, vec!["wgmma", "mma"])
     );
     for c in &s.cases {
         assert_eq!(c.batch * c.seqlen, 16384, "{}", c.id());
@@ -341,7 +344,10 @@ fn json_round_trip_and_plots() {
     let figs = plot::figures(&back);
     assert_eq!(figs.len(), 2);
     assert_eq!(figs[0].panels.len(), 4);
-    assert_eq!(figs[0].legend, ["mma", "flash", "cudnn", "efficient"]);
+    assert_eq!(
+        figs[0].legend,
+        ["wgmma", "mma", "flash", "cudnn", "efficient"]
+    );
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&dir2);
 }

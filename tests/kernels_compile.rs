@@ -8,7 +8,9 @@
 use flashattn::DType;
 use flashattn::cuda::nvrtc::nvrtc_present;
 use flashattn::cuda::simt::SimtTile;
-use flashattn::cuda::{CI_ARCHS, KernelSource, MmaTile, PtxasStats, compile_cubin, naive};
+use flashattn::cuda::{
+    CI_ARCHS, KernelSource, MmaTile, PtxasStats, WgmmaTile, compile_cubin, naive, wgmma,
+};
 use rayon::prelude::*;
 use std::time::Instant;
 
@@ -29,6 +31,8 @@ struct Job {
     /// Dynamic shared memory the launcher will ask for, and a description of the tile.
     smem: usize,
     tile: String,
+    /// Registers of each warpgroup role after `setmaxnreg` (wgmma), for the report.
+    roles: Option<(u32, u32)>,
 }
 
 /// (major, minor) from "sm_XY" / "sm_XYZ": the last digit is the minor version.
@@ -67,6 +71,7 @@ fn jobs() -> Vec<Job> {
                         functions: &["attn_naive_scores", "attn_naive_softmax", "attn_naive_pv"],
                         smem: 0,
                         tile: "-".into(),
+                        roles: None,
                     });
                     let st = SimtTile::for_head_dim(d);
                     out.push(Job {
@@ -79,6 +84,7 @@ fn jobs() -> Vec<Job> {
                         functions: &["attn_simt"],
                         smem: st.smem_bytes(d),
                         tile: format!("Br{}xBc{}", st.br(), st.bc()),
+                        roles: None,
                     });
                     let mt = MmaTile::default_for(cc, d);
                     out.push(Job {
@@ -91,9 +97,47 @@ fn jobs() -> Vec<Job> {
                         functions: &["attn_mma"],
                         smem: mt.smem_bytes(d),
                         tile: mt.to_string(),
+                        roles: None,
                     });
                 }
             }
+        }
+    }
+    // The Hopper kernel: sm_90a only, every padded head_dim it is specialised for.
+    for d in [64, 96, 128, 192, 256] {
+        let t = WgmmaTile::default_for(d).expect("served head_dim");
+        for dtype in DTYPES {
+            for causal in [false, true] {
+                out.push(Job {
+                    source: KernelSource::AttnWgmma,
+                    arch: "sm_90a",
+                    d,
+                    dtype,
+                    causal,
+                    defines: t.defines(dtype, causal),
+                    functions: &["attn_wgmma"],
+                    smem: t.smem_bytes(),
+                    tile: format!("Bc{} {}st", t.bc, t.stages),
+                    roles: Some((wgmma::PRODUCER_REGS, wgmma::CONSUMER_REGS)),
+                });
+            }
+        }
+    }
+    for dtype in DTYPES {
+        for fault in [false, true] {
+            let input = flashattn::layout::Input16::from_dtype(dtype).expect("16-bit");
+            out.push(Job {
+                source: KernelSource::WgmmaProbe,
+                arch: "sm_90a",
+                d: 64,
+                dtype,
+                causal: fault,
+                defines: flashattn::probe_wgmma::defines(input, fault),
+                functions: &["wg_probe_acc", "wg_probe_kmajor", "wg_probe_pv"],
+                smem: 33 * 1024,
+                tile: if fault { "probe, fault" } else { "probe" }.into(),
+                roles: None,
+            });
         }
     }
     out
@@ -102,6 +146,8 @@ fn jobs() -> Vec<Job> {
 /// What one compile gave: per-function stats, or the error.
 struct Outcome {
     stats: Vec<PtxasStats>,
+    /// ptxas warnings (setmaxnreg ignored, wgmma serialised, ...): failures for our kernels.
+    warnings: Vec<String>,
     error: Option<String>,
     seconds: f64,
 }
@@ -123,6 +169,8 @@ fn every_kernel_compiles_for_every_arch_without_spills() {
         KernelSource::AttnNaive,
         KernelSource::AttnSimt,
         KernelSource::AttnMma,
+        KernelSource::AttnWgmma,
+        KernelSource::WgmmaProbe,
     ]
     .into_iter()
     .map(|s| (s, s.text()))
@@ -143,11 +191,22 @@ fn every_kernel_compiles_for_every_arch_without_spills() {
             match compile_cubin(text(j.source), j.source.name(), j.arch, &j.defines) {
                 Ok(c) => Outcome {
                     stats: c.stats,
+                    warnings: c
+                        .log
+                        .lines()
+                        .filter(|l| {
+                            l.contains("ptxas warning")
+                                || l.contains("C7508")
+                                || l.contains("C7510")
+                        })
+                        .map(str::to_string)
+                        .collect(),
                     error: None,
                     seconds: t.elapsed().as_secs_f64(),
                 },
                 Err(e) => Outcome {
                     stats: Vec::new(),
+                    warnings: Vec::new(),
                     error: Some(e.to_string()),
                     seconds: t.elapsed().as_secs_f64(),
                 },
@@ -158,7 +217,7 @@ fn every_kernel_compiles_for_every_arch_without_spills() {
 
     let mut failures = Vec::new();
     println!(
-        "{:<7} {:<7} {:>4} {:<5} {:<7} {:>12} {:>7} {:>7} {:<26} {:>6}",
+        "{:<7} {:<7} {:>4} {:<5} {:<7} {:>16} {:>7} {:>7} {:<26} {:>6}",
         "kernel", "arch", "d", "dtype", "mask", "registers", "spills", "smem", "tile", "secs"
     );
     for (j, o) in jobs.iter().zip(&outcomes) {
@@ -194,6 +253,9 @@ fn every_kernel_compiles_for_every_arch_without_spills() {
                 None => failures.push(format!("{what}: no ptxas statistics for entry {f}")),
             }
         }
+        for w in &o.warnings {
+            failures.push(format!("{what}: {w}"));
+        }
         let limit = smem_limit(j.arch);
         if j.smem > limit {
             failures.push(format!(
@@ -202,13 +264,18 @@ fn every_kernel_compiles_for_every_arch_without_spills() {
             ));
         }
         println!(
-            "{:<7} {:<7} {:>4} {:<5} {:<7} {:>12} {:>7} {:>7} {:<26} {:>6.2}",
+            "{:<7} {:<7} {:>4} {:<5} {:<7} {:>16} {:>7} {:>7} {:<26} {:>6.2}",
             j.source.name().trim_start_matches("attn_"),
             j.arch,
             j.d,
             j.dtype.name(),
             if j.causal { "causal" } else { "none" },
-            regs.join("/"),
+            match j.roles {
+                // registers at launch, then what setmaxnreg gives each warpgroup role
+                Some((producer, consumer)) =>
+                    format!("{} (p{producer}/c{consumer})", regs.join("/")),
+                None => regs.join("/"),
+            },
             spills,
             j.smem,
             j.tile,

@@ -261,7 +261,7 @@ fn time_line<T: GpuElement>(
     let what = format!(
         "{} on {}",
         line.name,
-        crate::cuda::attention::launch_context(line.kernel.name(), p)
+        crate::cuda::launch::launch_context(line.kernel.name(), p)
     );
     let Inputs {
         sets: bufs, o, lse, ..
@@ -335,7 +335,13 @@ fn time_line<T: GpuElement>(
         .clone_dtoh(&lse.slice(0..p.shape.lse_len()))
         .map_err(cuda_err(format!("{what}: copying lse back")))?;
     let mut r = LineResult::timed(&line.name, Source::Ours, timing);
-    r.tile = info.tile.map(|t| format!("{} ({t})", t.spec()));
+    r.tile = info
+        .tile
+        .map(|t| format!("{} ({t})", t.spec()))
+        .or(info.config.clone());
+    if info.kernel != line.kernel {
+        r.ran = Some(format!("{} ({})", info.kernel, info.why));
+    }
     r.registers = Some(info.registers);
     r.spill_bytes = Some(info.spill_bytes);
     r.smem_bytes = Some(info.smem_bytes);

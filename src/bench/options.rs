@@ -181,7 +181,7 @@ impl BenchOptions {
         };
         let mut lines: Vec<Line> = Vec::new();
         let names: Vec<String> = if self.kernels.is_empty() && self.tiles.is_empty() {
-            vec!["mma".into()]
+            vec!["wgmma".into(), "mma".into()]
         } else {
             self.kernels
                 .iter()

@@ -101,9 +101,30 @@ pub struct PeerResponse {
     /// Versions and device.
     #[serde(flatten)]
     pub env: PeerEnv,
+    /// The dense matrix-product rate per dtype, same warm-up.
+    #[serde(default)]
+    pub matmul: Vec<MatmulResult>,
     /// One per (case, peer).
     #[serde(default)]
     pub results: Vec<PeerResult>,
+}
+
+/// peers.py's dense matrix product (torch.matmul, `n`^3, the cases' warm-up and timing).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MatmulResult {
+    /// `f16` or `bf16`.
+    pub dtype: String,
+    /// Matrix side.
+    pub n: usize,
+    /// Median ms.
+    #[serde(default)]
+    pub median_ms: Option<f64>,
+    /// TFLOP/s at the median (2 n^3 FLOPs).
+    #[serde(default)]
+    pub tflops: Option<f64>,
+    /// Why it was not measured.
+    #[serde(default)]
+    pub skipped: Option<String>,
 }
 
 /// Parses peers.py's output.
@@ -227,6 +248,7 @@ pub fn merge(report: &mut BenchReport, outcome: Result<PeerResponse, String>) {
         available: resp.ok,
         message: resp.error.clone(),
         env: resp.env.clone(),
+        matmul: resp.matmul.clone(),
     };
     if !resp.ok {
         return;

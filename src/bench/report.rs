@@ -55,6 +55,10 @@ pub struct LineResult {
     /// Ours: every lse value of the last launch was finite (a cheap sanity check).
     #[serde(default)]
     pub output_finite: Option<bool>,
+    /// Ours: the kernel that ran and why, when not the one the line names (wgmma hands calls
+    /// it cannot serve to mma).
+    #[serde(default)]
+    pub ran: Option<String>,
 }
 
 impl LineResult {
@@ -73,6 +77,7 @@ impl LineResult {
             extra_mem_method: None,
             peak_mem_beyond_inputs_bytes: None,
             output_finite: None,
+            ran: None,
         }
     }
 
@@ -168,6 +173,9 @@ pub struct PeersInfo {
     /// Versions and device the peers reported.
     #[serde(flatten)]
     pub env: PeerEnv,
+    /// The dense matrix-product rate per dtype, measured by peers.py in the same run.
+    #[serde(default)]
+    pub matmul: Vec<super::peers::MatmulResult>,
 }
 
 /// The whole benchmark record (bench.json).
@@ -213,13 +221,24 @@ impl BenchReport {
         names
     }
 
-    /// The line the ratios are taken for: `mma` when measured, else the first of ours.
+    /// The line the ratios are taken for: `wgmma`, else `mma`, when measured; else the first
+    /// of ours.
     pub fn primary_line(&self) -> Option<String> {
-        if self.lines.iter().any(|l| l == "mma") {
-            Some("mma".into())
-        } else {
-            self.lines.first().cloned()
-        }
+        ["wgmma", "mma"]
+            .iter()
+            .find(|p| self.lines.iter().any(|l| l == *p))
+            .map(|p| p.to_string())
+            .or_else(|| self.lines.first().cloned())
+    }
+
+    /// The dense matrix-product TFLOP/s peers.py measured for `dtype` in this run.
+    pub fn matmul_tflops(&self, dtype: &str) -> Option<f64> {
+        self.peers
+            .matmul
+            .iter()
+            .find(|m| m.dtype == dtype)
+            .and_then(|m| m.tflops)
+            .filter(|t| t.is_finite() && *t > 0.0)
     }
 
     /// Number of our timings that succeeded.

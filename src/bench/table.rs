@@ -19,6 +19,22 @@ pub fn render(report: &BenchReport) -> String {
     if let Some(p) = &primary {
         head.extend(peers.iter().map(|q| format!("{p}/{q}")));
     }
+    // Fractions of the dense matrix-product rate of the same run: ours and cuDNN.
+    let has_mm = report
+        .cases
+        .iter()
+        .any(|c| report.matmul_tflops(&c.case.dtype).is_some());
+    let mm_lines: Vec<String> = if has_mm {
+        report
+            .lines
+            .iter()
+            .cloned()
+            .chain(peers.iter().filter(|q| *q == "cudnn").cloned())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    head.extend(mm_lines.iter().map(|l| format!("{l}/mm")));
     let mut rows = vec![head];
     for c in &report.cases {
         let k = &c.case;
@@ -38,6 +54,11 @@ pub fn render(report: &BenchReport) -> String {
                     .map(|q| c.ratio(p, q).map_or("-".into(), |r| format!("{r:.2}"))),
             );
         }
+        let mm = report.matmul_tflops(&k.dtype);
+        row.extend(mm_lines.iter().map(|l| match (c.tflops(l), mm) {
+            (Some(t), Some(m)) => format!("{:.2}", t / m),
+            _ => "-".into(),
+        }));
         rows.push(row);
     }
     let widths: Vec<usize> = (0..rows[0].len())
@@ -101,6 +122,19 @@ fn header(report: &BenchReport) -> String {
             h,
             "\npeers: NOT AVAILABLE ({}); only our numbers follow",
             p.message.as_deref().unwrap_or("no reason given")
+        );
+    }
+    let mm: Vec<String> = report
+        .peers
+        .matmul
+        .iter()
+        .filter_map(|m| m.tflops.map(|t| format!("{} {t:.0}", m.dtype)))
+        .collect();
+    if !mm.is_empty() {
+        let _ = write!(
+            h,
+            "\ndense matrix product (torch.matmul 8192^3, same warm-up, same run): {} TFLOP/s; X/mm = line X over it",
+            mm.join(", ")
         );
     }
     if let Some(prim) = report.primary_line()

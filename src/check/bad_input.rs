@@ -16,6 +16,7 @@ fn result(label: &str, passed: bool, message: String) -> CaseResult {
     CaseResult {
         label: label.into(),
         kernel: "all".into(),
+        ran: String::new(),
         o_rel_l2: 0.0,
         o_max_abs: 0.0,
         lse_max_abs: 0.0,

@@ -129,7 +129,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
         (&[64, 128], &[1, 17, 64, 65, 129])
     } else {
         (
-            &[32, 40, 56, 64, 72, 80, 96, 112, 120, 128, 256],
+            &[32, 40, 56, 64, 72, 80, 96, 112, 120, 128, 160, 192, 256],
             &[1, 17, 63, 64, 65, 127, 129, 200, 512, 1000, 4096],
         )
     };
@@ -189,9 +189,43 @@ pub fn cases(quick: bool) -> Vec<Case> {
                 .expect("valid strides");
             sw.push(dtype, p, " bhsd-view scale0.3");
         }
+        tile_edges(&mut sw, dtype, quick);
         edge_cases(&mut sw, dtype, quick);
     }
     sw.0
+}
+
+/// Lengths on both sides of the tile and TMA box edges (wgmma: 128 query rows per block, 64
+/// per consumer, 64-128 keys per tile; mma: 64-128 rows, 32-64 keys) and key-tile counts
+/// below, at and past the K/V pipeline depth (2 stages), for each padded head_dim of wgmma.
+fn tile_edges(sw: &mut Sweep, dtype: DType, quick: bool) {
+    let dims: &[usize] = if quick {
+        &[64, 128]
+    } else {
+        &[64, 96, 128, 192, 256]
+    };
+    let pairs: &[(usize, usize)] = if quick {
+        &[(128, 128), (129, 255), (64, 385)]
+    } else {
+        &[
+            (128, 128),
+            (127, 129),
+            (129, 255),
+            (192, 256),
+            (255, 257),
+            (256, 384),
+            (383, 640),
+            (64, 385),
+            (640, 383),
+        ]
+    };
+    for &d in dims {
+        for &(sq, sk) in pairs {
+            for mask in [Mask::None, Mask::Causal] {
+                sw.push(dtype, problem(shape(2, sq, sk, 3, 1, d), mask), " edge");
+            }
+        }
+    }
 }
 
 /// Inputs that broke attention kernels in the field.

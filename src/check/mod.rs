@@ -32,8 +32,11 @@ const POISON16: u16 = 0xFFFF;
 pub struct CaseResult {
     /// Case label.
     pub label: String,
-    /// Kernel name.
+    /// Kernel name (as asked for).
     pub kernel: String,
+    /// The kernel that ran and why, when it is not the one asked for (wgmma hands calls it
+    /// cannot serve to mma); empty otherwise.
+    pub ran: String,
     /// rel-L2 of o.
     pub o_rel_l2: f64,
     /// max-abs error of o.
@@ -161,6 +164,7 @@ fn run_case<T: GpuElement>(
         let mut result = CaseResult {
             label: case.label.clone(),
             kernel: kernel.name().into(),
+            ran: String::new(),
             o_rel_l2: f64::NAN,
             o_max_abs: f64::NAN,
             lse_max_abs: f64::NAN,
@@ -177,7 +181,7 @@ fn run_case<T: GpuElement>(
             .map_err(cuda_err("poisoning lse"))?;
         let mut o_view = d_o.slice_mut(0..o_len);
         let mut lse_view = d_lse.slice_mut(0..lse_len);
-        let what = crate::cuda::attention::launch_context(kernel.name(), p);
+        let what = crate::cuda::launch::launch_context(kernel.name(), p);
         let launched = forward_device(
             gpu,
             kernel,
@@ -189,11 +193,20 @@ fn run_case<T: GpuElement>(
             &mut o_view,
             &mut lse_view,
         )
-        .and_then(|_| stream.synchronize().map_err(cuda_err(what)));
-        if let Err(e) = launched {
-            result.message = e.to_string();
-            out.push(result);
-            continue;
+        .and_then(|info| {
+            stream.synchronize().map_err(cuda_err(what))?;
+            Ok(info)
+        });
+        match launched {
+            Err(e) => {
+                result.message = e.to_string();
+                out.push(result);
+                continue;
+            }
+            Ok(info) if info.kernel != kernel => {
+                result.ran = format!("ran {} ({})", info.kernel, info.why);
+            }
+            Ok(_) => {}
         }
         let o_host: Vec<T> = stream
             .clone_dtoh(&d_o)
@@ -228,6 +241,7 @@ fn run_case<T: GpuElement>(
         result.message = problems
             .into_iter()
             .chain(verdict.notes)
+            .chain((!result.ran.is_empty()).then(|| result.ran.clone()))
             .collect::<Vec<_>>()
             .join("; ");
         out.push(result);

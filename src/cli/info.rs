@@ -44,10 +44,27 @@ fn gpu_info() -> String {
                     )
                 })
                 .collect();
+            let probe = flashattn::AttnProblem::new(flashattn::AttnShape::new(1, 128, 1, 128));
+            let auto = match probe
+                .ok()
+                .and_then(|p| flashattn::cuda::wgmma::unsupported(i, &p))
+            {
+                None => format!(
+                    "wgmma (sm_90: wgmma + TMA + warp specialisation) for head_dim 64..=256 and strides TMA can describe, mma otherwise; tiles: {}",
+                    [64, 128, 256]
+                        .iter()
+                        .filter_map(|&d| flashattn::cuda::WgmmaTile::default_for(d)
+                            .map(|t| format!("d{d} {t}")))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ),
+                Some(why) => format!("mma (wgmma cannot run: {why})"),
+            };
             format!(
                 "GPU: {} ({}, compute capability {}.{}), {} SMs, {:.1} GiB\n\
                  shared memory: {} KB per block (opt-in), {} KB per SM\n\
                  driver CUDA {}.{}, NVRTC {}.{}\n\
+                 kernel `auto`: {auto}\n\
                  attn_mma tiles: {}",
                 i.name,
                 i.arch,

@@ -1,9 +1,19 @@
-//! `flashattn probe`: prove the `mma.m16n8k16` / `ldmatrix` fragment layouts lane by lane,
-//! on the GPU or on the CPU warp emulator.
+//! `flashattn probe`: prove the fragment layouts lane by lane, on the GPU or on the CPU
+//! emulators: the warp experiments of `mma.m16n8k16` / `ldmatrix` (every GPU), and the
+//! warpgroup experiments of `wgmma` + TMA + descriptors (sm_90 only on a GPU).
 
 use flashattn::cuda::Gpu;
 use flashattn::probe::{self, ProbeReport};
-use flashattn::{DType, Result};
+use flashattn::{DType, Result, probe_wgmma};
+
+/// Which experiment a report is of.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// One warp: ldmatrix, mma.m16n8k16, S -> P.
+    Warp,
+    /// One warpgroup: wgmma, TMA swizzle, descriptors, S -> P as the register A operand.
+    Warpgroup,
+}
 
 /// Runs the layout probe for `dtype` (both f16 and bf16 when `None`) and prints each report.
 ///
@@ -23,19 +33,30 @@ pub fn run(emulate: bool, inject_fault: bool, dtype: Option<DType>) -> Result<i3
         None => vec![DType::F16, DType::BF16],
     };
     let gpu = if emulate { None } else { Some(Gpu::new(0)?) };
+    let hopper = gpu
+        .as_ref()
+        .is_none_or(|g| g.info().compute_capability == (9, 0));
     let mut reports = Vec::new();
     for &d in &dtypes {
-        let report = match &gpu {
-            Some(gpu) => probe::run_gpu(gpu, d, inject_fault)?,
-            None => probe::run_emulated(d, inject_fault),
-        };
-        println!("{}", header(&report, inject_fault));
-        println!("{report}");
-        if inject_fault {
-            println!("{}", fault_verdict(&report));
+        for kind in [Kind::Warp, Kind::Warpgroup] {
+            let report = match (&gpu, kind) {
+                (Some(gpu), Kind::Warp) => probe::run_gpu(gpu, d, inject_fault)?,
+                (Some(_), Kind::Warpgroup) if !hopper => {
+                    println!("warpgroup (wgmma) probe: skipped, it needs sm_90 (Hopper)\n");
+                    continue;
+                }
+                (Some(gpu), Kind::Warpgroup) => probe_wgmma::run_gpu(gpu, d, inject_fault)?,
+                (None, Kind::Warp) => probe::run_emulated(d, inject_fault),
+                (None, Kind::Warpgroup) => probe_wgmma::run_emulated(d, inject_fault),
+            };
+            println!("{}", header(&report, kind, inject_fault));
+            println!("{report}");
+            if inject_fault {
+                println!("{}", fault_verdict(&report, kind));
+            }
+            println!();
+            reports.push(report);
         }
-        println!();
-        reports.push(report);
     }
     let failed = reports.iter().filter(|r| !r.passed).count();
     let code = summary_code(failed, reports.len(), inject_fault);
@@ -43,22 +64,40 @@ pub fn run(emulate: bool, inject_fault: bool, dtype: Option<DType>) -> Result<i3
     Ok(code)
 }
 
-/// `layout probe: f16 on emulator` (+ the fault being injected).
-fn header(report: &ProbeReport, inject_fault: bool) -> String {
+/// The fault each experiment injects.
+fn fault_text(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Warp => "B loaded with ldmatrix.x4 WITHOUT .trans",
+        Kind::Warpgroup => {
+            "K-major descriptors with a 64-byte swizzle where TMA wrote 128, V's descriptor with an SBO of 512 instead of 1024"
+        }
+    }
+}
+
+/// `layout probe (warp: mma.m16n8k16): f16 on emulator` (+ the fault being injected).
+fn header(report: &ProbeReport, kind: Kind, inject_fault: bool) -> String {
     let fault = if inject_fault {
-        ", fault injected: B loaded with ldmatrix.x4 WITHOUT .trans"
+        format!(", fault injected: {}", fault_text(kind))
     } else {
-        ""
+        String::new()
     };
-    format!("layout probe: {} on {}{fault}", report.dtype, report.source)
+    let what = match kind {
+        Kind::Warp => "warp: ldmatrix, mma.m16n8k16",
+        Kind::Warpgroup => "warpgroup: TMA, descriptors, wgmma",
+    };
+    format!(
+        "layout probe ({what}): {} on {}{fault}",
+        report.dtype, report.source
+    )
 }
 
 /// Whether an injected fault was caught, naming the lanes.
-fn fault_verdict(report: &ProbeReport) -> String {
+fn fault_verdict(report: &ProbeReport, kind: Kind) -> String {
     if report.passed {
         format!(
-            "fault NOT caught ({}): every check passed although B was loaded without .trans",
-            report.dtype
+            "fault NOT caught ({}): every check passed despite: {}",
+            report.dtype,
+            fault_text(kind)
         )
     } else {
         let lanes = report.wrong_lanes();
@@ -95,22 +134,15 @@ fn summary_code(failed: usize, total: usize, inject_fault: bool) -> i32 {
 }
 
 fn summary_line(reports: &[ProbeReport], failed: usize, inject_fault: bool) -> String {
-    let names: Vec<&str> = reports.iter().map(|r| r.dtype.name()).collect();
     let cells: usize = reports.iter().map(|r| r.checked).sum();
+    let n = reports.len();
     match (failed, inject_fault) {
-        (0, false) => format!(
-            "all layout checks passed ({}; {cells} cells)",
-            names.join(", ")
-        ),
+        (0, false) => format!("all layout checks passed ({n} experiments; {cells} cells)"),
         (0, true) => "the injected fault was NOT caught: the checker is broken".to_string(),
-        (f, true) if f == reports.len() => format!(
-            "the injected fault was caught for {} (exit code 1 is the expected outcome)",
-            names.join(", ")
+        (f, true) if f == n => format!(
+            "the injected fault was caught in all {n} experiments (exit code 1 is the expected outcome)"
         ),
-        (f, true) => format!(
-            "the injected fault was caught for only {f} of {} dtypes",
-            reports.len()
-        ),
-        (f, false) => format!("{f} of {} dtypes FAILED the layout probe", reports.len()),
+        (f, true) => format!("the injected fault was caught in only {f} of {n} experiments"),
+        (f, false) => format!("{f} of {n} experiments FAILED the layout probe"),
     }
 }

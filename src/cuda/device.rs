@@ -201,10 +201,11 @@ impl Gpu {
         function: &str,
         defines: &[(String, String)],
     ) -> Result<LoadedKernel> {
-        let key = (source, self.info.arch.clone(), defines.to_vec());
+        let arch = source.target(&self.info.arch);
+        let key = (source, arch.clone(), defines.to_vec());
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if !cache.contains_key(&key) {
-            let cubin = compile_cubin(&source.text(), source.name(), &self.info.arch, defines)?;
+            let cubin = compile_cubin(&source.text(), source.name(), &arch, defines)?;
             let module = self
                 .ctx
                 .load_module(Ptx::from_binary(cubin.image))

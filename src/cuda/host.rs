@@ -1,8 +1,9 @@
 //! Host-memory entry point of the CUDA backend for [`crate::backend::forward`]: one shared GPU
 //! per process (so kernels compile once), and element-type dispatch from a generic `T`.
 
-use super::attention::{KernelKind, forward_host};
+use super::attention::forward_host;
 use super::device::Gpu;
+use super::launch::KernelKind;
 use crate::backend::Backend;
 use crate::dtype::Element;
 use crate::error::{AttnError, Result};
@@ -45,8 +46,8 @@ fn back<U: 'static, T: 'static>(x: Vec<U>) -> Vec<T> {
     unsafe { Vec::from_raw_parts(x.as_mut_ptr() as *mut T, x.len(), x.capacity()) }
 }
 
-/// Runs the best GPU kernel on host buffers: o comes back dense, with lse, the backend
-/// description and the kernel time in seconds.
+/// Runs the best GPU kernel on host buffers (`wgmma` where it serves, else `mma`): o comes back
+/// dense, with lse, the backend description, the kernel time in seconds, and why that kernel ran.
 ///
 /// # Errors
 /// [`AttnError::BackendUnavailable`] without a usable GPU; [`AttnError::DTypeMismatch`] for
@@ -56,22 +57,24 @@ pub fn try_host_forward<T: Element>(
     q: &[T],
     k: &[T],
     v: &[T],
-) -> Result<(Vec<T>, Vec<f32>, Backend, f64)> {
+) -> Result<(Vec<T>, Vec<f32>, Backend, f64, String)> {
     let gpu = shared_gpu()?;
-    let kernel = KernelKind::Mma;
-    let backend = Backend::Cuda {
+    let kernel = KernelKind::Wgmma;
+    let backend = |ran: KernelKind| Backend::Cuda {
         device: gpu.info().name.clone(),
-        kernel: format!("attn_{kernel}"),
+        kernel: format!("attn_{ran}"),
     };
     if let (Some(q), Some(k), Some(v)) = (same::<T, f16>(q), same::<T, f16>(k), same::<T, f16>(v)) {
-        let (o, lse, t) = forward_host(gpu, kernel, p, q, k, v)?;
-        return Ok((back(o), lse, backend, t));
+        let r = forward_host(gpu, kernel, p, q, k, v)?;
+        let b = backend(r.info.kernel);
+        return Ok((back(r.o), r.lse, b, r.seconds, r.info.why));
     }
     if let (Some(q), Some(k), Some(v)) =
         (same::<T, bf16>(q), same::<T, bf16>(k), same::<T, bf16>(v))
     {
-        let (o, lse, t) = forward_host(gpu, kernel, p, q, k, v)?;
-        return Ok((back(o), lse, backend, t));
+        let r = forward_host(gpu, kernel, p, q, k, v)?;
+        let b = backend(r.info.kernel);
+        return Ok((back(r.o), r.lse, b, r.seconds, r.info.why));
     }
     Err(AttnError::DTypeMismatch {
         what: format!(

@@ -16,9 +16,16 @@ pub use sources::KernelSource;
 pub const CI_ARCHS: [&str; 5] = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_120"];
 
 pub mod attention;
+pub mod launch;
+pub mod mma;
 pub mod naive;
 pub mod simt;
+pub mod tma;
+pub mod wgmma;
 
-pub use attention::{GpuElement, KernelKind, LaunchInfo, MmaTile, forward_device, forward_host};
+pub use attention::{HostRun, forward_device, forward_host};
+pub use launch::{GpuElement, KernelKind, LaunchInfo};
+pub use mma::MmaTile;
+pub use wgmma::WgmmaTile;
 pub mod host;
 pub use host::{shared_gpu, try_host_forward};

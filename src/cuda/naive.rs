@@ -4,8 +4,8 @@
 //! seqlen_k]`, allocated here and refused up front (typed [`AttnError::TooLarge`]) when it
 //! would not fit in free device memory.
 
-use super::attention::{FlashParams, KernelKind, Launch, LaunchInfo, launch_context};
 use super::device::{Gpu, cuda_err};
+use super::launch::{FlashParams, KernelKind, Launch, LaunchInfo, launch_context};
 use super::sources::KernelSource;
 use crate::dtype::DType;
 use crate::error::{AttnError, Result};
@@ -154,7 +154,9 @@ pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
     let stats = [&k_scores.stats, &k_softmax.stats, &k_pv.stats];
     Ok(LaunchInfo {
         kernel: KernelKind::Naive,
+        why: "asked for".into(),
         tile: None,
+        config: None,
         registers: stats.iter().map(|x| x.registers).max().unwrap_or(0),
         spill_bytes: stats.iter().map(|x| x.spill_stores).sum(),
         // No dynamic shared memory: report the largest static allocation of the three kernels.

@@ -1,7 +1,7 @@
 //! Launcher of attn_simt.cu: flash forward on CUDA cores (FFMA), online softmax.
 
-use super::attention::{FlashKernel, KernelKind, Launch, LaunchInfo, launch_flash};
 use super::device::Gpu;
+use super::launch::{FlashKernel, KernelKind, Launch, LaunchInfo, launch_flash};
 use super::sources::KernelSource;
 use crate::dtype::DType;
 use crate::error::Result;

@@ -7,8 +7,17 @@
 pub const PTX_CUH: &str = include_str!("../../kernels/ptx.cuh");
 /// What the attention kernels share (parameters, conversions, causal rule, block map).
 pub const ATTN_COMMON_CUH: &str = include_str!("../../kernels/attn_common.cuh");
+/// The Hopper wrappers: TMA, mbarrier, wgmma ordering and descriptors, setmaxnreg.
+pub const HOPPER_CUH: &str = include_str!("../../kernels/hopper.cuh");
+/// The wgmma.mma_async wrappers (written by scripts/gen_wgmma_ops.py).
+pub const WGMMA_OPS_CUH: &str = include_str!("../../kernels/wgmma_ops.cuh");
 /// Headers a kernel may include, by the name in its `#include "..."` line.
-const HEADERS: [(&str, &str); 2] = [("ptx.cuh", PTX_CUH), ("attn_common.cuh", ATTN_COMMON_CUH)];
+const HEADERS: [(&str, &str); 4] = [
+    ("ptx.cuh", PTX_CUH),
+    ("attn_common.cuh", ATTN_COMMON_CUH),
+    ("hopper.cuh", HOPPER_CUH),
+    ("wgmma_ops.cuh", WGMMA_OPS_CUH),
+];
 
 /// One kernel source file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -21,15 +30,21 @@ pub enum KernelSource {
     AttnSimt,
     /// Flash forward on Tensor Cores with `mma.sync`.
     AttnMma,
+    /// Hopper flash forward: wgmma + TMA + warp specialisation (sm_90a only).
+    AttnWgmma,
+    /// Single-warpgroup wgmma/TMA layout experiments (sm_90a only).
+    WgmmaProbe,
 }
 
 impl KernelSource {
     /// Every source, for compile tests.
-    pub const ALL: [KernelSource; 4] = [
+    pub const ALL: [KernelSource; 6] = [
         KernelSource::LayoutProbe,
         KernelSource::AttnNaive,
         KernelSource::AttnSimt,
         KernelSource::AttnMma,
+        KernelSource::AttnWgmma,
+        KernelSource::WgmmaProbe,
     ];
 
     /// File stem, also the NVRTC program name.
@@ -39,6 +54,19 @@ impl KernelSource {
             KernelSource::AttnNaive => "attn_naive",
             KernelSource::AttnSimt => "attn_simt",
             KernelSource::AttnMma => "attn_mma",
+            KernelSource::AttnWgmma => "attn_wgmma",
+            KernelSource::WgmmaProbe => "wgmma_probe",
+        }
+    }
+
+    /// The NVRTC target for a device arch: the Hopper-only sources (`wgmma`, `setmaxnreg`)
+    /// need the arch-specific `sm_90a` of an sm_90 device; the others the device's own arch.
+    pub fn target(self, device_arch: &str) -> String {
+        match self {
+            KernelSource::AttnWgmma | KernelSource::WgmmaProbe if device_arch == "sm_90" => {
+                "sm_90a".to_string()
+            }
+            _ => device_arch.to_string(),
         }
     }
 
@@ -48,6 +76,8 @@ impl KernelSource {
             KernelSource::AttnNaive => include_str!("../../kernels/attn_naive.cu"),
             KernelSource::AttnSimt => include_str!("../../kernels/attn_simt.cu"),
             KernelSource::AttnMma => include_str!("../../kernels/attn_mma.cu"),
+            KernelSource::AttnWgmma => include_str!("../../kernels/attn_wgmma.cu"),
+            KernelSource::WgmmaProbe => include_str!("../../kernels/wgmma_probe.cu"),
         }
     }
 

@@ -1,0 +1,356 @@
+// attn_wgmma.cu: FlashAttention forward for Hopper (sm_90a) with wgmma, TMA and warp
+// specialisation, in the structure of FlashAttention-3 (Shah et al. 2024).
+//
+// One block owns BR = 128 query rows of one (batch, head) and runs three warpgroups:
+// - warpgroup 0, the producer: gives most of its registers away (setmaxnreg.dec) and one thread
+//   issues every TMA load: the Q tile once, then K and V tiles of BC keys into a ring of STAGES
+//   shared-memory stages; each load completes on a "full" mbarrier, and a stage is reused only
+//   after both consumers have arrived on its "empty" mbarrier;
+// - warpgroups 1 and 2, the consumers: 64 query rows each (setmaxnreg.inc). S = Q K^T is one
+//   wgmma m64nBCk16 per 16 channels with Q and K read from shared memory through matrix
+//   descriptors; the online softmax runs on the S accumulators; P, packed to 16-bit pairs, is
+//   the register A operand of O += P V (V read MN-major through its descriptor).
+// Overlap (FA3's two kinds):
+// - intra-warpgroup: iteration n issues S_n = Q K_n^T and then O += P_{n-1} V_{n-1}, and
+//   computes the softmax of S_n while P_{n-1} V_{n-1} runs on the Tensor Cores;
+// - pingpong (PINGPONG=1): the two consumers take turns to issue their wgmmas (named barriers
+//   1 and 2), so one warpgroup's softmax runs under the other's GEMMs.
+// Epilogue: O / row_sum is written as 16-bit pairs into the warpgroup's own rows of the Q tile
+// (same 128-byte swizzle) and stored with TMA; lse as in attn_mma.
+//
+// Layouts (proven by kernels/wgmma_probe.cu against src/layout_wgmma.rs):
+// - shared tiles are TMA boxes of 64 channels x rows, 128-byte swizzled: row r of a box is 128
+//   bytes at r*128, its 16-byte chunk c stored at chunk c ^ (r % 8); a head_dim of DP channels
+//   is DP/64 such boxes one after another (NSUB sub-tiles);
+// - accumulator i of a lane: row 16*warp + g + 8*((i/2)%2), column 8*(i/4) + 2t + i%2
+//   (g = lane/4, t = lane%4);
+// - the A fragment of keys 16kk..16kk+15 is {pack(s[8kk],s[8kk+1]), pack(s[8kk+2],s[8kk+3]),
+//   pack(s[8kk+4],s[8kk+5]), pack(s[8kk+6],s[8kk+7])}: P register r = pack(s[2r], s[2r+1]).
+//
+// Specialised at NVRTC time by HEAD_DIM (the padded head_dim DP: a multiple of 16 from 64 to
+// 256; channels past the real head_dim are zero-filled by TMA and never stored), BC (keys per
+// tile, a multiple of 16), STAGES (K/V ring depth), PINGPONG, RESCALE_SLACK (as attn_mma),
+// IS_BF16, IS_CAUSAL, HEAD_MAJOR, CONSUMER_REGS / PRODUCER_REGS (setmaxnreg targets).
+#include "ptx.cuh"
+#include "attn_common.cuh"
+#include "hopper.cuh"
+#if IS_BF16
+#define WG_AB "bf16"
+#else
+#define WG_AB "f16"
+#endif
+#include "wgmma_ops.cuh"
+
+#ifndef BC
+#define BC 128
+#endif
+#ifndef STAGES
+#define STAGES 2
+#endif
+#ifndef PINGPONG
+#define PINGPONG 1
+#endif
+#ifndef RESCALE_SLACK
+#define RESCALE_SLACK 8
+#endif
+#ifndef CONSUMER_REGS
+#define CONSUMER_REGS 240
+#endif
+#ifndef PRODUCER_REGS
+#define PRODUCER_REGS 24
+#endif
+
+// ---- geometry -------------------------------------------------------------------------------
+constexpr int DP = D;                    // padded head_dim (HEAD_DIM)
+constexpr int NSUB = (DP + 63) / 64;     // 64-channel, 128-byte-row sub-tiles (TMA boxes)
+constexpr int BR = 128;                  // query rows per block: 64 per consumer warpgroup
+constexpr int NCONS = 2;                 // consumer warpgroups
+constexpr int NT = 128 * (NCONS + 1);    // threads: producer + consumers
+constexpr u32 SUB_Q = BR * 128;          // bytes of one Q sub-tile
+constexpr u32 SUB_KV = BC * 128;         // bytes of one K or V sub-tile
+constexpr u32 Q_BYTES = NSUB * SUB_Q;
+constexpr u32 KV_BYTES = NSUB * SUB_KV;  // one K (or V) stage; also its TMA transaction bytes
+constexpr int KSTEPS = DP / 16;          // k16 steps of S = Q K^T
+constexpr int PSTEPS = BC / 16;          // k16 steps of O += P V
+constexpr int NS = BC / 2;               // S accumulators per thread
+constexpr int NO = DP / 2;               // O accumulators per thread
+static_assert(DP % 16 == 0 && DP >= 64 && DP <= 256, "HEAD_DIM (padded) must be a multiple of 16 in 64..256");
+static_assert(BC % 16 == 0 && BC >= 16 && BC <= 256, "BC must be a multiple of 16 up to 256");
+static_assert(STAGES >= 2 && STAGES <= 8, "STAGES in 2..8");
+
+// Named barriers (0 is __syncthreads): the pingpong turns, then one per consumer epilogue.
+constexpr u32 BAR_SCHED = 1; // + consumer index: "consumer c may issue its wgmmas"
+constexpr u32 BAR_EPI = 3;   // + consumer index: the consumer's 128 threads
+
+// Shared memory: Q | K stages | V stages | mbarriers, from a 1024-byte-aligned base (the
+// swizzle atoms must be 1024-byte aligned). The launcher asks for WGMMA_SMEM bytes.
+struct Smem {
+    u32 q, k, v, bars;
+    FA_DEVICE u32 k_stage(int s) const { return k + (u32)s * KV_BYTES; }
+    FA_DEVICE u32 v_stage(int s) const { return v + (u32)s * KV_BYTES; }
+    FA_DEVICE u32 bar_q() const { return bars; }
+    FA_DEVICE u32 k_full(int s) const { return bars + 8 * (1 + s); }
+    FA_DEVICE u32 v_full(int s) const { return bars + 8 * (1 + STAGES + s); }
+    FA_DEVICE u32 k_empty(int s) const { return bars + 8 * (1 + 2 * STAGES + s); }
+    FA_DEVICE u32 v_empty(int s) const { return bars + 8 * (1 + 3 * STAGES + s); }
+};
+
+struct WgmmaParams {
+    TmaMap tq;  // q: dims (head_dim, seqlen_q, heads_q, batch), box (64, BR, 1, 1)
+    TmaMap tk;  // k: dims (head_dim, seqlen_k, heads_kv, batch), box (64, BC, 1, 1)
+    TmaMap tv;  // v: as k
+    TmaMap to;  // o: dims (head_dim, seqlen_q, heads_q, batch), box (64, 64, 1, 1)
+    Params p;
+};
+
+// Descriptors of this kernel's operands (hopper.cuh; the layouts the wgmma probe proves).
+// Q (A, K-major): the consumer's 64 rows, k-step kk = 16 channels.
+FA_DEVICE u64 q_desc(u32 sq_rows, int kk) { return desc_kmajor_sw128(sq_rows, kk, SUB_Q); }
+// K (B, K-major): BC key rows of a stage.
+FA_DEVICE u64 k_desc(u32 sk, int kk) { return desc_kmajor_sw128(sk, kk, SUB_KV); }
+// V (B, MN-major): keys 16kk..16kk+15 of a stage, all DP channels.
+FA_DEVICE u64 v_desc(u32 sv, int kk) { return desc_mnmajor_sw128(sv, kk, SUB_KV); }
+
+extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_constant__ WgmmaParams w) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    Smem sm;
+    sm.q = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    sm.k = sm.q + Q_BYTES;
+    sm.v = sm.k + STAGES * KV_BYTES;
+    sm.bars = sm.v + STAGES * KV_BYTES;
+
+    const Params &p = w.p;
+    const int tid = threadIdx.x, wg = tid / 128;
+    const BlockCoords bc = block_coords(p);
+    const int row0 = bc.m_block * BR;
+    // Causal, bottom-right: row i sees keys j < i + 1 + (seqlen_k - seqlen_q).
+    const i64 diag = (i64)p.seqlen_k - p.seqlen_q;
+    // Key tiles the block's last row sees; both consumers run all of them (pingpong needs
+    // the same count of turns on both sides).
+    const int n_blocks = (visible_keys((i64)row0 + BR - 1, diag, p.seqlen_k) + BC - 1) / BC;
+
+    if (tid == 0) {
+        mbar_init(sm.bar_q(), 1);
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(sm.k_full(s), 1);
+            mbar_init(sm.v_full(s), 1);
+            mbar_init(sm.k_empty(s), NCONS * 4); // one arrival per consumer warp
+            mbar_init(sm.v_empty(s), NCONS * 4);
+        }
+        fence_mbar_init();
+    }
+    __syncthreads();
+
+    // ================================ producer =================================================
+    if (wg == 0) {
+        setmaxnreg_dec<PRODUCER_REGS>();
+        if (tid == 0) {
+            tma_prefetch(w.tq);
+            tma_prefetch(w.tk);
+            tma_prefetch(w.tv);
+            mbar_arrive_expect_tx(sm.bar_q(), Q_BYTES);
+#pragma unroll
+            for (int j = 0; j < NSUB; ++j) tma_load_4d(sm.q + j * SUB_Q, w.tq, sm.bar_q(), 64 * j, row0, bc.h, bc.b);
+            for (int n = 0; n < n_blocks; ++n) {
+                const int s = n % STAGES;
+                // Use u = n / STAGES of stage s waits for the consumers' release of use u-1.
+                const u32 parity = ((u32)(n / STAGES) + 1) & 1;
+                if (n >= STAGES) mbar_wait(sm.k_empty(s), parity);
+                mbar_arrive_expect_tx(sm.k_full(s), KV_BYTES);
+#pragma unroll
+                for (int j = 0; j < NSUB; ++j)
+                    tma_load_4d(sm.k_stage(s) + j * SUB_KV, w.tk, sm.k_full(s), 64 * j, n * BC, bc.hk, bc.b);
+                if (n >= STAGES) mbar_wait(sm.v_empty(s), parity);
+                mbar_arrive_expect_tx(sm.v_full(s), KV_BYTES);
+#pragma unroll
+                for (int j = 0; j < NSUB; ++j)
+                    tma_load_4d(sm.v_stage(s) + j * SUB_KV, w.tv, sm.v_full(s), 64 * j, n * BC, bc.hk, bc.b);
+            }
+        }
+        return;
+    }
+
+    // ================================ consumers ================================================
+    setmaxnreg_inc<CONSUMER_REGS>();
+    const int cons = wg - 1;                 // 0 or 1: rows 64*cons .. 64*cons+63 of the block
+    const int ctid = tid - 128 * wg;         // thread in the warpgroup
+    const int warp = ctid / 32, lane = ctid % 32;
+    const int g = lane / 4, t = lane % 4;
+    const u32 sq_rows = sm.q + (u32)cons * 64 * 128; // this consumer's rows in every Q sub-tile
+    // The first row of this lane's accumulator rows (g and g + 8 follow).
+    const int wrow = row0 + cons * 64 + warp * 16 + g;
+    // Keys visible to the block's first row: tiles wholly below it need no mask.
+    const int lim_block = IS_CAUSAL ? row_limit(row0, diag, p.seqlen_k) : p.seqlen_k;
+
+#if PINGPONG
+    // Consumer 0 takes the first turn. Consumer 1 skips its last hand-back (below), so both
+    // barriers see as many arrivals as waits and nothing is left pending at exit.
+    if (cons == 0 && n_blocks > 0) named_arrive(BAR_SCHED + 0, 256);
+#endif
+    auto turn_wait = [&]() {
+#if PINGPONG
+        named_sync(BAR_SCHED + cons, 256);
+#endif
+    };
+    auto turn_pass = [&](int n) {
+#if PINGPONG
+        if (!(cons == 1 && n == n_blocks - 1)) named_arrive(BAR_SCHED + (1 - cons), 256);
+#endif
+    };
+    // One arrival per warp on an empty barrier, after the warp's wgmma reads are complete.
+    auto release = [&](u32 bar) {
+        if (lane == 0) mbar_arrive(bar);
+    };
+
+    float o[NO];
+#pragma unroll
+    for (int i = 0; i < NO; ++i) o[i] = 0.f;
+    float s[NS];
+    u32 pf[NS / 2];
+    float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f}, alpha[2] = {1.f, 1.f};
+    bool moved = false;
+
+    auto gemm_s = [&](int stage) {
+        const u32 sk = sm.k_stage(stage);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk) wgmma_ss<BC, 0>(s, q_desc(sq_rows, kk), k_desc(sk, kk), kk > 0);
+        wgmma_commit();
+    };
+    auto gemm_pv = [&](int stage) {
+        const u32 sv = sm.v_stage(stage);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < PSTEPS; ++kk)
+            wgmma_rs<DP, 1>(o, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3], v_desc(sv, kk), 1);
+        wgmma_commit();
+    };
+    auto rescale_o = [&]() {
+        if (vote_any(moved)) {
+#pragma unroll
+            for (int i = 0; i < NO; ++i) o[i] *= alpha[(i / 2) % 2];
+        }
+    };
+    // Mask and online softmax of tile n in s[]; leaves p = 2^(s*scale - m) in s[] and the
+    // rescale factor of O in alpha[].
+    auto softmax = [&](int n) {
+        const int n0 = n * BC;
+        if (n0 + BC > lim_block) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                int lim = p.seqlen_k;
+                if (IS_CAUSAL) lim = (int)min((i64)lim, (i64)wrow + 8 * h + 1 + diag);
+                lim -= n0 + 2 * t; // keys this row sees, counted from the lane's first column
+#pragma unroll
+                for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e)
+                        if (nt * 8 + e >= lim) s[4 * nt + 2 * h + e] = neg_inf();
+            }
+        }
+        moved = false;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mx = neg_inf();
+#pragma unroll
+            for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * h], s[4 * nt + 2 * h + 1]));
+            mx = fmaxf(mx, shfl_xor(mx, 1));
+            mx = fmaxf(mx, shfl_xor(mx, 2));
+            const float m_old = row_max[h];
+            const float m_cand = fmul_rn(mx, p.scale_log2);
+            const float m_new = m_cand > m_old + (float)RESCALE_SLACK ? m_cand : m_old;
+            // A row that has seen only masked keys keeps max -inf: subtract 0 instead.
+            const float m_use = m_new == neg_inf() ? 0.f : m_new;
+            alpha[h] = ex2(m_old - m_use);
+            moved |= m_new != m_old;
+            row_max[h] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int i = 4 * nt + 2 * h + e;
+                    s[i] = ex2(fmul_rn(s[i], p.scale_log2) - m_use);
+                    sum += s[i];
+                }
+            row_sum[h] = row_sum[h] * alpha[h] + sum; // per-lane partial; the quad sums it at the end
+        }
+    };
+    auto pack_p = [&]() {
+#pragma unroll
+        for (int r = 0; r < NS / 2; ++r) pf[r] = pack2(s[2 * r], s[2 * r + 1]);
+    };
+
+    mbar_wait(sm.bar_q(), 0);
+    if (n_blocks > 0) {
+        // ---- prologue: S_0 and its softmax
+        mbar_wait(sm.k_full(0), 0);
+        turn_wait();
+        gemm_s(0);
+        turn_pass(0);
+        wgmma_wait<0>();
+        fence_regs(s);
+        release(sm.k_empty(0));
+        softmax(0);
+        pack_p();
+        // ---- main loop: S_n with P_{n-1} V_{n-1} in flight
+        for (int n = 1; n < n_blocks; ++n) {
+            const int st = n % STAGES, prev = (n - 1) % STAGES;
+            mbar_wait(sm.k_full(st), (u32)(n / STAGES) & 1);
+            turn_wait();
+            gemm_s(st);
+            rescale_o(); // by the factor of tile n-1, while S_n runs
+            mbar_wait(sm.v_full(prev), (u32)((n - 1) / STAGES) & 1);
+            gemm_pv(prev);
+            turn_pass(n);
+            wgmma_wait<1>(); // S_n done
+            fence_regs(s);
+            release(sm.k_empty(st));
+            softmax(n);
+            wgmma_wait<0>(); // P_{n-1} V_{n-1} done
+            fence_regs(o);
+            release(sm.v_empty(prev));
+            pack_p();
+        }
+        // ---- tail: the last P V
+        const int last = (n_blocks - 1) % STAGES;
+        rescale_o();
+        mbar_wait(sm.v_full(last), (u32)((n_blocks - 1) / STAGES) & 1);
+        gemm_pv(last);
+        wgmma_wait<0>();
+        fence_regs(o);
+        release(sm.v_empty(last));
+    }
+
+    // ---- epilogue: O / row_sum into this consumer's Q rows (swizzled as TMA expects), TMA store
+    float inv[2];
+    float *lse = p.lse + ((i64)bc.b * p.heads_q + bc.h) * p.seqlen_q;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float l = row_sum[h];
+        l += shfl_xor(l, 1);
+        l += shfl_xor(l, 2);
+        // A row that saw no key: o = 0 and lse = -inf (never NaN).
+        inv[h] = l > 0.f ? 1.f / l : 0.f;
+        const int row = wrow + 8 * h;
+        if (t == 0 && row < p.seqlen_q) lse[row] = l > 0.f ? (row_max[h] + lg2(l)) * LN2 : neg_inf();
+    }
+#pragma unroll
+    for (int i = 0; i < NO; i += 2) {
+        const int h = (i / 2) % 2;
+        const int r = warp * 16 + g + 8 * h;      // row within this consumer's 64
+        const int c = 8 * (i / 4) + 2 * t;        // channel
+        const int chunk = (c % 64) / 8;
+        const u32 addr = sq_rows + (u32)(c / 64) * SUB_Q + (u32)r * 128 + (u32)((chunk ^ (r % 8)) * 16) + (u32)(c % 8) * 2;
+        st_shared_u32(addr, pack2(o[i] * inv[h], o[i + 1] * inv[h]));
+    }
+    fence_proxy_async();
+    named_sync(BAR_EPI + cons, 128);
+    if (ctid == 0) {
+#pragma unroll
+        for (int j = 0; j < NSUB; ++j) tma_store_4d(w.to, sq_rows + j * SUB_Q, 64 * j, row0 + cons * 64, bc.h, bc.b);
+        bulk_commit();
+        bulk_wait_read0();
+    }
+}

@@ -1,0 +1,271 @@
+//! What every kernel launcher shares: the kernel rungs, the raw launch description, the
+//! parameter block of the flash kernels, what a launch reports, and the one-block-per-tile
+//! launch of attn_simt and attn_mma. The rung modules (naive, simt, mma, wgmma) import from
+//! here and nothing else of each other; `attention` dispatches to them.
+
+use super::device::{Gpu, cuda_err};
+use super::sources::KernelSource;
+use crate::dtype::{DType, Element};
+use crate::error::{AttnError, Result};
+use crate::shape::AttnProblem;
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits, sys};
+use serde::Serialize;
+use std::fmt;
+
+/// Element types the GPU kernels take: f16 and bf16.
+pub trait GpuElement: Element + DeviceRepr + ValidAsZeroBits {}
+impl GpuElement for half::f16 {}
+impl GpuElement for half::bf16 {}
+
+/// The rungs of the kernel ladder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum KernelKind {
+    /// S in global memory, softmax, P V: three launches, O(seqlen^2) memory.
+    Naive,
+    /// Flash forward on CUDA cores (FFMA), O(seqlen) memory.
+    Simt,
+    /// Flash forward on Tensor Cores (`mma.sync.m16n8k16`).
+    Mma,
+    /// Hopper flash forward (sm_90a): `wgmma` + TMA + warp specialisation. A call it cannot
+    /// serve (another arch, a head_dim or stride it lacks) runs [`KernelKind::Mma`], and the
+    /// [`LaunchInfo`] says so and why.
+    Wgmma,
+}
+
+impl KernelKind {
+    /// Every kernel, slowest first.
+    pub const ALL: [KernelKind; 4] = [
+        KernelKind::Naive,
+        KernelKind::Simt,
+        KernelKind::Mma,
+        KernelKind::Wgmma,
+    ];
+
+    /// Name used on the command line and in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelKind::Naive => "naive",
+            KernelKind::Simt => "simt",
+            KernelKind::Mma => "mma",
+            KernelKind::Wgmma => "wgmma",
+        }
+    }
+
+    /// Parses a name. `auto` is the best rung, [`KernelKind::Wgmma`]: it runs on sm_90 and
+    /// hands every call it cannot serve (other archs included) to `mma`.
+    ///
+    /// # Errors
+    /// [`AttnError::UnknownKernel`].
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "auto" | "wgmma" | "attn_wgmma" => Ok(KernelKind::Wgmma),
+            "mma" | "attn_mma" => Ok(KernelKind::Mma),
+            "simt" | "attn_simt" => Ok(KernelKind::Simt),
+            "naive" | "attn_naive" => Ok(KernelKind::Naive),
+            _ => Err(AttnError::UnknownKernel {
+                name: name.into(),
+                available: "auto (= wgmma, which hands what it cannot serve to mma), wgmma, mma, simt, naive".into(),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for KernelKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Raw device pointers and the problem, as every launcher takes them.
+#[derive(Debug, Clone, Copy)]
+pub struct Launch<'a> {
+    /// The problem (validated).
+    pub problem: &'a AttnProblem,
+    /// Element type of q, k, v, o.
+    pub dtype: DType,
+    /// Device addresses.
+    pub q: u64,
+    /// Device address of k.
+    pub k: u64,
+    /// Device address of v.
+    pub v: u64,
+    /// Device address of o.
+    pub o: u64,
+    /// Device address of lse (f32).
+    pub lse: u64,
+}
+
+/// Kernel parameters of attn_mma.cu's `Params` (same field order and types).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FlashParams {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub q_strides: [i64; 3],
+    pub k_strides: [i64; 3],
+    pub v_strides: [i64; 3],
+    pub o_strides: [i64; 3],
+    pub seqlen_q: i32,
+    pub seqlen_k: i32,
+    pub heads_q: i32,
+    pub group: i32,
+    pub batch: i32,
+    pub num_m_blocks: i32,
+    pub scale_log2: f32,
+    pub pad: i32,
+}
+// SAFETY: plain old data with C layout, mirrored field by field in the kernel.
+unsafe impl DeviceRepr for FlashParams {}
+
+impl FlashParams {
+    pub(crate) fn new(l: &Launch, br: u32) -> Self {
+        let p = l.problem;
+        let s = &p.shape;
+        let st = |x: crate::shape::Strides| [x.batch as i64, x.seq as i64, x.head as i64];
+        FlashParams {
+            q: l.q,
+            k: l.k,
+            v: l.v,
+            o: l.o,
+            lse: l.lse,
+            q_strides: st(p.q_strides),
+            k_strides: st(p.k_strides),
+            v_strides: st(p.v_strides),
+            o_strides: st(p.o_strides),
+            seqlen_q: s.seqlen_q as i32,
+            seqlen_k: s.seqlen_k as i32,
+            heads_q: s.heads_q as i32,
+            group: s.group_size() as i32,
+            batch: s.batch as i32,
+            num_m_blocks: s.seqlen_q.div_ceil(br as usize) as i32,
+            scale_log2: p.softmax_scale * std::f32::consts::LOG2_E,
+            pad: 0,
+        }
+    }
+}
+
+/// What a launch did: the kernel that ran (and why that one), its tile, and the compiler's
+/// statistics.
+#[derive(Debug, Clone, Serialize)]
+pub struct LaunchInfo {
+    /// Kernel rung that ran (`mma` when `wgmma` was asked for a call it cannot serve).
+    pub kernel: KernelKind,
+    /// Why this kernel ran: the request, or why the asked-for kernel handed the call on.
+    pub why: String,
+    /// Tile (mma only).
+    pub tile: Option<crate::cuda::MmaTile>,
+    /// Tile description of other kernels (wgmma), e.g. `Br128xBc128, 2 stages, pingpong`.
+    pub config: Option<String>,
+    /// Registers per thread of the main kernel at launch (wgmma: before `setmaxnreg`).
+    pub registers: u32,
+    /// Spill stores in bytes.
+    pub spill_bytes: u32,
+    /// Dynamic shared memory per block.
+    pub smem_bytes: usize,
+}
+
+/// Names the kernel and shape in a driver error.
+pub(crate) fn launch_context(kernel: &str, p: &AttnProblem) -> String {
+    format!("{kernel} launch ({}, mask {})", p.shape, p.mask.name())
+}
+
+/// Raises a function's dynamic shared-memory limit when it needs more than the default 48 KB,
+/// and asks for the largest shared-memory carveout (so that as many blocks fit per SM as the
+/// registers allow).
+///
+/// # Errors
+/// [`AttnError::Cuda`] when the driver refuses either attribute.
+pub(crate) fn set_dynamic_smem(
+    f: &cudarc::driver::CudaFunction,
+    bytes: usize,
+    what: &str,
+) -> Result<()> {
+    if bytes > 48 * 1024 {
+        f.set_attribute(
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+        .map_err(cuda_err(format!(
+            "{what}: raising dynamic shared memory to {bytes} bytes"
+        )))?;
+    }
+    // Prefer the largest shared-memory carveout (a hint, in percent): the kernels stage K/V
+    // with cp.async.cg, which bypasses L1, so L1 capacity buys nothing and the shared memory
+    // decides how many blocks fit per SM.
+    f.set_attribute(
+        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+        100,
+    )
+    .map_err(cuda_err(format!(
+        "{what}: setting the shared-memory carveout"
+    )))?;
+    Ok(())
+}
+
+/// A flash kernel (attn_simt, attn_mma) specialised for one launch.
+pub(crate) struct FlashKernel {
+    /// Its rung.
+    pub kernel: KernelKind,
+    /// Its source file.
+    pub source: KernelSource,
+    /// Its entry point.
+    pub function: &'static str,
+    /// NVRTC defines.
+    pub defines: Vec<(String, String)>,
+    /// Query rows per block.
+    pub br: u32,
+    /// Warps per block.
+    pub nwarps: u32,
+    /// Dynamic shared memory per block.
+    pub smem: usize,
+    /// The mma tile, for the report.
+    pub tile: Option<crate::cuda::MmaTile>,
+}
+
+/// Launches a flash kernel: one block per (query block, head, batch), [`FlashParams`] by value.
+pub(crate) fn launch_flash(gpu: &Gpu, l: &Launch, f: FlashKernel) -> Result<LaunchInfo> {
+    let p = l.problem;
+    let s = &p.shape;
+    let allowed = gpu.info().smem_per_block_optin as usize;
+    if f.smem > allowed {
+        return Err(AttnError::TooLarge {
+            kernel: f.function,
+            reason: format!(
+                "head_dim {} needs {} bytes of shared memory per block, the device allows {allowed}: pick a smaller tile",
+                s.head_dim, f.smem
+            ),
+        });
+    }
+    let k = gpu.kernel(f.source, f.function, &f.defines)?;
+    let ctx = launch_context(f.function, p);
+    set_dynamic_smem(&k.function, f.smem, &ctx)?;
+    let params = FlashParams::new(l, f.br);
+    // check_gpu_problem bounds ceil(seqlen_q / 16) * batch * heads_q by 2^31 - 1, and Br >= 16.
+    let blocks = params.num_m_blocks as u64 * s.batch as u64 * s.heads_q as u64;
+    let blocks = u32::try_from(blocks).map_err(|_| AttnError::TooLarge {
+        kernel: f.function,
+        reason: format!("{blocks} thread blocks: split the batch"),
+    })?;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (32 * f.nwarps, 1, 1),
+        shared_mem_bytes: f.smem as u32,
+    };
+    let mut b = gpu.stream().launch_builder(&k.function);
+    b.arg(&params);
+    // SAFETY: the parameters mirror the kernel's struct; forward_device checked every buffer
+    // against the shape and strides, and the kernel reads/writes only inside those bounds.
+    unsafe { b.launch(cfg) }.map_err(cuda_err(ctx))?;
+    Ok(LaunchInfo {
+        kernel: f.kernel,
+        why: "asked for".into(),
+        tile: f.tile,
+        config: None,
+        registers: k.stats.registers,
+        spill_bytes: k.stats.spill_stores,
+        smem_bytes: f.smem,
+    })
+}

@@ -1,0 +1,429 @@
+//! Launcher of attn_wgmma.cu: the Hopper flash forward (wgmma + TMA + warp specialisation).
+//!
+//! It serves compute capability 9.0 with head_dim 64..=256 (a multiple of 8) and any strides
+//! the copy engine can describe; every other call runs attn_mma, and the returned
+//! [`LaunchInfo`] names the kernel that ran and why. Tile choices and their reasons are in
+//! [`WgmmaTile::default_for`]; docs/perf-notes.md has the measurements behind them.
+
+use super::device::{DeviceInfo, Gpu, cuda_err};
+use super::launch::{
+    FlashParams, KernelKind, Launch, LaunchInfo, launch_context, set_dynamic_smem,
+};
+use super::sources::KernelSource;
+use super::tma::{TiledMap, TmaMap};
+use crate::dtype::DType;
+use crate::error::{AttnError, Result};
+use crate::shape::{AttnProblem, Strides};
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use serde::Serialize;
+use std::fmt;
+
+/// Query rows per block: two consumer warpgroups of 64 rows.
+pub const BR: u32 = 128;
+/// Threads per block: one producer and two consumer warpgroups.
+pub const THREADS: u32 = 384;
+/// Registers per thread the consumers take with `setmaxnreg.inc` (and the producer keeps):
+/// 2 * 240 + 24 = 504 of the 512 a block of 384 threads may hold per thread-slot row
+/// (64K registers / 128).
+pub const CONSUMER_REGS: u32 = 240;
+/// Registers the producer warpgroup keeps (`setmaxnreg.dec`).
+pub const PRODUCER_REGS: u32 = 24;
+/// Environment variable that overrides the tile of every wgmma launch (`bc,stages[,nopp]`):
+/// a knob for experiments, read at each launch.
+pub const TILE_ENV: &str = "FLASHATTN_WGMMA_TILE";
+
+/// The specialisation of attn_wgmma: padded head_dim, keys per K/V tile, pipeline depth,
+/// pingpong scheduling and block order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct WgmmaTile {
+    /// head_dim rounded up to 64, 96, 128, 192 or 256 (TMA zero-fills the channels past the
+    /// real head_dim; they are never stored).
+    pub head_dim: u32,
+    /// Keys per K/V tile (`Bc`, a multiple of 16).
+    pub bc: u32,
+    /// K/V shared-memory stages.
+    pub stages: u32,
+    /// Consumers take turns to issue their wgmmas (FA3's pingpong).
+    pub pingpong: bool,
+    /// Non-causal: blocks ordered head by head (resident blocks share K/V in L2).
+    pub head_major: bool,
+}
+
+impl WgmmaTile {
+    /// The padded head_dim the kernel is compiled for, or `None` outside 64..=256.
+    pub fn padded_head_dim(head_dim: usize) -> Option<u32> {
+        match head_dim {
+            64 => Some(64),
+            65..=96 => Some(96),
+            97..=128 => Some(128),
+            129..=192 => Some(192),
+            193..=256 => Some(256),
+            _ => None,
+        }
+    }
+
+    /// The default for a head_dim (`None` when the kernel does not serve it):
+    /// - Bc 128 up to 128 channels: S (64 f32 per thread) + O (<= 64) + P (32) fit the 240
+    ///   registers of a consumer without spills; two stages of K and V (64 KB each at d128)
+    ///   with Q fill 160 KB, one block per SM;
+    /// - Bc 96 at 192 channels (O takes 96 registers) and Bc 64 at 256 (O takes 128; 192 KB).
+    pub fn default_for(head_dim: usize) -> Option<Self> {
+        let dp = Self::padded_head_dim(head_dim)?;
+        let bc = match dp {
+            ..=128 => 128,
+            192 => 96,
+            _ => 64,
+        };
+        Some(WgmmaTile {
+            head_dim: dp,
+            bc,
+            stages: 2,
+            pingpong: true,
+            head_major: true,
+        })
+    }
+
+    /// Applies a `bc,stages[,nopp][,nohm]` override (see [`TILE_ENV`]).
+    ///
+    /// # Errors
+    /// [`AttnError::InvalidInput`] naming the expected form.
+    pub fn with_spec(self, spec: &str) -> Result<Self> {
+        let bad = || AttnError::InvalidInput {
+            what: format!(
+                "wgmma tile '{spec}': expected bc,stages[,nopp][,nohm] with bc a multiple of 16 in 16..=256 and stages in 2..=8"
+            ),
+        };
+        let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
+        if parts.len() < 2 {
+            return Err(bad());
+        }
+        let num = |x: &str| x.parse::<u32>().map_err(|_| bad());
+        let t = WgmmaTile {
+            bc: num(parts[0])?,
+            stages: num(parts[1])?,
+            pingpong: !parts[2..].contains(&"nopp"),
+            head_major: !parts[2..].contains(&"nohm"),
+            ..self
+        };
+        if parts[2..].iter().any(|f| *f != "nopp" && *f != "nohm")
+            || t.bc == 0
+            || !t.bc.is_multiple_of(16)
+            || t.bc > 256
+            || !(2..=8).contains(&t.stages)
+        {
+            return Err(bad());
+        }
+        Ok(t)
+    }
+
+    /// 64-channel sub-tiles (TMA boxes of 128-byte rows) per row.
+    fn subtiles(&self) -> usize {
+        self.head_dim.div_ceil(64) as usize
+    }
+
+    /// Dynamic shared memory: Q (Br rows), `stages` K and V tiles, 1 KB of alignment slack
+    /// (the swizzle atoms are 1024-byte aligned), and the mbarriers.
+    pub fn smem_bytes(&self) -> usize {
+        let row = self.subtiles() * 128;
+        BR as usize * row
+            + 2 * self.stages as usize * self.bc as usize * row
+            + 1024
+            + 8 * (1 + 4 * self.stages as usize)
+    }
+
+    /// NVRTC defines for this tile.
+    pub fn defines(&self, dtype: DType, causal: bool) -> Vec<(String, String)> {
+        let b = |x: bool| u8::from(x).to_string();
+        vec![
+            ("HEAD_DIM".into(), self.head_dim.to_string()),
+            ("BC".into(), self.bc.to_string()),
+            ("STAGES".into(), self.stages.to_string()),
+            ("PINGPONG".into(), b(self.pingpong)),
+            ("HEAD_MAJOR".into(), b(self.head_major)),
+            ("IS_BF16".into(), b(dtype == DType::BF16)),
+            ("IS_CAUSAL".into(), b(causal)),
+            ("CONSUMER_REGS".into(), CONSUMER_REGS.to_string()),
+            ("PRODUCER_REGS".into(), PRODUCER_REGS.to_string()),
+        ]
+    }
+}
+
+impl fmt::Display for WgmmaTile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Br{BR}xBc{} d{} ({} stages{}{})",
+            self.bc,
+            self.head_dim,
+            self.stages,
+            if self.pingpong { ", pingpong" } else { "" },
+            if self.head_major {
+                ", head-major grid"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+/// The tile a launch on this problem uses: the default, or the [`TILE_ENV`] override.
+///
+/// # Errors
+/// A malformed override.
+pub fn tile_for(p: &AttnProblem) -> Result<Option<WgmmaTile>> {
+    let Some(t) = WgmmaTile::default_for(p.shape.head_dim) else {
+        return Ok(None);
+    };
+    match std::env::var(TILE_ENV) {
+        Ok(spec) if !spec.trim().is_empty() => t.with_spec(&spec).map(Some),
+        _ => Ok(Some(t)),
+    }
+}
+
+/// Why attn_wgmma cannot serve this problem on this device (`None` when it can), before any
+/// pointer is known. Strides and addresses are checked again when the tensor maps are built.
+pub fn unsupported(info: &DeviceInfo, p: &AttnProblem) -> Option<String> {
+    if info.compute_capability != (9, 0) {
+        return Some(format!(
+            "it needs sm_90 (Hopper: wgmma, TMA); this GPU is {}",
+            info.arch
+        ));
+    }
+    let d = p.shape.head_dim;
+    let Some(tile) = WgmmaTile::default_for(d) else {
+        return Some(format!(
+            "head_dim {d} is outside 64..=256 (its TMA rows hold 64 channels; below 64 mma is the better fit)"
+        ));
+    };
+    if tile.smem_bytes() > info.smem_per_block_optin as usize {
+        return Some(format!(
+            "it needs {} bytes of shared memory per block, the device allows {}",
+            tile.smem_bytes(),
+            info.smem_per_block_optin
+        ));
+    }
+    None
+}
+
+/// attn_wgmma's kernel parameters: four tensor maps, then the shared [`FlashParams`]
+/// (kernels/attn_wgmma.cu `WgmmaParams`, same order and alignment).
+#[repr(C, align(64))]
+#[derive(Debug, Clone, Copy)]
+struct WgmmaParams {
+    tq: TmaMap,
+    tk: TmaMap,
+    tv: TmaMap,
+    to: TmaMap,
+    p: FlashParams,
+}
+// SAFETY: plain old data with C layout, mirrored by the kernel's struct.
+unsafe impl DeviceRepr for WgmmaParams {}
+
+/// The 4-D map (head_dim, seqlen, heads, batch) of one bshd tensor with a box of
+/// (64 channels, `rows`, 1, 1).
+fn bshd_map(
+    dtype: DType,
+    addr: u64,
+    head_dim: usize,
+    seqlen: usize,
+    heads: usize,
+    batch: usize,
+    st: Strides,
+    rows: u32,
+) -> TiledMap {
+    TiledMap {
+        dtype,
+        addr,
+        dims: vec![head_dim as u64, seqlen as u64, heads as u64, batch as u64],
+        strides: vec![st.seq as u64 * 2, st.head as u64 * 2, st.batch as u64 * 2],
+        boxes: vec![64, rows, 1, 1],
+    }
+}
+
+/// The four tensor maps of a launch, or why the copy engine cannot describe one of them.
+fn maps(l: &Launch, tile: &WgmmaTile) -> std::result::Result<[TmaMap; 4], String> {
+    let p = l.problem;
+    let s = &p.shape;
+    let d = s.head_dim;
+    let q = bshd_map(
+        l.dtype,
+        l.q,
+        d,
+        s.seqlen_q,
+        s.heads_q,
+        s.batch,
+        p.q_strides,
+        BR,
+    );
+    let k = bshd_map(
+        l.dtype,
+        l.k,
+        d,
+        s.seqlen_k,
+        s.heads_kv,
+        s.batch,
+        p.k_strides,
+        tile.bc,
+    );
+    let v = bshd_map(
+        l.dtype,
+        l.v,
+        d,
+        s.seqlen_k,
+        s.heads_kv,
+        s.batch,
+        p.v_strides,
+        tile.bc,
+    );
+    let o = bshd_map(
+        l.dtype,
+        l.o,
+        d,
+        s.seqlen_q,
+        s.heads_q,
+        s.batch,
+        p.o_strides,
+        BR / 2,
+    );
+    let enc = |name: &str, m: &TiledMap| m.encode().map_err(|e| format!("{name}: {e}"));
+    Ok([enc("q", &q)?, enc("k", &k)?, enc("v", &v)?, enc("o", &o)?])
+}
+
+/// Launches attn_wgmma, or attn_mma (with the reason in [`LaunchInfo::why`]) for a call it
+/// cannot serve.
+///
+/// # Errors
+/// A malformed [`TILE_ENV`] override; [`AttnError::Compile`]/[`AttnError::Cuda`] with the
+/// kernel name and shape; the errors of [`super::mma::launch`] when it hands the call on.
+pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
+    let hand_on = |why: String| -> Result<LaunchInfo> {
+        let mut info = super::mma::launch(gpu, l, None)?;
+        info.why = format!("wgmma cannot serve this call: {why}");
+        Ok(info)
+    };
+    if let Some(why) = unsupported(gpu.info(), l.problem) {
+        return hand_on(why);
+    }
+    let Some(tile) = tile_for(l.problem)? else {
+        return hand_on("no tile for this head_dim".into());
+    };
+    let [tq, tk, tv, to] = match maps(l, &tile) {
+        Ok(m) => m,
+        Err(why) => return hand_on(format!("the copy engine cannot describe {why}")),
+    };
+    let p = l.problem;
+    let causal = p.mask.is_causal();
+    let k = gpu.kernel(
+        KernelSource::AttnWgmma,
+        "attn_wgmma",
+        &tile.defines(l.dtype, causal),
+    )?;
+    let ctx = launch_context("attn_wgmma", p);
+    let smem = tile.smem_bytes();
+    set_dynamic_smem(&k.function, smem, &ctx)?;
+    let params = WgmmaParams {
+        tq,
+        tk,
+        tv,
+        to,
+        p: FlashParams::new(l, BR),
+    };
+    let s = &p.shape;
+    let blocks = params.p.num_m_blocks as u64 * s.batch as u64 * s.heads_q as u64;
+    let blocks = u32::try_from(blocks).map_err(|_| AttnError::TooLarge {
+        kernel: "attn_wgmma",
+        reason: format!("{blocks} thread blocks: split the batch"),
+    })?;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    let mut b = gpu.stream().launch_builder(&k.function);
+    b.arg(&params);
+    // SAFETY: the parameters mirror the kernel's struct; forward_device checked every buffer
+    // against the shape and strides; the tensor maps describe exactly those buffers, and the
+    // copy engine neither reads nor writes outside them.
+    unsafe { b.launch(cfg) }.map_err(cuda_err(ctx))?;
+    Ok(LaunchInfo {
+        kernel: KernelKind::Wgmma,
+        why: "asked for (sm_90)".into(),
+        tile: None,
+        config: Some(tile.to_string()),
+        registers: k.stats.registers,
+        spill_bytes: k.stats.spill_stores,
+        smem_bytes: smem,
+    })
+}
+
+/// Compiles and loads the module a wgmma launch on this problem will use (or mma's, when
+/// wgmma would hand the call on).
+///
+/// # Errors
+/// As [`launch`], before any launch.
+pub fn prepare(gpu: &Gpu, p: &AttnProblem, dtype: DType) -> Result<bool> {
+    if unsupported(gpu.info(), p).is_some() {
+        return Ok(false);
+    }
+    let Some(tile) = tile_for(p)? else {
+        return Ok(false);
+    };
+    gpu.kernel(
+        KernelSource::AttnWgmma,
+        "attn_wgmma",
+        &tile.defines(dtype, p.mask.is_causal()),
+    )?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_layout_matches_the_kernel() {
+        // 4 maps of 128 bytes, then Params (168 bytes), rounded up to the 64-byte alignment.
+        assert_eq!(std::mem::size_of::<FlashParams>(), 168);
+        assert_eq!(std::mem::size_of::<WgmmaParams>(), 704);
+        assert_eq!(std::mem::align_of::<WgmmaParams>(), 64);
+    }
+
+    #[test]
+    fn head_dims_and_tiles() {
+        for d in [8, 32, 56, 264] {
+            assert_eq!(WgmmaTile::default_for(d), None, "{d}");
+        }
+        let pad: Vec<(usize, u32)> = [64, 72, 96, 104, 128, 136, 192, 200, 256]
+            .iter()
+            .map(|&d| (d, WgmmaTile::padded_head_dim(d).unwrap()))
+            .collect();
+        assert_eq!(
+            pad,
+            [
+                (64, 64),
+                (72, 96),
+                (96, 96),
+                (104, 128),
+                (128, 128),
+                (136, 192),
+                (192, 192),
+                (200, 256),
+                (256, 256)
+            ]
+        );
+        for d in (64..=256).step_by(8) {
+            let t = WgmmaTile::default_for(d).unwrap();
+            assert!(t.smem_bytes() <= 227 * 1024, "d{d}: {}", t.smem_bytes());
+        }
+        let t = WgmmaTile::default_for(128).unwrap();
+        assert_eq!(t.smem_bytes(), 32768 + 4 * 32768 + 1024 + 72);
+        let o = t.with_spec("176,2,nopp").unwrap();
+        assert_eq!(
+            (o.bc, o.stages, o.pingpong, o.head_major),
+            (176, 2, false, true)
+        );
+        for bad in ["176", "100,2", "128,1", "128,2,x", "272,2"] {
+            assert!(t.with_spec(bad).is_err(), "{bad}");
+        }
+    }
+}
