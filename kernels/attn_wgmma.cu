@@ -15,8 +15,9 @@
 //   computes the softmax of S_n while P_{n-1} V_{n-1} runs on the Tensor Cores;
 // - pingpong (PINGPONG=1): the two consumers take turns to issue their wgmmas (named barriers
 //   1 and 2), so one warpgroup's softmax runs under the other's GEMMs.
-// Epilogue: O / row_sum is written as 16-bit pairs into the warpgroup's own rows of the Q tile
-// (same 128-byte swizzle) and stored with TMA; lse as in attn_mma.
+// Epilogue: O / row_sum is written as 16-bit pairs into a staging tile (its own buffer when
+// shared memory allows, else the warpgroup's rows of the Q tile; same 128-byte swizzle) and
+// stored with TMA; lse as in attn_mma.
 //
 // Layouts (proven by kernels/wgmma_probe.cu against src/layout_wgmma.rs):
 // - shared tiles are TMA boxes of 64 channels x rows, 128-byte swizzled: row r of a box is 128
@@ -26,6 +27,9 @@
 //   (g = lane/4, t = lane%4);
 // - the A fragment of keys 16kk..16kk+15 is {pack(s[8kk],s[8kk+1]), pack(s[8kk+2],s[8kk+3]),
 //   pack(s[8kk+4],s[8kk+5]), pack(s[8kk+6],s[8kk+7])}: P register r = pack(s[2r], s[2r+1]).
+//
+// Persistent: each block loops over tiles (the launcher starts one block per SM), so the next
+// tile's Q and first K/V tiles load while this tile finishes.
 //
 // Specialised at NVRTC time by HEAD_DIM (the padded head_dim DP: a multiple of 16 from 64 to
 // 256; channels past the real head_dim are zero-filled by TMA and never stored), BC (keys per
@@ -82,17 +86,30 @@ static_assert(STAGES >= 2 && STAGES <= 8, "STAGES in 2..8");
 constexpr u32 BAR_SCHED = 1; // + consumer index: "consumer c may issue its wgmmas"
 constexpr u32 BAR_EPI = 3;   // + consumer index: the consumer's 128 threads
 
-// Shared memory: Q | K stages | V stages | mbarriers, from a 1024-byte-aligned base (the
-// swizzle atoms must be 1024-byte aligned). The launcher asks for WGMMA_SMEM bytes.
+// O is staged for its TMA store in a buffer of its own when it fits beside Q and the K/V
+// stages (then the next tile's Q loads while this tile's last P V and epilogue run);
+// otherwise in the consumer's own rows of the Q tile (then the next Q waits for the store).
+#ifndef SMEM_LIMIT
+#define SMEM_LIMIT (227 * 1024)
+#endif
+constexpr u32 CORE_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES;
+constexpr bool O_OWN = CORE_BYTES + Q_BYTES + 1024 + 8 * (2 + 4 * STAGES) <= SMEM_LIMIT;
+// Arrivals that free the Q tile: every consumer warp after its last S = Q K^T (O_OWN), or
+// each consumer's storing thread once its TMA store has read O out of the Q tile.
+constexpr u32 Q_EMPTY_COUNT = O_OWN ? NCONS * 4 : NCONS;
+
+// Shared memory: Q | K stages | V stages | [O] | mbarriers, from a 1024-byte-aligned base
+// (the swizzle atoms must be 1024-byte aligned); src/cuda/wgmma.rs sizes it the same way.
 struct Smem {
-    u32 q, k, v, bars;
+    u32 q, k, v, o, bars;
     FA_DEVICE u32 k_stage(int s) const { return k + (u32)s * KV_BYTES; }
     FA_DEVICE u32 v_stage(int s) const { return v + (u32)s * KV_BYTES; }
-    FA_DEVICE u32 bar_q() const { return bars; }
-    FA_DEVICE u32 k_full(int s) const { return bars + 8 * (1 + s); }
-    FA_DEVICE u32 v_full(int s) const { return bars + 8 * (1 + STAGES + s); }
-    FA_DEVICE u32 k_empty(int s) const { return bars + 8 * (1 + 2 * STAGES + s); }
-    FA_DEVICE u32 v_empty(int s) const { return bars + 8 * (1 + 3 * STAGES + s); }
+    FA_DEVICE u32 q_full() const { return bars; }
+    FA_DEVICE u32 q_empty() const { return bars + 8; }
+    FA_DEVICE u32 k_full(int s) const { return bars + 8 * (2 + s); }
+    FA_DEVICE u32 v_full(int s) const { return bars + 8 * (2 + STAGES + s); }
+    FA_DEVICE u32 k_empty(int s) const { return bars + 8 * (2 + 2 * STAGES + s); }
+    FA_DEVICE u32 v_empty(int s) const { return bars + 8 * (2 + 3 * STAGES + s); }
 };
 
 struct WgmmaParams {
@@ -111,26 +128,32 @@ FA_DEVICE u64 k_desc(u32 sk, int kk) { return desc_kmajor_sw128(sk, kk, SUB_KV);
 // V (B, MN-major): keys 16kk..16kk+15 of a stage, all DP channels.
 FA_DEVICE u64 v_desc(u32 sv, int kk) { return desc_mnmajor_sw128(sv, kk, SUB_KV); }
 
+// Key tiles a block of query rows starting at row0 needs: up to the keys its last row sees.
+// Both consumers run all of them (pingpong needs the same count of turns on both sides).
+FA_DEVICE int key_tiles(const Params &p, int row0) {
+    const i64 diag = (i64)p.seqlen_k - p.seqlen_q;
+    return (visible_keys((i64)row0 + BR - 1, diag, p.seqlen_k) + BC - 1) / BC;
+}
+
+// Persistent: block b runs tiles b, b + gridDim.x, ... of the block order of attn_common.cuh
+// (causal: longest first; non-causal head-major: the resident blocks share K/V in L2). The
+// launcher sizes the grid to the SMs (or to the tile count for a one-tile-per-block launch).
 extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_constant__ WgmmaParams w) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     Smem sm;
     sm.q = (smem_u32(smem_raw) + 1023u) & ~1023u;
     sm.k = sm.q + Q_BYTES;
     sm.v = sm.k + STAGES * KV_BYTES;
-    sm.bars = sm.v + STAGES * KV_BYTES;
+    sm.o = O_OWN ? sm.v + STAGES * KV_BYTES : sm.q;
+    sm.bars = sm.q + CORE_BYTES + (O_OWN ? Q_BYTES : 0);
 
     const Params &p = w.p;
     const int tid = threadIdx.x, wg = tid / 128;
-    const BlockCoords bc = block_coords(p);
-    const int row0 = bc.m_block * BR;
-    // Causal, bottom-right: row i sees keys j < i + 1 + (seqlen_k - seqlen_q).
-    const i64 diag = (i64)p.seqlen_k - p.seqlen_q;
-    // Key tiles the block's last row sees; both consumers run all of them (pingpong needs
-    // the same count of turns on both sides).
-    const int n_blocks = (visible_keys((i64)row0 + BR - 1, diag, p.seqlen_k) + BC - 1) / BC;
+    const int tiles = p.num_m_blocks * p.heads_q * p.batch;
 
     if (tid == 0) {
-        mbar_init(sm.bar_q(), 1);
+        mbar_init(sm.q_full(), 1);
+        mbar_init(sm.q_empty(), Q_EMPTY_COUNT);
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(sm.k_full(s), 1);
@@ -149,23 +172,32 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             tma_prefetch(w.tq);
             tma_prefetch(w.tk);
             tma_prefetch(w.tv);
-            mbar_arrive_expect_tx(sm.bar_q(), Q_BYTES);
+            int it = 0; // K/V loads issued so far (all tiles): stage it % STAGES
+            int round = 0;
+            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++round) {
+                const BlockCoords bc = block_coords(p, (unsigned)tile);
+                const int row0 = bc.m_block * BR;
+                // The previous tile's consumers are done with the Q tile.
+                if (round > 0) mbar_wait(sm.q_empty(), (u32)(round - 1) & 1);
+                mbar_arrive_expect_tx(sm.q_full(), Q_BYTES);
 #pragma unroll
-            for (int j = 0; j < NSUB; ++j) tma_load_4d(sm.q + j * SUB_Q, w.tq, sm.bar_q(), 64 * j, row0, bc.h, bc.b);
-            for (int n = 0; n < n_blocks; ++n) {
-                const int s = n % STAGES;
-                // Use u = n / STAGES of stage s waits for the consumers' release of use u-1.
-                const u32 parity = ((u32)(n / STAGES) + 1) & 1;
-                if (n >= STAGES) mbar_wait(sm.k_empty(s), parity);
-                mbar_arrive_expect_tx(sm.k_full(s), KV_BYTES);
+                for (int j = 0; j < NSUB; ++j) tma_load_4d(sm.q + j * SUB_Q, w.tq, sm.q_full(), 64 * j, row0, bc.h, bc.b);
+                const int n_blocks = key_tiles(p, row0);
+                for (int n = 0; n < n_blocks; ++n, ++it) {
+                    const int s = it % STAGES;
+                    // Use u = it / STAGES of stage s waits for the consumers' release of use u-1.
+                    const u32 parity = ((u32)(it / STAGES) + 1) & 1;
+                    if (it >= STAGES) mbar_wait(sm.k_empty(s), parity);
+                    mbar_arrive_expect_tx(sm.k_full(s), KV_BYTES);
 #pragma unroll
-                for (int j = 0; j < NSUB; ++j)
-                    tma_load_4d(sm.k_stage(s) + j * SUB_KV, w.tk, sm.k_full(s), 64 * j, n * BC, bc.hk, bc.b);
-                if (n >= STAGES) mbar_wait(sm.v_empty(s), parity);
-                mbar_arrive_expect_tx(sm.v_full(s), KV_BYTES);
+                    for (int j = 0; j < NSUB; ++j)
+                        tma_load_4d(sm.k_stage(s) + j * SUB_KV, w.tk, sm.k_full(s), 64 * j, n * BC, bc.hk, bc.b);
+                    if (it >= STAGES) mbar_wait(sm.v_empty(s), parity);
+                    mbar_arrive_expect_tx(sm.v_full(s), KV_BYTES);
 #pragma unroll
-                for (int j = 0; j < NSUB; ++j)
-                    tma_load_4d(sm.v_stage(s) + j * SUB_KV, w.tv, sm.v_full(s), 64 * j, n * BC, bc.hk, bc.b);
+                    for (int j = 0; j < NSUB; ++j)
+                        tma_load_4d(sm.v_stage(s) + j * SUB_KV, w.tv, sm.v_full(s), 64 * j, n * BC, bc.hk, bc.b);
+                }
             }
         }
         return;
@@ -178,179 +210,211 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
     const int warp = ctid / 32, lane = ctid % 32;
     const int g = lane / 4, t = lane % 4;
     const u32 sq_rows = sm.q + (u32)cons * 64 * 128; // this consumer's rows in every Q sub-tile
-    // The first row of this lane's accumulator rows (g and g + 8 follow).
-    const int wrow = row0 + cons * 64 + warp * 16 + g;
-    // Keys visible to the block's first row: tiles wholly below it need no mask.
-    const int lim_block = IS_CAUSAL ? row_limit(row0, diag, p.seqlen_k) : p.seqlen_k;
-
-#if PINGPONG
-    // Consumer 0 takes the first turn. Consumer 1 skips its last hand-back (below), so both
-    // barriers see as many arrivals as waits and nothing is left pending at exit.
-    if (cons == 0 && n_blocks > 0) named_arrive(BAR_SCHED + 0, 256);
-#endif
-    auto turn_wait = [&]() {
-#if PINGPONG
-        named_sync(BAR_SCHED + cons, 256);
-#endif
-    };
-    auto turn_pass = [&](int n) {
-#if PINGPONG
-        if (!(cons == 1 && n == n_blocks - 1)) named_arrive(BAR_SCHED + (1 - cons), 256);
-#endif
-    };
+    const u32 so_rows = sm.o + (u32)cons * 64 * 128; // ... and in the O staging tile
+    // seqlen_k - seqlen_q; with both below 2^30, the row limits below stay inside int.
+    const int diag = p.seqlen_k - p.seqlen_q;
     // One arrival per warp on an empty barrier, after the warp's wgmma reads are complete.
     auto release = [&](u32 bar) {
         if (lane == 0) mbar_arrive(bar);
     };
 
-    float o[NO];
-#pragma unroll
-    for (int i = 0; i < NO; ++i) o[i] = 0.f;
-    float s[NS];
-    u32 pf[NS / 2];
-    float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f}, alpha[2] = {1.f, 1.f};
-    bool moved = false;
+    int it = 0; // K/V tiles consumed so far (all tiles)
+    int round = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++round) {
+        const int row0 = block_coords(p, (unsigned)tile).m_block * BR;
+        const int n_blocks = key_tiles(p, row0);
+        // The first row of this lane's accumulator rows (g and g + 8 follow).
+        const int wrow = row0 + cons * 64 + warp * 16 + g;
+        // Keys visible to the block's first row: tiles wholly below it need no mask.
+        const int lim_block = IS_CAUSAL ? row_limit(row0, diag, p.seqlen_k) : p.seqlen_k;
 
-    auto gemm_s = [&](int stage) {
-        const u32 sk = sm.k_stage(stage);
-        wgmma_fence();
+#if PINGPONG
+        // Consumer 0 takes the first turn of each tile. Consumer 1 skips its last hand-back
+        // (below), so both barriers see as many arrivals as waits per tile.
+        if (cons == 0 && n_blocks > 0) named_arrive(BAR_SCHED + 0, 256);
+#endif
+        auto turn_wait = [&]() {
+#if PINGPONG
+            named_sync(BAR_SCHED + cons, 256);
+#endif
+        };
+        auto turn_pass = [&](int n) {
+#if PINGPONG
+            if (!(cons == 1 && n == n_blocks - 1)) named_arrive(BAR_SCHED + (1 - cons), 256);
+#endif
+        };
+
+        float o[NO];
 #pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) wgmma_ss<BC, 0>(s, q_desc(sq_rows, kk), k_desc(sk, kk), kk > 0);
-        wgmma_commit();
-    };
-    auto gemm_pv = [&](int stage) {
-        const u32 sv = sm.v_stage(stage);
-        wgmma_fence();
+        for (int i = 0; i < NO; ++i) o[i] = 0.f;
+        float s[NS];
+        u32 pf[NS / 2];
+        float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f}, alpha[2] = {1.f, 1.f};
+        bool moved = false;
+
+        auto gemm_s = [&](int stage) {
+            const u32 sk = sm.k_stage(stage);
+            wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < PSTEPS; ++kk)
-            wgmma_rs<DP, 1>(o, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3], v_desc(sv, kk), 1);
-        wgmma_commit();
-    };
-    auto rescale_o = [&]() {
-        if (vote_any(moved)) {
+            for (int kk = 0; kk < KSTEPS; ++kk) wgmma_ss<BC, 0>(s, q_desc(sq_rows, kk), k_desc(sk, kk), kk > 0);
+            wgmma_commit();
+        };
+        auto gemm_pv = [&](int stage) {
+            const u32 sv = sm.v_stage(stage);
+            wgmma_fence();
 #pragma unroll
-            for (int i = 0; i < NO; ++i) o[i] *= alpha[(i / 2) % 2];
-        }
-    };
-    // Mask and online softmax of tile n in s[]; leaves p = 2^(s*scale - m) in s[] and the
-    // rescale factor of O in alpha[].
-    auto softmax = [&](int n) {
-        const int n0 = n * BC;
-        if (n0 + BC > lim_block) {
+            for (int kk = 0; kk < PSTEPS; ++kk)
+                wgmma_rs<DP, 1>(o, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3], v_desc(sv, kk), 1);
+            wgmma_commit();
+        };
+        auto rescale_o = [&]() {
+            if (vote_any(moved)) {
+#pragma unroll
+                for (int i = 0; i < NO; ++i) o[i] *= alpha[(i / 2) % 2];
+            }
+        };
+        // Mask and online softmax of key tile n in s[]; leaves p = 2^(s*scale - m) in s[] and
+        // the rescale factor of O in alpha[].
+        auto softmax = [&](int n) {
+            const int n0 = n * BC;
+            if (n0 + BC > lim_block) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    int lim = p.seqlen_k;
+                    if (IS_CAUSAL) lim = min(lim, wrow + 8 * h + 1 + diag);
+                    lim -= n0 + 2 * t; // keys this row sees, counted from the lane's first column
+#pragma unroll
+                    for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e)
+                            if (nt * 8 + e >= lim) s[4 * nt + 2 * h + e] = neg_inf();
+                }
+            }
+            moved = false;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                int lim = p.seqlen_k;
-                if (IS_CAUSAL) lim = (int)min((i64)lim, (i64)wrow + 8 * h + 1 + diag);
-                lim -= n0 + 2 * t; // keys this row sees, counted from the lane's first column
+                float mx = neg_inf();
+#pragma unroll
+                for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * h], s[4 * nt + 2 * h + 1]));
+                mx = fmaxf(mx, shfl_xor(mx, 1));
+                mx = fmaxf(mx, shfl_xor(mx, 2));
+                const float m_old = row_max[h];
+                const float m_cand = fmul_rn(mx, p.scale_log2);
+                const float m_new = m_cand > m_old + (float)RESCALE_SLACK ? m_cand : m_old;
+                // A row that has seen only masked keys keeps max -inf: subtract 0 instead.
+                const float m_use = m_new == neg_inf() ? 0.f : m_new;
+                alpha[h] = ex2(m_old - m_use);
+                moved |= m_new != m_old;
+                row_max[h] = m_new;
+                float sum = 0.f;
 #pragma unroll
                 for (int nt = 0; nt < BC / 8; ++nt)
 #pragma unroll
-                    for (int e = 0; e < 2; ++e)
-                        if (nt * 8 + e >= lim) s[4 * nt + 2 * h + e] = neg_inf();
+                    for (int e = 0; e < 2; ++e) {
+                        const int i = 4 * nt + 2 * h + e;
+                        s[i] = ex2(fmul_rn(s[i], p.scale_log2) - m_use);
+                        sum += s[i];
+                    }
+                row_sum[h] = row_sum[h] * alpha[h] + sum; // per-lane partial; the quad sums it at the end
+            }
+        };
+        auto pack_p = [&]() {
+#pragma unroll
+            for (int r = 0; r < NS / 2; ++r) pf[r] = pack2(s[2 * r], s[2 * r + 1]);
+        };
+        auto stage_of = [&](int n) { return (it + n) % STAGES; };
+        auto parity_of = [&](int n) { return (u32)((it + n) / STAGES) & 1; };
+
+        mbar_wait(sm.q_full(), (u32)round & 1);
+        if (n_blocks > 0) {
+            // ---- prologue: S_0 and its softmax
+            mbar_wait(sm.k_full(stage_of(0)), parity_of(0));
+            turn_wait();
+            gemm_s(stage_of(0));
+            turn_pass(0);
+            wgmma_wait<0>();
+            fence_regs(s);
+            release(sm.k_empty(stage_of(0)));
+            softmax(0);
+            pack_p();
+            // ---- main loop: S_n with P_{n-1} V_{n-1} in flight
+            for (int n = 1; n < n_blocks; ++n) {
+                mbar_wait(sm.k_full(stage_of(n)), parity_of(n));
+                turn_wait();
+                gemm_s(stage_of(n));
+                rescale_o(); // by the factor of tile n-1, while S_n runs
+                mbar_wait(sm.v_full(stage_of(n - 1)), parity_of(n - 1));
+                gemm_pv(stage_of(n - 1));
+                turn_pass(n);
+                wgmma_wait<1>(); // S_n done
+                fence_regs(s);
+                release(sm.k_empty(stage_of(n)));
+                softmax(n);
+                wgmma_wait<0>(); // P_{n-1} V_{n-1} done
+                fence_regs(o);
+                release(sm.v_empty(stage_of(n - 1)));
+                pack_p();
             }
         }
-        moved = false;
+        // Every S = Q K^T of this tile is complete: with its own O buffer, the Q tile is free.
+        if (O_OWN) release(sm.q_empty());
+        if (n_blocks > 0) {
+            // ---- tail: the last P V
+            rescale_o();
+            mbar_wait(sm.v_full(stage_of(n_blocks - 1)), parity_of(n_blocks - 1));
+            gemm_pv(stage_of(n_blocks - 1));
+            wgmma_wait<0>();
+            fence_regs(o);
+            release(sm.v_empty(stage_of(n_blocks - 1)));
+        }
+        it += n_blocks;
+
+        // ---- epilogue: O / row_sum staged as TMA expects (128-byte swizzle), TMA store.
+        // The tile's coordinates are recomputed here rather than held through the loop.
+        const BlockCoords bc = block_coords(p, (unsigned)tile);
+        float inv[2];
+        float *lse = p.lse + ((i64)bc.b * p.heads_q + bc.h) * p.seqlen_q;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            float mx = neg_inf();
-#pragma unroll
-            for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * h], s[4 * nt + 2 * h + 1]));
-            mx = fmaxf(mx, shfl_xor(mx, 1));
-            mx = fmaxf(mx, shfl_xor(mx, 2));
-            const float m_old = row_max[h];
-            const float m_cand = fmul_rn(mx, p.scale_log2);
-            const float m_new = m_cand > m_old + (float)RESCALE_SLACK ? m_cand : m_old;
-            // A row that has seen only masked keys keeps max -inf: subtract 0 instead.
-            const float m_use = m_new == neg_inf() ? 0.f : m_new;
-            alpha[h] = ex2(m_old - m_use);
-            moved |= m_new != m_old;
-            row_max[h] = m_new;
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int i = 4 * nt + 2 * h + e;
-                    s[i] = ex2(fmul_rn(s[i], p.scale_log2) - m_use);
-                    sum += s[i];
-                }
-            row_sum[h] = row_sum[h] * alpha[h] + sum; // per-lane partial; the quad sums it at the end
+            float l = row_sum[h];
+            l += shfl_xor(l, 1);
+            l += shfl_xor(l, 2);
+            // A row that saw no key: o = 0 and lse = -inf (never NaN).
+            inv[h] = l > 0.f ? 1.f / l : 0.f;
+            const int row = wrow + 8 * h;
+            if (t == 0 && row < p.seqlen_q) lse[row] = l > 0.f ? (row_max[h] + lg2(l)) * LN2 : neg_inf();
         }
-    };
-    auto pack_p = [&]() {
-#pragma unroll
-        for (int r = 0; r < NS / 2; ++r) pf[r] = pack2(s[2 * r], s[2 * r + 1]);
-    };
-
-    mbar_wait(sm.bar_q(), 0);
-    if (n_blocks > 0) {
-        // ---- prologue: S_0 and its softmax
-        mbar_wait(sm.k_full(0), 0);
-        turn_wait();
-        gemm_s(0);
-        turn_pass(0);
-        wgmma_wait<0>();
-        fence_regs(s);
-        release(sm.k_empty(0));
-        softmax(0);
-        pack_p();
-        // ---- main loop: S_n with P_{n-1} V_{n-1} in flight
-        for (int n = 1; n < n_blocks; ++n) {
-            const int st = n % STAGES, prev = (n - 1) % STAGES;
-            mbar_wait(sm.k_full(st), (u32)(n / STAGES) & 1);
-            turn_wait();
-            gemm_s(st);
-            rescale_o(); // by the factor of tile n-1, while S_n runs
-            mbar_wait(sm.v_full(prev), (u32)((n - 1) / STAGES) & 1);
-            gemm_pv(prev);
-            turn_pass(n);
-            wgmma_wait<1>(); // S_n done
-            fence_regs(s);
-            release(sm.k_empty(st));
-            softmax(n);
-            wgmma_wait<0>(); // P_{n-1} V_{n-1} done
-            fence_regs(o);
-            release(sm.v_empty(prev));
-            pack_p();
+        if (O_OWN) {
+            // The previous tile's store must have read the staging tile before it is rewritten.
+            if (ctid == 0) bulk_wait_read0();
+            named_sync(BAR_EPI + cons, 128);
         }
-        // ---- tail: the last P V
-        const int last = (n_blocks - 1) % STAGES;
-        rescale_o();
-        mbar_wait(sm.v_full(last), (u32)((n_blocks - 1) / STAGES) & 1);
-        gemm_pv(last);
-        wgmma_wait<0>();
-        fence_regs(o);
-        release(sm.v_empty(last));
-    }
-
-    // ---- epilogue: O / row_sum into this consumer's Q rows (swizzled as TMA expects), TMA store
-    float inv[2];
-    float *lse = p.lse + ((i64)bc.b * p.heads_q + bc.h) * p.seqlen_q;
+        {
+            // Lane coordinates re-read from %tid: the compiler would otherwise hoist the NO/2
+            // staging addresses out of the tile loop and keep them live (spilled at d256).
+            const int etid = (int)fresh_tid_x() % 128, ew = etid / 32, eg = (etid % 32) / 4, et = etid % 4;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        float l = row_sum[h];
-        l += shfl_xor(l, 1);
-        l += shfl_xor(l, 2);
-        // A row that saw no key: o = 0 and lse = -inf (never NaN).
-        inv[h] = l > 0.f ? 1.f / l : 0.f;
-        const int row = wrow + 8 * h;
-        if (t == 0 && row < p.seqlen_q) lse[row] = l > 0.f ? (row_max[h] + lg2(l)) * LN2 : neg_inf();
-    }
+            for (int i = 0; i < NO; i += 2) {
+                const int h = (i / 2) % 2;
+                const int r = ew * 16 + eg + 8 * h; // row within this consumer's 64
+                const int c = 8 * (i / 4) + 2 * et; // channel
+                const int chunk = (c % 64) / 8;
+                const u32 addr = so_rows + (u32)(c / 64) * SUB_Q + (u32)r * 128 + (u32)((chunk ^ (r % 8)) * 16) + (u32)(c % 8) * 2;
+                st_shared_u32(addr, pack2(o[i] * inv[h], o[i + 1] * inv[h]));
+            }
+        }
+        fence_proxy_async();
+        named_sync(BAR_EPI + cons, 128);
+        if (ctid == 0) {
 #pragma unroll
-    for (int i = 0; i < NO; i += 2) {
-        const int h = (i / 2) % 2;
-        const int r = warp * 16 + g + 8 * h;      // row within this consumer's 64
-        const int c = 8 * (i / 4) + 2 * t;        // channel
-        const int chunk = (c % 64) / 8;
-        const u32 addr = sq_rows + (u32)(c / 64) * SUB_Q + (u32)r * 128 + (u32)((chunk ^ (r % 8)) * 16) + (u32)(c % 8) * 2;
-        st_shared_u32(addr, pack2(o[i] * inv[h], o[i + 1] * inv[h]));
+            for (int j = 0; j < NSUB; ++j) tma_store_4d(w.to, so_rows + j * SUB_Q, 64 * j, row0 + cons * 64, bc.h, bc.b);
+            bulk_commit();
+            if (!O_OWN) {
+                // O sits in the Q tile: free it for the next tile's Q once the store has read it.
+                bulk_wait_read0();
+                mbar_arrive(sm.q_empty());
+            }
+        }
     }
-    fence_proxy_async();
-    named_sync(BAR_EPI + cons, 128);
-    if (ctid == 0) {
-#pragma unroll
-        for (int j = 0; j < NSUB; ++j) tma_store_4d(w.to, sq_rows + j * SUB_Q, 64 * j, row0 + cons * 64, bc.h, bc.b);
-        bulk_commit();
-        bulk_wait_read0();
-    }
+    if (ctid == 0) bulk_wait_read0(); // the last store has read shared memory before exit
 }

@@ -28,6 +28,8 @@ pub const THREADS: u32 = 384;
 pub const CONSUMER_REGS: u32 = 240;
 /// Registers the producer warpgroup keeps (`setmaxnreg.dec`).
 pub const PRODUCER_REGS: u32 = 24;
+/// Shared memory per block the kernel may plan for (the sm_90 opt-in limit, 227 KB).
+pub const SMEM_LIMIT: usize = 227 * 1024;
 /// Environment variable that overrides the tile of every wgmma launch (`bc,stages[,nopp]`):
 /// a knob for experiments, read at each launch.
 pub const TILE_ENV: &str = "FLASHATTN_WGMMA_TILE";
@@ -47,6 +49,9 @@ pub struct WgmmaTile {
     pub pingpong: bool,
     /// Non-causal: blocks ordered head by head (resident blocks share K/V in L2).
     pub head_major: bool,
+    /// One block per SM looping over tiles (the next tile's loads overlap this one's end),
+    /// instead of one block per tile.
+    pub persistent: bool,
 }
 
 impl WgmmaTile {
@@ -80,17 +85,19 @@ impl WgmmaTile {
             stages: 2,
             pingpong: true,
             head_major: true,
+            persistent: true,
         })
     }
 
-    /// Applies a `bc,stages[,nopp][,nohm]` override (see [`TILE_ENV`]).
+    /// Applies a `bc,stages[,nopp][,nohm][,np]` override (see [`TILE_ENV`]): no pingpong, no
+    /// head-major order, not persistent.
     ///
     /// # Errors
     /// [`AttnError::InvalidInput`] naming the expected form.
     pub fn with_spec(self, spec: &str) -> Result<Self> {
         let bad = || AttnError::InvalidInput {
             what: format!(
-                "wgmma tile '{spec}': expected bc,stages[,nopp][,nohm] with bc a multiple of 16 in 16..=256 and stages in 2..=8"
+                "wgmma tile '{spec}': expected bc,stages[,nopp][,nohm][,np] with bc a multiple of 16 in 16..=256 and stages in 2..=8"
             ),
         };
         let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
@@ -103,9 +110,10 @@ impl WgmmaTile {
             stages: num(parts[1])?,
             pingpong: !parts[2..].contains(&"nopp"),
             head_major: !parts[2..].contains(&"nohm"),
+            persistent: !parts[2..].contains(&"np"),
             ..self
         };
-        if parts[2..].iter().any(|f| *f != "nopp" && *f != "nohm")
+        if parts[2..].iter().any(|f| !["nopp", "nohm", "np"].contains(f))
             || t.bc == 0
             || !t.bc.is_multiple_of(16)
             || t.bc > 256
@@ -121,14 +129,29 @@ impl WgmmaTile {
         self.head_dim.div_ceil(64) as usize
     }
 
-    /// Dynamic shared memory: Q (Br rows), `stages` K and V tiles, 1 KB of alignment slack
-    /// (the swizzle atoms are 1024-byte aligned), and the mbarriers.
+    /// Q, the K and V stages, the O staging tile when it fits (see [`Self::o_own`]), 1 KB of
+    /// alignment slack (the swizzle atoms are 1024-byte aligned) and the mbarriers: the
+    /// dynamic shared memory attn_wgmma.cu lays out.
     pub fn smem_bytes(&self) -> usize {
-        let row = self.subtiles() * 128;
-        BR as usize * row
-            + 2 * self.stages as usize * self.bc as usize * row
-            + 1024
-            + 8 * (1 + 4 * self.stages as usize)
+        self.core_bytes() + if self.o_own() { self.q_bytes() } else { 0 } + self.slack_bytes()
+    }
+
+    fn q_bytes(&self) -> usize {
+        BR as usize * self.subtiles() * 128
+    }
+
+    fn core_bytes(&self) -> usize {
+        self.q_bytes() + 2 * self.stages as usize * self.bc as usize * self.subtiles() * 128
+    }
+
+    fn slack_bytes(&self) -> usize {
+        1024 + 8 * (2 + 4 * self.stages as usize)
+    }
+
+    /// O is staged in a buffer of its own (so the next tile's Q loads during this tile's end)
+    /// when that fits in [`SMEM_LIMIT`]; else in the Q tile (attn_wgmma.cu `O_OWN`).
+    pub fn o_own(&self) -> bool {
+        self.core_bytes() + self.q_bytes() + self.slack_bytes() <= SMEM_LIMIT
     }
 
     /// NVRTC defines for this tile.
@@ -144,6 +167,7 @@ impl WgmmaTile {
             ("IS_CAUSAL".into(), b(causal)),
             ("CONSUMER_REGS".into(), CONSUMER_REGS.to_string()),
             ("PRODUCER_REGS".into(), PRODUCER_REGS.to_string()),
+            ("SMEM_LIMIT".into(), SMEM_LIMIT.to_string()),
         ]
     }
 }
@@ -329,11 +353,20 @@ pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
         p: FlashParams::new(l, BR),
     };
     let s = &p.shape;
-    let blocks = params.p.num_m_blocks as u64 * s.batch as u64 * s.heads_q as u64;
-    let blocks = u32::try_from(blocks).map_err(|_| AttnError::TooLarge {
-        kernel: "attn_wgmma",
-        reason: format!("{blocks} thread blocks: split the batch"),
-    })?;
+    let tiles = params.p.num_m_blocks as u64 * s.batch as u64 * s.heads_q as u64;
+    // The kernel indexes tiles with an int (check_gpu_problem bounds the count by 2^31 - 1).
+    let tiles = u32::try_from(tiles)
+        .ok()
+        .filter(|&t| t <= i32::MAX as u32)
+        .ok_or_else(|| AttnError::TooLarge {
+            kernel: "attn_wgmma",
+            reason: format!("{tiles} tiles of {BR} query rows: split the batch"),
+        })?;
+    let blocks = if tile.persistent {
+        tiles.min(gpu.info().sm_count.max(1) as u32)
+    } else {
+        tiles
+    };
     let cfg = LaunchConfig {
         grid_dim: (blocks, 1, 1),
         block_dim: (THREADS, 1, 1),
@@ -416,11 +449,17 @@ mod tests {
             assert!(t.smem_bytes() <= 227 * 1024, "d{d}: {}", t.smem_bytes());
         }
         let t = WgmmaTile::default_for(128).unwrap();
-        assert_eq!(t.smem_bytes(), 32768 + 4 * 32768 + 1024 + 72);
-        let o = t.with_spec("176,2,nopp").unwrap();
+        // Q + 2 stages of K and V + its own O tile + slack and 10 mbarriers.
+        assert!(t.o_own());
+        assert_eq!(t.smem_bytes(), 32768 + 4 * 32768 + 32768 + 1024 + 80);
+        // d256: O goes through the Q tile (64 KB more would not fit).
+        let t256 = WgmmaTile::default_for(256).unwrap();
+        assert!(!t256.o_own());
+        assert_eq!(t256.smem_bytes(), 65536 + 4 * 32768 + 1024 + 80);
+        let o = t.with_spec("176,2,nopp,np").unwrap();
         assert_eq!(
-            (o.bc, o.stages, o.pingpong, o.head_major),
-            (176, 2, false, true)
+            (o.bc, o.stages, o.pingpong, o.head_major, o.persistent),
+            (176, 2, false, true, false)
         );
         for bad in ["176", "100,2", "128,1", "128,2,x", "272,2"] {
             assert!(t.with_spec(bad).is_err(), "{bad}");
