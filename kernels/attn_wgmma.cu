@@ -58,10 +58,13 @@
 #define RESCALE_SLACK 8
 #endif
 #ifndef CONSUMER_REGS
-#define CONSUMER_REGS 240
+#define CONSUMER_REGS 232
 #endif
 #ifndef PRODUCER_REGS
-#define PRODUCER_REGS 24
+#define PRODUCER_REGS 40
+#endif
+#ifndef DYNAMIC
+#define DYNAMIC 0
 #endif
 
 // ---- geometry -------------------------------------------------------------------------------
@@ -81,6 +84,10 @@ constexpr int NO = DP / 2;               // O accumulators per thread
 static_assert(DP % 16 == 0 && DP >= 64 && DP <= 256, "HEAD_DIM (padded) must be a multiple of 16 in 64..256");
 static_assert(BC % 16 == 0 && BC >= 16 && BC <= 256, "BC must be a multiple of 16 up to 256");
 static_assert(STAGES >= 2 && STAGES <= 8, "STAGES in 2..8");
+// setmaxnreg moves registers inside the block's pool, the count ptxas gives each of the NT
+// threads at launch (64K / NT, a multiple of 8: 168): an inc the pool cannot cover waits forever.
+static_assert((NCONS * CONSUMER_REGS + PRODUCER_REGS) * 128 <= (65536 / NT / 8 * 8) * NT,
+              "setmaxnreg targets exceed the block's register pool");
 
 // Named barriers (0 is __syncthreads): the pingpong turns, then one per consumer epilogue.
 constexpr u32 BAR_SCHED = 1; // + consumer index: "consumer c may issue its wgmmas"
@@ -93,7 +100,7 @@ constexpr u32 BAR_EPI = 3;   // + consumer index: the consumer's 128 threads
 #define SMEM_LIMIT (227 * 1024)
 #endif
 constexpr u32 CORE_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES;
-constexpr bool O_OWN = CORE_BYTES + Q_BYTES + 1024 + 8 * (2 + 4 * STAGES) <= SMEM_LIMIT;
+constexpr bool O_OWN = CORE_BYTES + Q_BYTES + 1024 + 8 * (3 + 4 * STAGES) <= SMEM_LIMIT;
 // Arrivals that free the Q tile: every consumer warp after its last S = Q K^T (O_OWN), or
 // each consumer's storing thread once its TMA store has read O out of the Q tile.
 constexpr u32 Q_EMPTY_COUNT = O_OWN ? NCONS * 4 : NCONS;
@@ -110,6 +117,9 @@ struct Smem {
     FA_DEVICE u32 v_full(int s) const { return bars + 8 * (2 + STAGES + s); }
     FA_DEVICE u32 k_empty(int s) const { return bars + 8 * (2 + 2 * STAGES + s); }
     FA_DEVICE u32 v_empty(int s) const { return bars + 8 * (2 + 3 * STAGES + s); }
+    // The tile of the current round, written by the producer before it arrives on q_full
+    // (-1: no more tiles); the arrive releases it to the consumers' acquiring wait.
+    FA_DEVICE u32 tile_slot() const { return bars + 8 * (2 + 4 * STAGES); }
 };
 
 struct WgmmaParams {
@@ -118,6 +128,9 @@ struct WgmmaParams {
     TmaMap tv;  // v: as k
     TmaMap to;  // o: dims (head_dim, seqlen_q, heads_q, batch), box (64, 64, 1, 1)
     Params p;
+    u32 *tile_counter; // DYNAMIC: a counter that only grows (never reset) ...
+    u32 tile_base;     // ... and its value when this launch started (wrapping arithmetic)
+    u32 pad_;
 };
 
 // Descriptors of this kernel's operands (hopper.cuh; the layouts the wgmma probe proves).
@@ -135,9 +148,11 @@ FA_DEVICE int key_tiles(const Params &p, int row0) {
     return (visible_keys((i64)row0 + BR - 1, diag, p.seqlen_k) + BC - 1) / BC;
 }
 
-// Persistent: block b runs tiles b, b + gridDim.x, ... of the block order of attn_common.cuh
-// (causal: longest first; non-causal head-major: the resident blocks share K/V in L2). The
-// launcher sizes the grid to the SMs (or to the tile count for a one-tile-per-block launch).
+// Persistent: block b runs tile b first, then, with DYNAMIC, whichever tile an atomic counter
+// hands out next (FA3's scheduler: blocks that drew short causal tiles take more), else b +
+// gridDim.x, b + 2 gridDim.x, ... The order is attn_common.cuh's block order (causal: longest
+// first; non-causal head-major: the resident blocks share K/V in L2). The launcher sizes the
+// grid to the SMs (or to the tile count for a one-tile-per-block launch).
 extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_constant__ WgmmaParams w) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     Smem sm;
@@ -172,32 +187,54 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             tma_prefetch(w.tq);
             tma_prefetch(w.tk);
             tma_prefetch(w.tv);
-            int it = 0; // K/V loads issued so far (all tiles): stage it % STAGES
-            int round = 0;
-            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++round) {
+            // The K/V ring position as a stage index and the parity of its current use (kept
+            // incrementally: the producer has PRODUCER_REGS registers). `wrapped` turns on once every stage
+            // has been filled once, from then on each load waits for the stage's release.
+            int stage = 0;
+            u32 use_parity = 0;
+            bool wrapped = false;
+            int tile = blockIdx.x;
+            for (u32 round = 0;; ++round) {
+                // The previous round's consumers are done with the Q tile (and have read the
+                // tile slot).
+                if (round > 0) mbar_wait(sm.q_empty(), (round - 1) & 1);
+                st_shared_u32(sm.tile_slot(), tile < tiles ? (u32)tile : 0xFFFFFFFFu);
+                if (tile >= tiles) {
+                    mbar_arrive(sm.q_full()); // no Q: the consumers read -1 and stop
+                    break;
+                }
                 const BlockCoords bc = block_coords(p, (unsigned)tile);
                 const int row0 = bc.m_block * BR;
-                // The previous tile's consumers are done with the Q tile.
-                if (round > 0) mbar_wait(sm.q_empty(), (u32)(round - 1) & 1);
                 mbar_arrive_expect_tx(sm.q_full(), Q_BYTES);
 #pragma unroll
                 for (int j = 0; j < NSUB; ++j) tma_load_4d(sm.q + j * SUB_Q, w.tq, sm.q_full(), 64 * j, row0, bc.h, bc.b);
                 const int n_blocks = key_tiles(p, row0);
-                for (int n = 0; n < n_blocks; ++n, ++it) {
-                    const int s = it % STAGES;
-                    // Use u = it / STAGES of stage s waits for the consumers' release of use u-1.
-                    const u32 parity = ((u32)(it / STAGES) + 1) & 1;
-                    if (it >= STAGES) mbar_wait(sm.k_empty(s), parity);
-                    mbar_arrive_expect_tx(sm.k_full(s), KV_BYTES);
+                for (int n = 0; n < n_blocks; ++n) {
+                    // This use of the stage waits for the consumers' release of the previous one
+                    // (whose phase had the other parity).
+                    if (wrapped) mbar_wait(sm.k_empty(stage), use_parity ^ 1);
+                    mbar_arrive_expect_tx(sm.k_full(stage), KV_BYTES);
 #pragma unroll
                     for (int j = 0; j < NSUB; ++j)
-                        tma_load_4d(sm.k_stage(s) + j * SUB_KV, w.tk, sm.k_full(s), 64 * j, n * BC, bc.hk, bc.b);
-                    if (it >= STAGES) mbar_wait(sm.v_empty(s), parity);
-                    mbar_arrive_expect_tx(sm.v_full(s), KV_BYTES);
+                        tma_load_4d(sm.k_stage(stage) + j * SUB_KV, w.tk, sm.k_full(stage), 64 * j, n * BC, bc.hk, bc.b);
+                    if (wrapped) mbar_wait(sm.v_empty(stage), use_parity ^ 1);
+                    mbar_arrive_expect_tx(sm.v_full(stage), KV_BYTES);
 #pragma unroll
                     for (int j = 0; j < NSUB; ++j)
-                        tma_load_4d(sm.v_stage(s) + j * SUB_KV, w.tv, sm.v_full(s), 64 * j, n * BC, bc.hk, bc.b);
+                        tma_load_4d(sm.v_stage(stage) + j * SUB_KV, w.tv, sm.v_full(stage), 64 * j, n * BC, bc.hk, bc.b);
+                    if (++stage == STAGES) {
+                        stage = 0;
+                        use_parity ^= 1;
+                        wrapped = true;
+                    }
                 }
+#if DYNAMIC
+                // Every launch advances the counter by exactly `tiles` (tiles - grid successful
+                // draws, one failed draw per block), which the host adds to the next base.
+                tile = (int)gridDim.x + (int)(atomicAdd(w.tile_counter, 1u) - w.tile_base);
+#else
+                tile += gridDim.x;
+#endif
             }
         }
         return;
@@ -219,8 +256,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
     };
 
     int it = 0; // K/V tiles consumed so far (all tiles)
-    int round = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++round) {
+    for (int round = 0;; ++round) {
+        mbar_wait(sm.q_full(), (u32)round & 1);
+        const int tile = (int)ld_shared_u32(sm.tile_slot());
+        if (tile < 0) break;
         const int row0 = block_coords(p, (unsigned)tile).m_block * BR;
         const int n_blocks = key_tiles(p, row0);
         // The first row of this lane's accumulator rows (g and g + 8 follow).
@@ -307,14 +346,30 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                 moved |= m_new != m_old;
                 row_max[h] = m_new;
                 float sum = 0.f;
+                // p = 2^(s*scale - m) in one FFMA per element. For the row's largest s this
+                // leaves the rounding error of round(s_max*scale) = m (at most half an ulp of
+                // m: below 1 while |m| < 2^22, so p <= 2^0.5; the lazy rescale already allows
+                // 2^8). Larger |m| (logits near 1e7 and beyond) take the exact two-step path,
+                // whose max element gives exactly 2^0.
+                if (fabsf(m_use) < 4194304.f) {
 #pragma unroll
-                for (int nt = 0; nt < BC / 8; ++nt)
+                    for (int nt = 0; nt < BC / 8; ++nt)
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int i = 4 * nt + 2 * h + e;
-                        s[i] = ex2(fmul_rn(s[i], p.scale_log2) - m_use);
-                        sum += s[i];
-                    }
+                        for (int e = 0; e < 2; ++e) {
+                            const int i = 4 * nt + 2 * h + e;
+                            s[i] = ex2(fmaf(s[i], p.scale_log2, -m_use));
+                            sum += s[i];
+                        }
+                } else {
+#pragma unroll
+                    for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int i = 4 * nt + 2 * h + e;
+                            s[i] = ex2(fmul_rn(s[i], p.scale_log2) - m_use);
+                            sum += s[i];
+                        }
+                }
                 row_sum[h] = row_sum[h] * alpha[h] + sum; // per-lane partial; the quad sums it at the end
             }
         };
@@ -325,7 +380,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         auto stage_of = [&](int n) { return (it + n) % STAGES; };
         auto parity_of = [&](int n) { return (u32)((it + n) / STAGES) & 1; };
 
-        mbar_wait(sm.q_full(), (u32)round & 1);
         if (n_blocks > 0) {
             // ---- prologue: S_0 and its softmax
             mbar_wait(sm.k_full(stage_of(0)), parity_of(0));

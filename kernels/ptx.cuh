@@ -72,7 +72,12 @@ template <int N> FA_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 // ---- plain shared/global vector accesses (9.7.9.8 ld, 9.7.9.10 st).
 FA_DEVICE void st_shared_u32(u32 addr, u32 x) {
-    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(x));
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
+}
+FA_DEVICE u32 ld_shared_u32(u32 addr) {
+    u32 x;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(x) : "r"(addr) : "memory");
+    return x;
 }
 FA_DEVICE void ld_shared_v4(u32 &x0, u32 &x1, u32 &x2, u32 &x3, u32 addr) {
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"

@@ -3,7 +3,7 @@
 use super::nvrtc::{PtxasStats, compile_cubin, nvrtc_present, nvrtc_version};
 use super::sources::KernelSource;
 use crate::error::{AttnError, Result};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, sys};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, sys};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -78,6 +78,8 @@ pub struct Gpu {
     stream: Arc<CudaStream>,
     info: DeviceInfo,
     cache: Mutex<HashMap<CacheKey, CachedModule>>,
+    /// The wgmma tile scheduler's counter and its value at the next launch.
+    tile_counter: Mutex<Option<(CudaSlice<u32>, u32)>>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -173,6 +175,7 @@ impl Gpu {
             stream,
             info,
             cache: Mutex::new(HashMap::new()),
+            tile_counter: Mutex::new(None),
         })
     }
 
@@ -218,6 +221,39 @@ impl Gpu {
             .map_err(cuda_err(format!("finding {function} in {}", source.name())))?;
         let stats = with_driver_stats(&f, stats.iter().find(|s| s.function == function));
         Ok(LoadedKernel { function: f, stats })
+    }
+
+    /// Runs `launch` with the device address of the wgmma tile counter and its value when this
+    /// launch starts; when `launch` succeeds, the counter's expected value advances by `draws`
+    /// (the atomic increments the kernel makes). The counter is one u32 allocated (zeroed) on
+    /// first use and never reset: launches on this Gpu's one stream run in order, so each
+    /// starts where the last one left it (wrapping arithmetic on both sides). The lock is held
+    /// across the launch so that concurrent callers enqueue in the order of their bases.
+    ///
+    /// # Errors
+    /// [`AttnError::Cuda`] when the allocation fails; `launch`'s error (the counter's expected
+    /// value is then left as it was).
+    pub fn with_tile_counter<R>(
+        &self,
+        draws: u32,
+        launch: impl FnOnce(u64, u32) -> Result<R>,
+    ) -> Result<R> {
+        let mut c = self.tile_counter.lock().unwrap_or_else(|p| p.into_inner());
+        if c.is_none() {
+            let buf = self
+                .stream
+                .alloc_zeros::<u32>(1)
+                .map_err(cuda_err("allocating the tile counter"))?;
+            *c = Some((buf, 0));
+        }
+        let (buf, next) = c.as_mut().expect("allocated above");
+        let ptr = {
+            let (ptr, _guard) = buf.device_ptr(&self.stream);
+            ptr
+        };
+        let r = launch(ptr, *next)?;
+        *next = next.wrapping_add(draws);
+        Ok(r)
     }
 
     /// Number of modules compiled so far (for tests of the cache).

@@ -22,12 +22,13 @@ use std::fmt;
 pub const BR: u32 = 128;
 /// Threads per block: one producer and two consumer warpgroups.
 pub const THREADS: u32 = 384;
-/// Registers per thread the consumers take with `setmaxnreg.inc` (and the producer keeps):
-/// 2 * 240 + 24 = 504 of the 512 a block of 384 threads may hold per thread-slot row
-/// (64K registers / 128).
-pub const CONSUMER_REGS: u32 = 240;
-/// Registers the producer warpgroup keeps (`setmaxnreg.dec`).
-pub const PRODUCER_REGS: u32 = 24;
+/// Registers per thread the consumer warpgroups take with `setmaxnreg.inc`. The block's pool
+/// is what ptxas gives its 384 threads at launch, 168 each (64512): (2 * 232 + 40) * 128 =
+/// 64512. 232 holds d256's 128 O accumulators plus S and P without spills.
+pub const CONSUMER_REGS: u32 = 232;
+/// Registers the producer warpgroup keeps (`setmaxnreg.dec`): 40, as the dynamic tile
+/// scheduler's loop spilled at 24.
+pub const PRODUCER_REGS: u32 = 40;
 /// Shared memory per block the kernel may plan for (the sm_90 opt-in limit, 227 KB).
 pub const SMEM_LIMIT: usize = 227 * 1024;
 /// Environment variable that overrides the tile of every wgmma launch (`bc,stages[,nopp]`):
@@ -52,6 +53,9 @@ pub struct WgmmaTile {
     /// One block per SM looping over tiles (the next tile's loads overlap this one's end),
     /// instead of one block per tile.
     pub persistent: bool,
+    /// Tiles after the first are handed out by an atomic counter (blocks that drew short
+    /// causal tiles take more), instead of every grid-th tile.
+    pub dynamic: bool,
 }
 
 impl WgmmaTile {
@@ -86,18 +90,19 @@ impl WgmmaTile {
             pingpong: true,
             head_major: true,
             persistent: true,
+            dynamic: true,
         })
     }
 
-    /// Applies a `bc,stages[,nopp][,nohm][,np]` override (see [`TILE_ENV`]): no pingpong, no
-    /// head-major order, not persistent.
+    /// Applies a `bc,stages[,nopp][,nohm][,np][,static]` override (see [`TILE_ENV`]): no
+    /// pingpong, no head-major order, not persistent, no tile counter.
     ///
     /// # Errors
     /// [`AttnError::InvalidInput`] naming the expected form.
     pub fn with_spec(self, spec: &str) -> Result<Self> {
         let bad = || AttnError::InvalidInput {
             what: format!(
-                "wgmma tile '{spec}': expected bc,stages[,nopp][,nohm][,np] with bc a multiple of 16 in 16..=256 and stages in 2..=8"
+                "wgmma tile '{spec}': expected bc,stages[,nopp][,nohm][,np][,static] with bc a multiple of 16 in 16..=256 and stages in 2..=8"
             ),
         };
         let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
@@ -111,9 +116,12 @@ impl WgmmaTile {
             pingpong: !parts[2..].contains(&"nopp"),
             head_major: !parts[2..].contains(&"nohm"),
             persistent: !parts[2..].contains(&"np"),
+            dynamic: !parts[2..].contains(&"static"),
             ..self
         };
-        if parts[2..].iter().any(|f| !["nopp", "nohm", "np"].contains(f))
+        if parts[2..]
+            .iter()
+            .any(|f| !["nopp", "nohm", "np", "static"].contains(f))
             || t.bc == 0
             || !t.bc.is_multiple_of(16)
             || t.bc > 256
@@ -144,8 +152,9 @@ impl WgmmaTile {
         self.q_bytes() + 2 * self.stages as usize * self.bc as usize * self.subtiles() * 128
     }
 
+    /// Alignment slack and the mbarriers (q full/empty, 4 per stage) with the tile slot.
     fn slack_bytes(&self) -> usize {
-        1024 + 8 * (2 + 4 * self.stages as usize)
+        1024 + 8 * (3 + 4 * self.stages as usize)
     }
 
     /// O is staged in a buffer of its own (so the next tile's Q loads during this tile's end)
@@ -168,6 +177,7 @@ impl WgmmaTile {
             ("CONSUMER_REGS".into(), CONSUMER_REGS.to_string()),
             ("PRODUCER_REGS".into(), PRODUCER_REGS.to_string()),
             ("SMEM_LIMIT".into(), SMEM_LIMIT.to_string()),
+            ("DYNAMIC".into(), b(self.dynamic)),
         ]
     }
 }
@@ -229,8 +239,8 @@ pub fn unsupported(info: &DeviceInfo, p: &AttnProblem) -> Option<String> {
     None
 }
 
-/// attn_wgmma's kernel parameters: four tensor maps, then the shared [`FlashParams`]
-/// (kernels/attn_wgmma.cu `WgmmaParams`, same order and alignment).
+/// attn_wgmma's kernel parameters: four tensor maps, the shared [`FlashParams`], and the tile
+/// counter (kernels/attn_wgmma.cu `WgmmaParams`, same order and alignment).
 #[repr(C, align(64))]
 #[derive(Debug, Clone, Copy)]
 struct WgmmaParams {
@@ -239,6 +249,9 @@ struct WgmmaParams {
     tv: TmaMap,
     to: TmaMap,
     p: FlashParams,
+    tile_counter: u64,
+    tile_base: u32,
+    pad: u32,
 }
 // SAFETY: plain old data with C layout, mirrored by the kernel's struct.
 unsafe impl DeviceRepr for WgmmaParams {}
@@ -345,19 +358,13 @@ pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
     let ctx = launch_context("attn_wgmma", p);
     let smem = tile.smem_bytes();
     set_dynamic_smem(&k.function, smem, &ctx)?;
-    let params = WgmmaParams {
-        tq,
-        tk,
-        tv,
-        to,
-        p: FlashParams::new(l, BR),
-    };
+    let fp = FlashParams::new(l, BR);
     let s = &p.shape;
-    let tiles = params.p.num_m_blocks as u64 * s.batch as u64 * s.heads_q as u64;
-    // The kernel indexes tiles with an int (check_gpu_problem bounds the count by 2^31 - 1).
+    let tiles = fp.num_m_blocks as u64 * s.batch as u64 * s.heads_q as u64;
+    // The kernel indexes tiles (plus up to a grid of failed counter draws) with an int.
     let tiles = u32::try_from(tiles)
         .ok()
-        .filter(|&t| t <= i32::MAX as u32)
+        .filter(|&t| t <= i32::MAX as u32 - 4096)
         .ok_or_else(|| AttnError::TooLarge {
             kernel: "attn_wgmma",
             reason: format!("{tiles} tiles of {BR} query rows: split the batch"),
@@ -372,12 +379,33 @@ pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: smem as u32,
     };
-    let mut b = gpu.stream().launch_builder(&k.function);
-    b.arg(&params);
-    // SAFETY: the parameters mirror the kernel's struct; forward_device checked every buffer
-    // against the shape and strides; the tensor maps describe exactly those buffers, and the
-    // copy engine neither reads nor writes outside them.
-    unsafe { b.launch(cfg) }.map_err(cuda_err(ctx))?;
+    let run = |tile_counter: u64, tile_base: u32| -> Result<()> {
+        let params = WgmmaParams {
+            tq,
+            tk,
+            tv,
+            to,
+            p: fp,
+            tile_counter,
+            tile_base,
+            pad: 0,
+        };
+        let mut b = gpu.stream().launch_builder(&k.function);
+        b.arg(&params);
+        // SAFETY: the parameters mirror the kernel's struct; forward_device checked every
+        // buffer against the shape and strides; the tensor maps describe exactly those buffers,
+        // and the copy engine neither reads nor writes outside them; the counter is a live
+        // u32 of this context.
+        unsafe { b.launch(cfg) }.map_err(cuda_err(ctx.clone()))?;
+        Ok(())
+    };
+    if tile.dynamic {
+        // A launch draws `tiles` times from the counter (tiles - grid tiles handed out, one
+        // failed draw per block).
+        gpu.with_tile_counter(tiles, run)?;
+    } else {
+        run(0, 0)?;
+    }
     Ok(LaunchInfo {
         kernel: KernelKind::Wgmma,
         why: "asked for (sm_90)".into(),
@@ -415,7 +443,7 @@ mod tests {
 
     #[test]
     fn params_layout_matches_the_kernel() {
-        // 4 maps of 128 bytes, then Params (168 bytes), rounded up to the 64-byte alignment.
+        // 4 maps of 128 bytes, Params (168 bytes), the counter (16), rounded up to 64 bytes.
         assert_eq!(std::mem::size_of::<FlashParams>(), 168);
         assert_eq!(std::mem::size_of::<WgmmaParams>(), 704);
         assert_eq!(std::mem::align_of::<WgmmaParams>(), 64);
@@ -451,15 +479,15 @@ mod tests {
         let t = WgmmaTile::default_for(128).unwrap();
         // Q + 2 stages of K and V + its own O tile + slack and 10 mbarriers.
         assert!(t.o_own());
-        assert_eq!(t.smem_bytes(), 32768 + 4 * 32768 + 32768 + 1024 + 80);
+        assert_eq!(t.smem_bytes(), 32768 + 4 * 32768 + 32768 + 1024 + 88);
         // d256: O goes through the Q tile (64 KB more would not fit).
         let t256 = WgmmaTile::default_for(256).unwrap();
         assert!(!t256.o_own());
-        assert_eq!(t256.smem_bytes(), 65536 + 4 * 32768 + 1024 + 80);
-        let o = t.with_spec("176,2,nopp,np").unwrap();
+        assert_eq!(t256.smem_bytes(), 65536 + 4 * 32768 + 1024 + 88);
+        let o = t.with_spec("176,2,nopp,np,static").unwrap();
         assert_eq!(
-            (o.bc, o.stages, o.pingpong, o.head_major, o.persistent),
-            (176, 2, false, true, false)
+            (o.bc, o.stages, o.pingpong, o.head_major, o.persistent, o.dynamic),
+            (176, 2, false, true, false, false)
         );
         for bad in ["176", "100,2", "128,1", "128,2,x", "272,2"] {
             assert!(t.with_spec(bad).is_err(), "{bad}");
