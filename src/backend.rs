@@ -110,13 +110,13 @@ fn run_cuda<T: Element>(
     v: &[T],
     reason: &str,
 ) -> Result<Forward<T>> {
-    let (o, lse, backend, seconds, why) = crate::cuda::try_host_forward(p, q, k, v)?;
+    let (run, backend) = crate::cuda::try_host_forward(p, q, k, v)?;
     Ok(Forward {
-        o,
-        lse,
+        o: run.o,
+        lse: run.lse,
         backend,
-        reason: format!("{reason}; kernel: {why}"),
-        seconds,
+        reason: format!("{reason}; kernel: {}", run.info.why),
+        seconds: run.seconds,
     })
 }
 

@@ -251,6 +251,7 @@ pub enum AOperand<'a> {
 ///
 /// # Panics
 /// When `d` does not hold 128 threads of `n / 2` registers, or an address leaves `smem`.
+#[allow(clippy::too_many_arguments)] // the instruction's own operands, one by one
 pub fn wgmma(
     input: Input16,
     smem: &[u8],

@@ -104,8 +104,16 @@ fn jobs() -> Vec<Job> {
         }
     }
     // The Hopper kernel: sm_90a only, every padded head_dim it is specialised for.
-    for d in [64, 96, 128, 192, 256] {
-        let t = WgmmaTile::default_for(d).expect("served head_dim");
+    // (head_dim, seqlen_k): every default tile (d64 changes Bc with seqlen_k).
+    for (d, sk) in [
+        (64, 1024),
+        (64, 4096),
+        (96, 1024),
+        (128, 1024),
+        (192, 1024),
+        (256, 1024),
+    ] {
+        let t = WgmmaTile::default_for(d, sk).expect("served head_dim");
         for dtype in DTYPES {
             for causal in [false, true] {
                 out.push(Job {

@@ -3,7 +3,9 @@
 use super::nvrtc::{PtxasStats, compile_cubin, nvrtc_present, nvrtc_version};
 use super::sources::KernelSource;
 use crate::error::{AttnError, Result};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, sys};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, sys,
+};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

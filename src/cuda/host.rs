@@ -1,7 +1,7 @@
 //! Host-memory entry point of the CUDA backend for [`crate::backend::forward`]: one shared GPU
 //! per process (so kernels compile once), and element-type dispatch from a generic `T`.
 
-use super::attention::forward_host;
+use super::attention::{HostRun, forward_host};
 use super::device::Gpu;
 use super::launch::KernelKind;
 use crate::backend::Backend;
@@ -57,7 +57,7 @@ pub fn try_host_forward<T: Element>(
     q: &[T],
     k: &[T],
     v: &[T],
-) -> Result<(Vec<T>, Vec<f32>, Backend, f64, String)> {
+) -> Result<(HostRun<T>, Backend)> {
     let gpu = shared_gpu()?;
     let kernel = KernelKind::Wgmma;
     let backend = |ran: KernelKind| Backend::Cuda {
@@ -67,14 +67,30 @@ pub fn try_host_forward<T: Element>(
     if let (Some(q), Some(k), Some(v)) = (same::<T, f16>(q), same::<T, f16>(k), same::<T, f16>(v)) {
         let r = forward_host(gpu, kernel, p, q, k, v)?;
         let b = backend(r.info.kernel);
-        return Ok((back(r.o), r.lse, b, r.seconds, r.info.why));
+        return Ok((
+            HostRun {
+                o: back(r.o),
+                lse: r.lse,
+                seconds: r.seconds,
+                info: r.info,
+            },
+            b,
+        ));
     }
     if let (Some(q), Some(k), Some(v)) =
         (same::<T, bf16>(q), same::<T, bf16>(k), same::<T, bf16>(v))
     {
         let r = forward_host(gpu, kernel, p, q, k, v)?;
         let b = backend(r.info.kernel);
-        return Ok((back(r.o), r.lse, b, r.seconds, r.info.why));
+        return Ok((
+            HostRun {
+                o: back(r.o),
+                lse: r.lse,
+                seconds: r.seconds,
+                info: r.info,
+            },
+            b,
+        ));
     }
     Err(AttnError::DTypeMismatch {
         what: format!(

@@ -71,14 +71,20 @@ impl WgmmaTile {
         }
     }
 
-    /// The default for a head_dim (`None` when the kernel does not serve it):
-    /// - Bc 128 up to 128 channels: S (64 f32 per thread) + O (<= 64) + P (32) fit the 240
-    ///   registers of a consumer without spills; two stages of K and V (64 KB each at d128)
-    ///   with Q fill 160 KB, one block per SM;
+    /// The default for a head_dim and seqlen_k (`None` when the kernel does not serve the
+    /// head_dim). Measured on the H200 (docs/perf-notes.md, runs 22-24):
+    /// - Bc 128 up to 128 channels: S (64 f32 per thread) + O (<= 64) + P (32) fit a
+    ///   consumer's 232 registers; two K/V stages, Q and an O tile fill 192 KB at d128. Bc 176
+    ///   (FA3's d128 choice) was level at 16k and 5-13 % slower at 1k (its O tile no longer
+    ///   fits, so the next Q waits for the store); 3 stages likewise; Bc 64 and 96 were slower
+    ///   everywhere.
+    /// - d64 with seqlen_k >= 3072: Bc 192 (+2-8 % at 4k-16k: fewer softmax rounds per key);
+    ///   at 1k its last tile is two-thirds empty (-6 %), so Bc 128 below.
     /// - Bc 96 at 192 channels (O takes 96 registers) and Bc 64 at 256 (O takes 128; 192 KB).
-    pub fn default_for(head_dim: usize) -> Option<Self> {
+    pub fn default_for(head_dim: usize, seqlen_k: usize) -> Option<Self> {
         let dp = Self::padded_head_dim(head_dim)?;
         let bc = match dp {
+            64 if seqlen_k >= 3072 => 192,
             ..=128 => 128,
             192 => 96,
             _ => 64,
@@ -205,7 +211,7 @@ impl fmt::Display for WgmmaTile {
 /// # Errors
 /// A malformed override.
 pub fn tile_for(p: &AttnProblem) -> Result<Option<WgmmaTile>> {
-    let Some(t) = WgmmaTile::default_for(p.shape.head_dim) else {
+    let Some(t) = WgmmaTile::default_for(p.shape.head_dim, p.shape.seqlen_k) else {
         return Ok(None);
     };
     match std::env::var(TILE_ENV) {
@@ -224,7 +230,7 @@ pub fn unsupported(info: &DeviceInfo, p: &AttnProblem) -> Option<String> {
         ));
     }
     let d = p.shape.head_dim;
-    let Some(tile) = WgmmaTile::default_for(d) else {
+    let Some(tile) = WgmmaTile::default_for(d, p.shape.seqlen_k) else {
         return Some(format!(
             "head_dim {d} is outside 64..=256 (its TMA rows hold 64 channels; below 64 mma is the better fit)"
         ));
@@ -256,22 +262,13 @@ struct WgmmaParams {
 // SAFETY: plain old data with C layout, mirrored by the kernel's struct.
 unsafe impl DeviceRepr for WgmmaParams {}
 
-/// The 4-D map (head_dim, seqlen, heads, batch) of one bshd tensor with a box of
-/// (64 channels, `rows`, 1, 1).
-fn bshd_map(
-    dtype: DType,
-    addr: u64,
-    head_dim: usize,
-    seqlen: usize,
-    heads: usize,
-    batch: usize,
-    st: Strides,
-    rows: u32,
-) -> TiledMap {
+/// The 4-D map (head_dim, seqlen, heads, batch) of one bshd tensor, `dims` in that order,
+/// with a box of (64 channels, `rows`, 1, 1).
+fn bshd_map(dtype: DType, addr: u64, dims: [usize; 4], st: Strides, rows: u32) -> TiledMap {
     TiledMap {
         dtype,
         addr,
-        dims: vec![head_dim as u64, seqlen as u64, heads as u64, batch as u64],
+        dims: dims.iter().map(|&x| x as u64).collect(),
         strides: vec![st.seq as u64 * 2, st.head as u64 * 2, st.batch as u64 * 2],
         boxes: vec![64, rows, 1, 1],
     }
@@ -285,40 +282,28 @@ fn maps(l: &Launch, tile: &WgmmaTile) -> std::result::Result<[TmaMap; 4], String
     let q = bshd_map(
         l.dtype,
         l.q,
-        d,
-        s.seqlen_q,
-        s.heads_q,
-        s.batch,
+        [d, s.seqlen_q, s.heads_q, s.batch],
         p.q_strides,
         BR,
     );
     let k = bshd_map(
         l.dtype,
         l.k,
-        d,
-        s.seqlen_k,
-        s.heads_kv,
-        s.batch,
+        [d, s.seqlen_k, s.heads_kv, s.batch],
         p.k_strides,
         tile.bc,
     );
     let v = bshd_map(
         l.dtype,
         l.v,
-        d,
-        s.seqlen_k,
-        s.heads_kv,
-        s.batch,
+        [d, s.seqlen_k, s.heads_kv, s.batch],
         p.v_strides,
         tile.bc,
     );
     let o = bshd_map(
         l.dtype,
         l.o,
-        d,
-        s.seqlen_q,
-        s.heads_q,
-        s.batch,
+        [d, s.seqlen_q, s.heads_q, s.batch],
         p.o_strides,
         BR / 2,
     );
@@ -452,7 +437,7 @@ mod tests {
     #[test]
     fn head_dims_and_tiles() {
         for d in [8, 32, 56, 264] {
-            assert_eq!(WgmmaTile::default_for(d), None, "{d}");
+            assert_eq!(WgmmaTile::default_for(d, 4096), None, "{d}");
         }
         let pad: Vec<(usize, u32)> = [64, 72, 96, 104, 128, 136, 192, 200, 256]
             .iter()
@@ -473,20 +458,29 @@ mod tests {
             ]
         );
         for d in (64..=256).step_by(8) {
-            let t = WgmmaTile::default_for(d).unwrap();
+            let t = WgmmaTile::default_for(d, 4096).unwrap();
             assert!(t.smem_bytes() <= 227 * 1024, "d{d}: {}", t.smem_bytes());
         }
-        let t = WgmmaTile::default_for(128).unwrap();
+        assert_eq!(WgmmaTile::default_for(64, 1024).unwrap().bc, 128);
+        assert_eq!(WgmmaTile::default_for(64, 4096).unwrap().bc, 192);
+        let t = WgmmaTile::default_for(128, 4096).unwrap();
         // Q + 2 stages of K and V + its own O tile + slack and 10 mbarriers.
         assert!(t.o_own());
         assert_eq!(t.smem_bytes(), 32768 + 4 * 32768 + 32768 + 1024 + 88);
         // d256: O goes through the Q tile (64 KB more would not fit).
-        let t256 = WgmmaTile::default_for(256).unwrap();
+        let t256 = WgmmaTile::default_for(256, 4096).unwrap();
         assert!(!t256.o_own());
         assert_eq!(t256.smem_bytes(), 65536 + 4 * 32768 + 1024 + 88);
         let o = t.with_spec("176,2,nopp,np,static").unwrap();
         assert_eq!(
-            (o.bc, o.stages, o.pingpong, o.head_major, o.persistent, o.dynamic),
+            (
+                o.bc,
+                o.stages,
+                o.pingpong,
+                o.head_major,
+                o.persistent,
+                o.dynamic
+            ),
             (176, 2, false, true, false, false)
         );
         for bad in ["176", "100,2", "128,1", "128,2,x", "272,2"] {
