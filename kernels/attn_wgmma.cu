@@ -92,6 +92,12 @@ static_assert((NCONS * CONSUMER_REGS + PRODUCER_REGS) * 128 <= (65536 / NT / 8 *
 // Named barriers (0 is __syncthreads): the pingpong turns, then one per consumer epilogue.
 constexpr u32 BAR_SCHED = 1; // + consumer index: "consumer c may issue its wgmmas"
 constexpr u32 BAR_EPI = 3;   // + consumer index: the consumer's 128 threads
+// The producer's warp hands each round's tile to the consumers: it writes the tile slot and
+// arrives; the 256 consumer threads sync, then read. A named barrier rather than the q_full
+// mbarrier's release/acquire (equally correct) so that compute-sanitizer's racecheck, which
+// models bar.sync/bar.arrive, sees the order.
+constexpr u32 BAR_TILE = 5;
+constexpr u32 TILE_HANDOFF_THREADS = 32 + NCONS * 128;
 
 // O is staged for its TMA store in a buffer of its own when it fits beside Q and the K/V
 // stages (then the next tile's Q loads while this tile's last P V and epilogue run);
@@ -117,9 +123,10 @@ struct Smem {
     FA_DEVICE u32 v_full(int s) const { return bars + 8 * (2 + STAGES + s); }
     FA_DEVICE u32 k_empty(int s) const { return bars + 8 * (2 + 2 * STAGES + s); }
     FA_DEVICE u32 v_empty(int s) const { return bars + 8 * (2 + 3 * STAGES + s); }
-    // The tile of the current round, written by the producer before it arrives on q_full
-    // (-1: no more tiles); the arrive releases it to the consumers' acquiring wait.
-    FA_DEVICE u32 tile_slot() const { return bars + 8 * (2 + 4 * STAGES); }
+    // The tile of round r in slot r % 2 (-1: no more tiles), written by the producer before it
+    // arrives on BAR_TILE. Two slots: the producer writes round r+1's while the consumers may
+    // still read round r's.
+    FA_DEVICE u32 tile_slot(u32 round) const { return bars + 8 * (2 + 4 * STAGES) + 4 * (round & 1); }
 };
 
 struct WgmmaParams {
@@ -196,13 +203,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             int tile = blockIdx.x;
             for (u32 round = 0;; ++round) {
                 // The previous round's consumers are done with the Q tile (and have read the
-                // tile slot).
+                // tile slot of two rounds ago).
                 if (round > 0) mbar_wait(sm.q_empty(), (round - 1) & 1);
-                st_shared_u32(sm.tile_slot(), tile < tiles ? (u32)tile : 0xFFFFFFFFu);
-                if (tile >= tiles) {
-                    mbar_arrive(sm.q_full()); // no Q: the consumers read -1 and stop
-                    break;
-                }
+                st_shared_u32(sm.tile_slot(round), tile < tiles ? (u32)tile : 0xFFFFFFFFu);
+                named_arrive_unaligned(BAR_TILE, TILE_HANDOFF_THREADS);
+                if (tile >= tiles) break; // the consumers read -1 and stop
                 const BlockCoords bc = block_coords(p, (unsigned)tile);
                 const int row0 = bc.m_block * BR;
                 mbar_arrive_expect_tx(sm.q_full(), Q_BYTES);
@@ -256,10 +261,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
     };
 
     int it = 0; // K/V tiles consumed so far (all tiles)
-    for (int round = 0;; ++round) {
-        mbar_wait(sm.q_full(), (u32)round & 1);
-        const int tile = (int)ld_shared_u32(sm.tile_slot());
+    for (u32 round = 0;; ++round) {
+        named_sync(BAR_TILE, TILE_HANDOFF_THREADS);
+        const int tile = (int)ld_shared_u32(sm.tile_slot(round));
         if (tile < 0) break;
+        mbar_wait(sm.q_full(), round & 1);
         const int row0 = block_coords(p, (unsigned)tile).m_block * BR;
         const int n_blocks = key_tiles(p, row0);
         // The first row of this lane's accumulator rows (g and g + 8 follow).

@@ -76,6 +76,11 @@ FA_DEVICE void named_sync(u32 id, u32 count) {
 FA_DEVICE void named_arrive(u32 id, u32 count) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
+// The same from a warp whose other threads may have exited (barrier.arrive without .aligned);
+// the arriving warp still counts 32 threads.
+FA_DEVICE void named_arrive_unaligned(u32 id, u32 count) {
+    asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 
 // ---- setmaxnreg (9.7.19.5, sm_90a): a warpgroup gives registers back (dec) or takes more
 // (inc) from the pool its block was launched with; every warp of the warpgroup executes it.
