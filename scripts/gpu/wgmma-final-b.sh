@@ -7,7 +7,7 @@ B=${FLASHATTN:-./.gpu/flashattn}
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 100 > /tmp/smi.txt 2>/dev/null &
 SP=$!
 # Plots are redrawn from bench.json afterwards (flashattn bench-plot): fewer files come back.
-timeout 560 $B bench --peers --no-plot --head-dim 64,128,256 --out-dir $OUT/bench > $OUT/bench-log.txt 2>&1; echo "bench exit $?"
+timeout 450 $B bench --peers --no-plot --head-dim 64,128,256 --out-dir $OUT/bench > $OUT/bench-log.txt 2>&1; echo "bench exit $?"
 kill $SP; wait $SP 2>/dev/null
 awk -F', ' '{n++; c+=$1; p+=$2; if($1<mn||n==1)mn=$1; if($1>mx)mx=$1; if($2>pm)pm=$2; if($3>tm)tm=$3} END {printf "smi samples %d: sm clock mean %.0f min %d max %d MHz; power mean %.0f max %.0f W; max temp %d C\n", n, c/n, mn, mx, p/n, pm, tm}' /tmp/smi.txt | tee -a $OUT/log.txt
 grep -v "^\[peers" $OUT/bench-log.txt | tail -3
