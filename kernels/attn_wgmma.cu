@@ -1,9 +1,10 @@
 // attn_wgmma.cu: FlashAttention forward for Hopper (sm_90a) with wgmma, TMA and warp
 // specialisation, in the structure of FlashAttention-3 (Shah et al. 2024).
 //
-// One block owns BR = 128 query rows of one (batch, head) and runs three warpgroups:
+// A block works on tiles of BR = 128 query rows of one (batch, head) and runs three
+// warpgroups:
 // - warpgroup 0, the producer: gives most of its registers away (setmaxnreg.dec) and one thread
-//   issues every TMA load: the Q tile once, then K and V tiles of BC keys into a ring of STAGES
+//   issues every TMA load: each tile's Q, then its K and V tiles of BC keys into a ring of STAGES
 //   shared-memory stages; each load completes on a "full" mbarrier, and a stage is reused only
 //   after both consumers have arrived on its "empty" mbarrier;
 // - warpgroups 1 and 2, the consumers: 64 query rows each (setmaxnreg.inc). S = Q K^T is one
@@ -29,12 +30,15 @@
 //   pack(s[8kk+4],s[8kk+5]), pack(s[8kk+6],s[8kk+7])}: P register r = pack(s[2r], s[2r+1]).
 //
 // Persistent: each block loops over tiles (the launcher starts one block per SM), so the next
-// tile's Q and first K/V tiles load while this tile finishes.
+// tile's Q and first K/V tiles load while this tile finishes; with DYNAMIC the tiles after the
+// first come from an atomic counter (the producer hands each to the consumers through a
+// shared slot and named barrier 5).
 //
 // Specialised at NVRTC time by HEAD_DIM (the padded head_dim DP: a multiple of 16 from 64 to
 // 256; channels past the real head_dim are zero-filled by TMA and never stored), BC (keys per
 // tile, a multiple of 16), STAGES (K/V ring depth), PINGPONG, RESCALE_SLACK (as attn_mma),
-// IS_BF16, IS_CAUSAL, HEAD_MAJOR, CONSUMER_REGS / PRODUCER_REGS (setmaxnreg targets).
+// IS_BF16, IS_CAUSAL, HEAD_MAJOR, DYNAMIC, SMEM_LIMIT (decides where O is staged),
+// CONSUMER_REGS / PRODUCER_REGS (setmaxnreg targets).
 #include "ptx.cuh"
 #include "attn_common.cuh"
 #include "hopper.cuh"

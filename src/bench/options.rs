@@ -45,7 +45,8 @@ pub struct BenchOptions {
     /// Element types to run [default: both; f16 with --quick].
     #[arg(long, value_enum, value_name = "f16|bf16|both")]
     pub dtype: Option<DTypeChoice>,
-    /// Kernels, comma-separated from naive, simt, mma [default: mma, or none when --tiles is
+    /// Kernels, comma-separated from naive, simt, mma, wgmma (auto = wgmma; on a GPU other than
+    /// sm_90 it runs mma and the JSON says so) [default: wgmma,mma, or none when --tiles is
     /// given]; naive and simt are slow and naive needs O(seqlen^2) memory.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub kernels: Vec<String>,
@@ -209,7 +210,7 @@ impl BenchOptions {
         if lines.is_empty() {
             return Err(AttnError::UnknownKernel {
                 name: String::new(),
-                available: "naive, simt, mma (or --tiles)".into(),
+                available: "naive, simt, mma, wgmma (or --tiles)".into(),
             });
         }
         Ok(Sweep {

@@ -10,7 +10,8 @@ use std::path::PathBuf;
 /// Options of `flashattn check`.
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// Kernels to check (comma-separated: mma, simt, naive, auto (= mma), or all).
+    /// Kernels to check (comma-separated: wgmma, mma, simt, naive, auto (= wgmma, which hands
+    /// what it cannot serve to mma), or all).
     #[arg(long, default_value = "all", value_delimiter = ',')]
     pub kernel: Vec<String>,
     /// A small sweep (for compute-sanitizer).

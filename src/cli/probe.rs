@@ -101,11 +101,13 @@ fn fault_verdict(report: &ProbeReport, kind: Kind) -> String {
         )
     } else {
         let lanes = report.wrong_lanes();
+        let list = match kind {
+            Kind::Warp => lane_list(&lanes),
+            Kind::Warpgroup => lane_list(&lanes).replacen("lane", "thread", 1),
+        };
         format!(
-            "fault caught ({}): {} wrong cells in {}, as expected with the injected fault",
-            report.dtype,
-            report.wrong,
-            lane_list(&lanes)
+            "fault caught ({}): {} wrong cells in {list}, as expected with the injected fault",
+            report.dtype, report.wrong
         )
     }
 }
