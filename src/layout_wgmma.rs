@@ -20,18 +20,17 @@
 //! [`acc_cell`] and [`a_cell`], so a test of the emulator against a plain matrix product is a
 //! test of the maps, and the GPU probe (`src/probe_wgmma.rs`) tests them on the hardware.
 
-use crate::layout::Input16;
+use crate::layout::{Input16, cd_cell};
 
 /// Threads in a warpgroup.
 pub const WARPGROUP: usize = 128;
 
-/// Cell `(row, col)` of the m64nN accumulator held by thread `tid` (0..128), register `reg`.
+/// Cell `(row, col)` of the m64nN accumulator held by thread `tid` (0..128), register `reg`:
+/// warp `w` holds rows `16w..16w+16` as N/8 side-by-side `mma.m16n8k16` C fragments, register
+/// `reg` being C register `reg % 4` of n8 tile `reg / 4` ([`crate::layout::cd_cell`]).
 pub fn acc_cell(tid: usize, reg: usize) -> (usize, usize) {
-    let (warp, lane) = (tid / 32, tid % 32);
-    (
-        16 * warp + lane / 4 + 8 * ((reg / 2) % 2),
-        8 * (reg / 4) + 2 * (lane % 4) + reg % 2,
-    )
+    let (r, c) = cd_cell(tid % 32, reg % 4);
+    (16 * (tid / 32) + r, 8 * (reg / 4) + c)
 }
 
 /// Inverse of [`acc_cell`]: `(tid, reg)` holding `D[row][col]`.
@@ -42,13 +41,11 @@ pub fn acc_owner(row: usize, col: usize) -> (usize, usize) {
 }
 
 /// Cell `(row, k)` of the 64x16 register A operand held by thread `tid`, register `reg`
-/// (0..4), half `half` (0 = low 16 bits).
+/// (0..4), half `half` (0 = low 16 bits): warp `w` holds rows `16w..16w+16` as the
+/// `mma.m16n8k16` A fragment ([`crate::layout::a_cell`]).
 pub fn a_cell(tid: usize, reg: usize, half: usize) -> (usize, usize) {
-    let (warp, lane) = (tid / 32, tid % 32);
-    (
-        16 * warp + lane / 4 + 8 * (reg % 2),
-        2 * (lane % 4) + half + 8 * (reg / 2),
-    )
+    let (r, k) = crate::layout::a_cell(tid % 32, reg, half);
+    (16 * (tid / 32) + r, k)
 }
 
 /// A shared-memory swizzle mode of a descriptor (and of TMA).
