@@ -335,10 +335,7 @@ fn time_line<T: GpuElement>(
         .clone_dtoh(&lse.slice(0..p.shape.lse_len()))
         .map_err(cuda_err(format!("{what}: copying lse back")))?;
     let mut r = LineResult::timed(&line.name, Source::Ours, timing);
-    r.tile = info
-        .tile
-        .map(|t| format!("{} ({t})", t.spec()))
-        .or(info.config.clone());
+    r.tile = info.config.clone();
     if info.kernel != line.kernel {
         r.ran = Some(format!("{} ({})", info.kernel, info.why));
     }

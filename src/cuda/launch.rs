@@ -155,9 +155,9 @@ pub struct LaunchInfo {
     pub kernel: KernelKind,
     /// Why this kernel ran: the request, or why the asked-for kernel handed the call on.
     pub why: String,
-    /// Tile (mma only).
-    pub tile: Option<crate::cuda::MmaTile>,
-    /// Tile description of other kernels (wgmma), e.g. `Br128xBc128, 2 stages, pingpong`.
+    /// The tile, for reports: mma's `spec (description)`, e.g. `2,4,64,l,e,h (Br128xBc64 ..)`,
+    /// or wgmma's description, e.g. `Br128xBc128 d128 (2 stages, pingpong, ..)`; `None` for
+    /// naive and simt.
     pub config: Option<String>,
     /// Registers per thread of the main kernel at launch (wgmma: before `setmaxnreg`).
     pub registers: u32,
@@ -221,8 +221,8 @@ pub(crate) struct FlashKernel {
     pub nwarps: u32,
     /// Dynamic shared memory per block.
     pub smem: usize,
-    /// The mma tile, for the report.
-    pub tile: Option<crate::cuda::MmaTile>,
+    /// The tile, for the report ([`LaunchInfo::config`]).
+    pub config: Option<String>,
 }
 
 /// Launches a flash kernel: one block per (query block, head, batch), [`FlashParams`] by value.
@@ -262,8 +262,7 @@ pub(crate) fn launch_flash(gpu: &Gpu, l: &Launch, f: FlashKernel) -> Result<Laun
     Ok(LaunchInfo {
         kernel: f.kernel,
         why: "asked for".into(),
-        tile: f.tile,
-        config: None,
+        config: f.config,
         registers: k.stats.registers,
         spill_bytes: k.stats.spill_stores,
         smem_bytes: f.smem,

@@ -258,7 +258,7 @@ pub(crate) fn mma_kernel(
         br: tile.br(),
         nwarps: tile.nwarps,
         smem: tile.smem_bytes(d),
-        tile: Some(tile),
+        config: Some(format!("{} ({tile})", tile.spec())),
     }
 }
 

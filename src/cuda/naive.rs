@@ -155,7 +155,6 @@ pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
     Ok(LaunchInfo {
         kernel: KernelKind::Naive,
         why: "asked for".into(),
-        tile: None,
         config: None,
         registers: stats.iter().map(|x| x.registers).max().unwrap_or(0),
         spill_bytes: stats.iter().map(|x| x.spill_stores).sum(),

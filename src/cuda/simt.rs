@@ -96,7 +96,7 @@ pub(crate) fn flash_kernel(dtype: DType, p: &AttnProblem) -> FlashKernel {
         br: tile.br(),
         nwarps: tile.nwarps,
         smem: tile.smem_bytes(d),
-        tile: None,
+        config: None,
     }
 }
 

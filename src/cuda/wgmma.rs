@@ -394,7 +394,6 @@ pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
     Ok(LaunchInfo {
         kernel: KernelKind::Wgmma,
         why: "asked for (sm_90)".into(),
-        tile: None,
         config: Some(tile.to_string()),
         registers: k.stats.registers,
         spill_bytes: k.stats.spill_stores,
