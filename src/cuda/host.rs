@@ -46,6 +46,16 @@ fn back<U: 'static, T: 'static>(x: Vec<U>) -> Vec<T> {
     unsafe { Vec::from_raw_parts(x.as_mut_ptr() as *mut T, x.len(), x.capacity()) }
 }
 
+/// A run on element type `U`, seen as `T` (the same type: see [`back`]).
+fn as_t<U: 'static, T: 'static>(r: HostRun<U>) -> HostRun<T> {
+    HostRun {
+        o: back(r.o),
+        lse: r.lse,
+        seconds: r.seconds,
+        info: r.info,
+    }
+}
+
 /// Runs the best GPU kernel on host buffers (`wgmma` where it serves, else `mma`): o comes back
 /// dense, with lse, the backend description, the kernel time in seconds, and why that kernel ran.
 ///
@@ -60,37 +70,21 @@ pub fn try_host_forward<T: Element>(
 ) -> Result<(HostRun<T>, Backend)> {
     let gpu = shared_gpu()?;
     let kernel = KernelKind::Wgmma;
-    let backend = |ran: KernelKind| Backend::Cuda {
-        device: gpu.info().name.clone(),
-        kernel: format!("attn_{ran}"),
+    // The backend names the kernel that ran (wgmma hands calls it cannot serve to mma).
+    let with_backend = |r: HostRun<T>| {
+        let b = Backend::Cuda {
+            device: gpu.info().name.clone(),
+            kernel: format!("attn_{}", r.info.kernel),
+        };
+        (r, b)
     };
     if let (Some(q), Some(k), Some(v)) = (same::<T, f16>(q), same::<T, f16>(k), same::<T, f16>(v)) {
-        let r = forward_host(gpu, kernel, p, q, k, v)?;
-        let b = backend(r.info.kernel);
-        return Ok((
-            HostRun {
-                o: back(r.o),
-                lse: r.lse,
-                seconds: r.seconds,
-                info: r.info,
-            },
-            b,
-        ));
+        return Ok(with_backend(as_t(forward_host(gpu, kernel, p, q, k, v)?)));
     }
     if let (Some(q), Some(k), Some(v)) =
         (same::<T, bf16>(q), same::<T, bf16>(k), same::<T, bf16>(v))
     {
-        let r = forward_host(gpu, kernel, p, q, k, v)?;
-        let b = backend(r.info.kernel);
-        return Ok((
-            HostRun {
-                o: back(r.o),
-                lse: r.lse,
-                seconds: r.seconds,
-                info: r.info,
-            },
-            b,
-        ));
+        return Ok(with_backend(as_t(forward_host(gpu, kernel, p, q, k, v)?)));
     }
     Err(AttnError::DTypeMismatch {
         what: format!(
