@@ -293,81 +293,84 @@ fn check_descs(sec: &mut Section, names: &[String], got: &[u64], want: &[Descrip
     }
 }
 
+/// One section over a warpgroup's accumulators `regs` (by thread, then register): the cell
+/// (i, j) a register holds ([`acc_cell`]) must equal `expect(i, j)`; `got(i, j, v)` describes a
+/// wrong value, `want(i, j, e)` the expected one, and registers are named `prefix` + index.
+fn check_acc(
+    report: &mut ProbeReport,
+    title: &str,
+    regs: &[Vec<f32>],
+    prefix: &str,
+    expect: impl Fn(usize, usize) -> f32,
+    got: impl Fn(usize, usize, f32) -> String,
+    want: impl Fn(usize, usize, f32) -> String,
+) {
+    let mut sec = Section::threads(title);
+    for (tid, thread) in regs.iter().enumerate() {
+        for (reg, &v) in thread.iter().enumerate() {
+            let (i, j) = acc_cell(tid, reg);
+            let e = expect(i, j);
+            sec.cell(
+                v == e,
+                tid,
+                reg_name(prefix, tid, reg),
+                || got(i, j, v),
+                want(i, j, e),
+            );
+        }
+    }
+    sec.finish(report);
+}
+
 /// Checks every register of `dump` against the layout model; `source` names where it came from.
 pub fn check(dump: &WgmmaDump, source: impl Into<String>) -> ProbeReport {
     let input = dump.input;
     let mut report = ProbeReport::new(input.dtype(), source.into());
 
-    let mut acc = Section::threads("wgmma accumulators: D[i][j] = 16*i*j (m64n64k16)");
-    for (tid, regs) in dump.acc.iter().enumerate() {
-        for (reg, &v) in regs.iter().enumerate() {
-            let (i, j) = acc_cell(tid, reg);
-            let e = (16 * i * j) as f32;
-            acc.cell(
-                v == e,
-                tid,
-                reg_name("d", tid, reg),
-                || describe_acc(v),
-                format!("D[{i}][{j}] (value {})", show(e)),
-            );
-        }
-    }
-    acc.finish(&mut report);
-
-    let mut kk = Section::threads(
+    check_acc(
+        &mut report,
+        "wgmma accumulators: D[i][j] = 16*i*j (m64n64k16)",
+        &dump.acc,
+        "d",
+        |i, j| (16 * i * j) as f32,
+        |_, _, v| describe_acc(v),
+        |i, j, e| format!("D[{i}][{j}] (value {})", show(e)),
+    );
+    check_acc(
+        &mut report,
         "K-major descriptors, 128-byte swizzle (Q K^T path): every k read where TMA put it, D = 2i+64",
+        &dump.kmajor_k,
+        "d",
+        |i, _| (2 * i + 64) as f32,
+        |_, n, v| {
+            if v.fract() == 0.0 && v >= 64.0 && (v as usize - 64).is_multiple_of(2) && v < 192.0 {
+                format!(
+                    "k = {} and {} of row n={n} (value {})",
+                    (v as usize - 64) / 2,
+                    (v as usize - 64) / 2 + 64,
+                    show(v)
+                )
+            } else {
+                format!("value {} (not the sum of k and k+64)", show(v))
+            }
+        },
+        |i, n, e| format!("k = {i} and {} of row {n} (value {})", i + 64, show(e)),
     );
-    for (tid, regs) in dump.kmajor_k.iter().enumerate() {
-        for (reg, &v) in regs.iter().enumerate() {
-            let (i, n) = acc_cell(tid, reg);
-            let e = (2 * i + 64) as f32;
-            let got = || {
-                if v.fract() == 0.0 && v >= 64.0 && (v as usize - 64).is_multiple_of(2) && v < 192.0
-                {
-                    format!(
-                        "k = {} and {} of row n={n} (value {})",
-                        (v as usize - 64) / 2,
-                        (v as usize - 64) / 2 + 64,
-                        show(v)
-                    )
-                } else {
-                    format!("value {} (not the sum of k and k+64)", show(v))
-                }
-            };
-            kk.cell(
-                v == e,
-                tid,
-                reg_name("d", tid, reg),
-                got,
-                format!("k = {i} and {} of row {n} (value {})", i + 64, show(e)),
-            );
-        }
-    }
-    kk.finish(&mut report);
-    let mut kn = Section::threads(
+    check_acc(
+        &mut report,
         "K-major descriptors, 128-byte swizzle: every row n read where TMA put it, D = 2n",
+        &dump.kmajor_n,
+        "d",
+        |_, n| (2 * n) as f32,
+        |_, _, v| {
+            if v.fract() == 0.0 && v >= 0.0 && (v as usize).is_multiple_of(2) && v < 128.0 {
+                format!("B row {} (value {})", v as usize / 2, show(v))
+            } else {
+                format!("value {} (rows mixed)", show(v))
+            }
+        },
+        |i, n, e| format!("B row {n} for D[{i}][{n}] (value {})", show(e)),
     );
-    for (tid, regs) in dump.kmajor_n.iter().enumerate() {
-        for (reg, &v) in regs.iter().enumerate() {
-            let (i, n) = acc_cell(tid, reg);
-            let e = (2 * n) as f32;
-            let got = || {
-                if v.fract() == 0.0 && v >= 0.0 && (v as usize).is_multiple_of(2) && v < 128.0 {
-                    format!("B row {} (value {})", v as usize / 2, show(v))
-                } else {
-                    format!("value {} (rows mixed)", show(v))
-                }
-            };
-            kn.cell(
-                v == e,
-                tid,
-                reg_name("d", tid, reg),
-                got,
-                format!("B row {n} for D[{i}][{n}] (value {})", show(e)),
-            );
-        }
-    }
-    kn.finish(&mut report);
     let mut kd = Section::new("K-major descriptors built by the kernel (A, B; 8 k-steps each)");
     let names: Vec<String> = (0..16)
         .map(|x| format!("desc {} k-step {}", if x < 8 { "A" } else { "B" }, x % 8))
@@ -390,22 +393,15 @@ pub fn check(dump: &WgmmaDump, source: impl Into<String>) -> ProbeReport {
         }
         x => format!("value {} (no cell holds it)", show(x)),
     };
-    let mut ss =
-        Section::threads("S = Q K^T accumulators (m64n64, 4 k-steps): S[i][k] = 16*(i%16) + k%16");
-    for (tid, regs) in dump.pv_s.iter().enumerate() {
-        for (reg, &v) in regs.iter().enumerate() {
-            let (i, k) = acc_cell(tid, reg);
-            let e = s_val(i, k);
-            ss.cell(
-                v == e,
-                tid,
-                reg_name("s", tid, reg),
-                || describe_s(v),
-                format!("S[{i}][{k}] (value {})", show(e)),
-            );
-        }
-    }
-    ss.finish(&mut report);
+    check_acc(
+        &mut report,
+        "S = Q K^T accumulators (m64n64, 4 k-steps): S[i][k] = 16*(i%16) + k%16",
+        &dump.pv_s,
+        "s",
+        s_val,
+        |_, _, v| describe_s(v),
+        |i, k, e| format!("S[{i}][{k}] (value {})", show(e)),
+    );
     let mut ps = Section::threads(format!(
         "P = S packed to {} pairs as the register A operand (4 k-steps)",
         input.dtype()
@@ -433,36 +429,28 @@ pub fn check(dump: &WgmmaDump, source: impl Into<String>) -> ProbeReport {
         }
     }
     ps.finish(&mut report);
-    let mut os = Section::threads(
+    let weight = |j: usize| if j < 64 { 1.0 } else { 2.0 };
+    check_acc(
+        &mut report,
         "O = P V, V MN-major through its descriptor (LBO = next 64 columns): O[i][j] = P[i][j%64] * (1 or 2)",
+        &dump.pv_o,
+        "o",
+        |i, j| s_val(i, j % 64) * weight(j),
+        |_, j, v| {
+            let w = weight(j);
+            if v.fract() == 0.0 && v >= 0.0 && v < 256.0 * w {
+                format!(
+                    "value {} (= {} x P[i][k] with k%16 = {})",
+                    show(v),
+                    show(w),
+                    (v / w) as usize % 16
+                )
+            } else {
+                format!("value {} (keys mixed)", show(v))
+            }
+        },
+        |i, j, e| format!("O[{i}][{j}] (value {})", show(e)),
     );
-    for (tid, regs) in dump.pv_o.iter().enumerate() {
-        for (reg, &v) in regs.iter().enumerate() {
-            let (i, j) = acc_cell(tid, reg);
-            let w = if j < 64 { 1.0 } else { 2.0 };
-            let e = s_val(i, j % 64) * w;
-            let got = || {
-                if v.fract() == 0.0 && v >= 0.0 && v < 256.0 * w {
-                    format!(
-                        "value {} (= {} x P[i][k] with k%16 = {})",
-                        show(v),
-                        show(w),
-                        (v / w) as usize % 16
-                    )
-                } else {
-                    format!("value {} (keys mixed)", show(v))
-                }
-            };
-            os.cell(
-                v == e,
-                tid,
-                reg_name("o", tid, reg),
-                got,
-                format!("O[{i}][{j}] (value {})", show(e)),
-            );
-        }
-    }
-    os.finish(&mut report);
     let mut vd = Section::new("V descriptors built by the kernel (4 k-steps)");
     let names: Vec<String> = (0..4).map(|x| format!("desc V k-step {x}")).collect();
     let want: Vec<Descriptor> = (0..4)
