@@ -1,21 +1,22 @@
 // attn_wgmma.cu: FlashAttention forward for Hopper (sm_90a) with wgmma, TMA and warp
 // specialisation, in the structure of FlashAttention-3 (Shah et al. 2024).
 //
-// A block works on tiles of BR = 128 query rows of one (batch, head) and runs three
-// warpgroups:
+// A block works on tiles of BR = 64 * CONSUMERS query rows of one (batch, head) and runs
+// CONSUMERS + 1 warpgroups:
 // - warpgroup 0, the producer: gives most of its registers away (setmaxnreg.dec) and one thread
 //   issues every TMA load: each tile's Q, then its K and V tiles of BC keys into a ring of STAGES
 //   shared-memory stages; each load completes on a "full" mbarrier, and a stage is reused only
-//   after both consumers have arrived on its "empty" mbarrier;
-// - warpgroups 1 and 2, the consumers: 64 query rows each (setmaxnreg.inc). S = Q K^T is one
+//   after every consumer has arrived on its "empty" mbarrier;
+// - warpgroups 1.., the consumers (2, or 3 for d64 as FA3 does): 64 query rows each
+//   (setmaxnreg.inc). S = Q K^T is one
 //   wgmma m64nBCk16 per 16 channels with Q and K read from shared memory through matrix
 //   descriptors; the online softmax runs on the S accumulators; P, packed to 16-bit pairs, is
 //   the register A operand of O += P V (V read MN-major through its descriptor).
 // Overlap (FA3's two kinds):
 // - intra-warpgroup: iteration n issues S_n = Q K_n^T and then O += P_{n-1} V_{n-1}, and
 //   computes the softmax of S_n while P_{n-1} V_{n-1} runs on the Tensor Cores;
-// - pingpong (PINGPONG=1): the two consumers take turns to issue their wgmmas (named barriers
-//   1 and 2), so one warpgroup's softmax runs under the other's GEMMs.
+// - pingpong (PINGPONG=1): the consumers take turns, in a ring, to issue their wgmmas (named
+//   barriers 1..CONSUMERS), so one warpgroup's softmax runs under the others' GEMMs.
 // Epilogue: O / row_sum is written as 16-bit pairs into a staging tile (its own buffer when
 // shared memory allows, else the warpgroup's rows of the Q tile; same 128-byte swizzle) and
 // stored with TMA; lse as in attn_mma.
@@ -37,8 +38,8 @@
 // Specialised at NVRTC time by HEAD_DIM (the padded head_dim DP: a multiple of 16 from 64 to
 // 256; channels past the real head_dim are zero-filled by TMA and never stored), BC (keys per
 // tile, a multiple of 16), STAGES (K/V ring depth), PINGPONG, RESCALE_SLACK (as attn_mma),
-// IS_BF16, IS_CAUSAL, HEAD_MAJOR, DYNAMIC, SMEM_LIMIT (decides where O is staged),
-// CONSUMER_REGS / PRODUCER_REGS (setmaxnreg targets).
+// IS_BF16, IS_CAUSAL, HEAD_MAJOR, DYNAMIC, SMEM_LIMIT (decides where O is staged), CONSUMERS
+// (consumer warpgroups), CONSUMER_REGS / PRODUCER_REGS (setmaxnreg targets).
 #include "ptx.cuh"
 #include "attn_common.cuh"
 #include "hopper.cuh"
@@ -70,12 +71,15 @@
 #ifndef DYNAMIC
 #define DYNAMIC 0
 #endif
+#ifndef CONSUMERS
+#define CONSUMERS 2
+#endif
 
 // ---- geometry -------------------------------------------------------------------------------
 constexpr int DP = D;                    // padded head_dim (HEAD_DIM)
 constexpr int NSUB = (DP + 63) / 64;     // 64-channel, 128-byte-row sub-tiles (TMA boxes)
-constexpr int BR = 128;                  // query rows per block: 64 per consumer warpgroup
-constexpr int NCONS = 2;                 // consumer warpgroups
+constexpr int NCONS = CONSUMERS;         // consumer warpgroups
+constexpr int BR = 64 * NCONS;           // query rows per block: 64 per consumer warpgroup
 constexpr int NT = 128 * (NCONS + 1);    // threads: producer + consumers
 constexpr u32 SUB_Q = BR * 128;          // bytes of one Q sub-tile
 constexpr u32 SUB_KV = BC * 128;         // bytes of one K or V sub-tile
@@ -88,19 +92,21 @@ constexpr int NO = DP / 2;               // O accumulators per thread
 static_assert(DP % 16 == 0 && DP >= 64 && DP <= 256, "HEAD_DIM (padded) must be a multiple of 16 in 64..256");
 static_assert(BC % 16 == 0 && BC >= 16 && BC <= 256, "BC must be a multiple of 16 up to 256");
 static_assert(STAGES >= 2 && STAGES <= 8, "STAGES in 2..8");
+static_assert(NCONS == 2 || NCONS == 3, "CONSUMERS is 2 or 3");
 // setmaxnreg moves registers inside the block's pool, the count ptxas gives each of the NT
-// threads at launch (64K / NT, a multiple of 8: 168): an inc the pool cannot cover waits forever.
+// threads at launch (64K / NT, a multiple of 8: 168 for 384 threads, 128 for 512): an inc the
+// pool cannot cover waits forever.
 static_assert((NCONS * CONSUMER_REGS + PRODUCER_REGS) * 128 <= (65536 / NT / 8 * 8) * NT,
               "setmaxnreg targets exceed the block's register pool");
 
 // Named barriers (0 is __syncthreads): the pingpong turns, then one per consumer epilogue.
-constexpr u32 BAR_SCHED = 1; // + consumer index: "consumer c may issue its wgmmas"
-constexpr u32 BAR_EPI = 3;   // + consumer index: the consumer's 128 threads
+constexpr u32 BAR_SCHED = 1;             // + consumer index: "consumer c may issue its wgmmas"
+constexpr u32 BAR_EPI = BAR_SCHED + NCONS; // + consumer index: the consumer's 128 threads
 // The producer's warp hands each round's tile to the consumers: it writes the tile slot and
-// arrives; the 256 consumer threads sync, then read. A named barrier rather than the q_full
+// arrives; the consumer threads sync, then read. A named barrier rather than the q_full
 // mbarrier's release/acquire (equally correct) so that compute-sanitizer's racecheck, which
 // models bar.sync/bar.arrive, sees the order.
-constexpr u32 BAR_TILE = 5;
+constexpr u32 BAR_TILE = BAR_EPI + NCONS;
 constexpr u32 TILE_HANDOFF_THREADS = 32 + NCONS * 128;
 
 // O is staged for its TMA store in a buffer of its own when it fits beside Q and the K/V
@@ -153,7 +159,7 @@ FA_DEVICE u64 k_desc(u32 sk, int kk) { return desc_kmajor_sw128(sk, kk, SUB_KV);
 FA_DEVICE u64 v_desc(u32 sv, int kk) { return desc_mnmajor_sw128(sv, kk, SUB_KV); }
 
 // Key tiles a block of query rows starting at row0 needs: up to the keys its last row sees.
-// Both consumers run all of them (pingpong needs the same count of turns on both sides).
+// Every consumer runs all of them (pingpong needs the same count of turns on every side).
 FA_DEVICE int key_tiles(const Params &p, int row0) {
     const i64 diag = (i64)p.seqlen_k - p.seqlen_q;
     return (visible_keys((i64)row0 + BR - 1, diag, p.seqlen_k) + BC - 1) / BC;
@@ -251,7 +257,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
 
     // ================================ consumers ================================================
     setmaxnreg_inc<CONSUMER_REGS>();
-    const int cons = wg - 1;                 // 0 or 1: rows 64*cons .. 64*cons+63 of the block
+    const int cons = wg - 1;                 // rows 64*cons .. 64*cons+63 of the block
     const int ctid = tid - 128 * wg;         // thread in the warpgroup
     const int warp = ctid / 32, lane = ctid % 32;
     const int g = lane / 4, t = lane % 4;
@@ -278,8 +284,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         const int lim_block = IS_CAUSAL ? row_limit(row0, diag, p.seqlen_k) : p.seqlen_k;
 
 #if PINGPONG
-        // Consumer 0 takes the first turn of each tile. Consumer 1 skips its last hand-back
-        // (below), so both barriers see as many arrivals as waits per tile.
+        // Consumer 0 takes the first turn of each tile; each passes the turn to the next in the
+        // ring. The last skips its last hand-back (below), so every barrier sees as many
+        // arrivals as waits per tile.
         if (cons == 0 && n_blocks > 0) named_arrive(BAR_SCHED + 0, 256);
 #endif
         auto turn_wait = [&]() {
@@ -289,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         };
         auto turn_pass = [&](int n) {
 #if PINGPONG
-            if (!(cons == 1 && n == n_blocks - 1)) named_arrive(BAR_SCHED + (1 - cons), 256);
+            if (!(cons == NCONS - 1 && n == n_blocks - 1)) named_arrive(BAR_SCHED + (cons + 1) % NCONS, 256);
 #endif
         };
 

@@ -9,7 +9,7 @@ use flashattn::DType;
 use flashattn::cuda::nvrtc::nvrtc_present;
 use flashattn::cuda::simt::SimtTile;
 use flashattn::cuda::{
-    CI_ARCHS, KernelSource, MmaTile, PtxasStats, WgmmaTile, compile_cubin, naive, wgmma,
+    CI_ARCHS, KernelSource, MmaTile, PtxasStats, WgmmaTile, compile_cubin, naive,
 };
 use rayon::prelude::*;
 use std::time::Instant;
@@ -104,18 +104,20 @@ fn jobs() -> Vec<Job> {
         }
     }
     // The Hopper kernel: sm_90a only, every padded head_dim it is specialised for.
-    // (head_dim, seqlen_k): every default tile (d64 changes Bc with seqlen_k).
+    // (head_dim, seqlen_k): every default tile (d64 changes consumers and Bc with seqlen_k
+    // and the mask).
     for (d, sk) in [
         (64, 1024),
+        (64, 3072),
         (64, 4096),
         (96, 1024),
         (128, 1024),
         (192, 1024),
         (256, 1024),
     ] {
-        let t = WgmmaTile::default_for(d, sk).expect("served head_dim");
         for dtype in DTYPES {
             for causal in [false, true] {
+                let t = WgmmaTile::default_for(d, sk, causal).expect("served head_dim");
                 out.push(Job {
                     source: KernelSource::AttnWgmma,
                     arch: "sm_90a",
@@ -125,8 +127,8 @@ fn jobs() -> Vec<Job> {
                     defines: t.defines(dtype, causal),
                     functions: &["attn_wgmma"],
                     smem: t.smem_bytes(),
-                    tile: format!("Bc{} {}st", t.bc, t.stages),
-                    roles: Some((wgmma::PRODUCER_REGS, wgmma::CONSUMER_REGS)),
+                    tile: format!("Br{}xBc{} {}st", t.br(), t.bc, t.stages),
+                    roles: Some((t.registers().1, t.registers().0)),
                 });
             }
         }

@@ -18,17 +18,8 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use serde::Serialize;
 use std::fmt;
 
-/// Query rows per block: two consumer warpgroups of 64 rows.
-pub const BR: u32 = 128;
-/// Threads per block: one producer and two consumer warpgroups.
-pub const THREADS: u32 = 384;
-/// Registers per thread the consumer warpgroups take with `setmaxnreg.inc`. The block's pool
-/// is what ptxas gives its 384 threads at launch, 168 each (64512): (2 * 232 + 40) * 128 =
-/// 64512. 232 holds d256's 128 O accumulators plus S and P without spills.
-pub const CONSUMER_REGS: u32 = 232;
-/// Registers the producer warpgroup keeps (`setmaxnreg.dec`): 40, as the dynamic tile
-/// scheduler's loop spilled at 24.
-pub const PRODUCER_REGS: u32 = 40;
+/// Query rows per consumer warpgroup (one wgmma m64 row block).
+pub const ROWS_PER_CONSUMER: u32 = 64;
 /// Shared memory per block the kernel may plan for (the sm_90 opt-in limit, 227 KB).
 pub const SMEM_LIMIT: usize = 227 * 1024;
 /// Environment variable that overrides the tile of every wgmma launch (`bc,stages[,nopp]`):
@@ -56,6 +47,9 @@ pub struct WgmmaTile {
     /// Tiles after the first are handed out by an atomic counter (blocks that drew short
     /// causal tiles take more), instead of every grid-th tile.
     pub dynamic: bool,
+    /// Consumer warpgroups of 64 query rows: 2 (Br 128), or 3 (Br 192, d64 with Bc <= 128
+    /// only: a consumer then has 160 registers).
+    pub consumers: u32,
 }
 
 impl WgmmaTile {
@@ -71,20 +65,24 @@ impl WgmmaTile {
         }
     }
 
-    /// The default for a head_dim and seqlen_k (`None` when the kernel does not serve the
-    /// head_dim). Measured on the H200 (docs/perf-notes.md, runs 22-24):
+    /// The default for a head_dim, seqlen_k and mask (`None` when the kernel does not serve
+    /// the head_dim). Measured on the H200 (docs/perf-notes.md, runs 22-24 and 28):
+    /// - d64: three consumers (Br 192, FA3's d64 shape), Bc 128, no pingpong: +1-12 % over two
+    ///   consumers non-causal (1k-16k) and +4-7 % causal at 4k-16k; causal at 1k lost 10 % (a
+    ///   192-row diagonal tile wastes more), so causal below 4096 keys keeps two consumers.
     /// - Bc 128 up to 128 channels: S (64 f32 per thread) + O (<= 64) + P (32) fit a
     ///   consumer's 232 registers; two K/V stages, Q and an O tile fill 192 KB at d128. Bc 176
     ///   (FA3's d128 choice) was level at 16k and 5-13 % slower at 1k (its O tile no longer
     ///   fits, so the next Q waits for the store); 3 stages likewise; Bc 64 and 96 were slower
     ///   everywhere.
-    /// - d64 with seqlen_k >= 3072: Bc 192 (+2-8 % at 4k-16k: fewer softmax rounds per key);
-    ///   at 1k its last tile is two-thirds empty (-6 %), so Bc 128 below.
+    /// - d64 with two consumers and seqlen_k >= 3072: Bc 192 (+2-8 % at 4k-16k: fewer softmax
+    ///   rounds per key); at 1k its last tile is two-thirds empty (-6 %), so Bc 128 below.
     /// - Bc 96 at 192 channels (O takes 96 registers) and Bc 64 at 256 (O takes 128; 192 KB).
-    pub fn default_for(head_dim: usize, seqlen_k: usize) -> Option<Self> {
+    pub fn default_for(head_dim: usize, seqlen_k: usize, causal: bool) -> Option<Self> {
         let dp = Self::padded_head_dim(head_dim)?;
+        let three = dp == 64 && (!causal || seqlen_k >= 4096);
         let bc = match dp {
-            64 if seqlen_k >= 3072 => 192,
+            64 if seqlen_k >= 3072 && !three => 192,
             ..=128 => 128,
             192 => 96,
             _ => 64,
@@ -93,22 +91,46 @@ impl WgmmaTile {
             head_dim: dp,
             bc,
             stages: 2,
-            pingpong: true,
+            pingpong: !three,
             head_major: true,
             persistent: true,
             dynamic: true,
+            consumers: if three { 3 } else { 2 },
         })
     }
 
-    /// Applies a `bc,stages[,nopp][,nohm][,np][,static]` override (see [`TILE_ENV`]): no
-    /// pingpong, no head-major order, not persistent, no tile counter.
+    /// Query rows per block (`Br`).
+    pub fn br(&self) -> u32 {
+        ROWS_PER_CONSUMER * self.consumers
+    }
+
+    /// Threads per block: the producer warpgroup and the consumers.
+    pub fn threads(&self) -> u32 {
+        128 * (self.consumers + 1)
+    }
+
+    /// setmaxnreg targets (consumer, producer). The block's pool is what ptxas gives each
+    /// thread at launch (64K / threads, a multiple of 8): 168 for 384 threads, where
+    /// (2 * 232 + 40) * 128 = 64512 and 232 holds d256's 128 O accumulators plus S and P
+    /// (the producer keeps 40: the tile scheduler's loop spilled at 24); 128 for 512, where
+    /// (3 * 160 + 32) * 128 = 65536.
+    pub fn registers(&self) -> (u32, u32) {
+        if self.consumers == 3 {
+            (160, 32)
+        } else {
+            (232, 40)
+        }
+    }
+
+    /// Applies a `bc,stages[,nopp][,nohm][,np][,static][,wg3]` override (see [`TILE_ENV`]):
+    /// no pingpong, no head-major order, not persistent, no tile counter, three consumers.
     ///
     /// # Errors
     /// [`AttnError::InvalidInput`] naming the expected form.
     pub fn with_spec(self, spec: &str) -> Result<Self> {
         let bad = || AttnError::InvalidInput {
             what: format!(
-                "wgmma tile '{spec}': expected bc,stages[,nopp][,nohm][,np][,static] with bc a multiple of 16 in 16..=256 and stages in 2..=8"
+                "wgmma tile '{spec}': expected bc,stages[,nopp][,nohm][,np][,static][,wg3] with bc a multiple of 16 in 16..=256, stages in 2..=8, and wg3 only at head_dim 64 with bc <= 128"
             ),
         };
         let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
@@ -123,11 +145,13 @@ impl WgmmaTile {
             head_major: !parts[2..].contains(&"nohm"),
             persistent: !parts[2..].contains(&"np"),
             dynamic: !parts[2..].contains(&"static"),
+            consumers: if parts[2..].contains(&"wg3") { 3 } else { 2 },
             ..self
         };
         if parts[2..]
             .iter()
-            .any(|f| !["nopp", "nohm", "np", "static"].contains(f))
+            .any(|f| !["nopp", "nohm", "np", "static", "wg3"].contains(f))
+            || (t.consumers == 3 && (t.head_dim != 64 || t.bc > 128))
             || t.bc == 0
             || !t.bc.is_multiple_of(16)
             || t.bc > 256
@@ -151,7 +175,7 @@ impl WgmmaTile {
     }
 
     fn q_bytes(&self) -> usize {
-        BR as usize * self.subtiles() * 128
+        self.br() as usize * self.subtiles() * 128
     }
 
     fn core_bytes(&self) -> usize {
@@ -180,8 +204,9 @@ impl WgmmaTile {
             ("HEAD_MAJOR".into(), b(self.head_major)),
             ("IS_BF16".into(), b(dtype == DType::BF16)),
             ("IS_CAUSAL".into(), b(causal)),
-            ("CONSUMER_REGS".into(), CONSUMER_REGS.to_string()),
-            ("PRODUCER_REGS".into(), PRODUCER_REGS.to_string()),
+            ("CONSUMERS".into(), self.consumers.to_string()),
+            ("CONSUMER_REGS".into(), self.registers().0.to_string()),
+            ("PRODUCER_REGS".into(), self.registers().1.to_string()),
             ("SMEM_LIMIT".into(), SMEM_LIMIT.to_string()),
             ("DYNAMIC".into(), b(self.dynamic)),
         ]
@@ -192,7 +217,8 @@ impl fmt::Display for WgmmaTile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "Br{BR}xBc{} d{} ({} stages{}{})",
+            "Br{}xBc{} d{} ({} stages{}{})",
+            self.br(),
             self.bc,
             self.head_dim,
             self.stages,
@@ -211,7 +237,8 @@ impl fmt::Display for WgmmaTile {
 /// # Errors
 /// A malformed override.
 pub fn tile_for(p: &AttnProblem) -> Result<Option<WgmmaTile>> {
-    let Some(t) = WgmmaTile::default_for(p.shape.head_dim, p.shape.seqlen_k) else {
+    let Some(t) = WgmmaTile::default_for(p.shape.head_dim, p.shape.seqlen_k, p.mask.is_causal())
+    else {
         return Ok(None);
     };
     match std::env::var(TILE_ENV) {
@@ -230,7 +257,7 @@ pub fn unsupported(info: &DeviceInfo, p: &AttnProblem) -> Option<String> {
         ));
     }
     let d = p.shape.head_dim;
-    let Some(tile) = WgmmaTile::default_for(d, p.shape.seqlen_k) else {
+    let Some(tile) = WgmmaTile::default_for(d, p.shape.seqlen_k, p.mask.is_causal()) else {
         return Some(format!(
             "head_dim {d} is outside 64..=256 (its TMA rows hold 64 channels; below 64 mma is the better fit)"
         ));
@@ -284,7 +311,7 @@ fn maps(l: &Launch, tile: &WgmmaTile) -> std::result::Result<[TmaMap; 4], String
         l.q,
         [d, s.seqlen_q, s.heads_q, s.batch],
         p.q_strides,
-        BR,
+        tile.br(),
     );
     let k = bshd_map(
         l.dtype,
@@ -305,7 +332,7 @@ fn maps(l: &Launch, tile: &WgmmaTile) -> std::result::Result<[TmaMap; 4], String
         l.o,
         [d, s.seqlen_q, s.heads_q, s.batch],
         p.o_strides,
-        BR / 2,
+        ROWS_PER_CONSUMER,
     );
     let enc = |name: &str, m: &TiledMap| m.encode().map_err(|e| format!("{name}: {e}"));
     Ok([enc("q", &q)?, enc("k", &k)?, enc("v", &v)?, enc("o", &o)?])
@@ -343,7 +370,8 @@ pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
     let ctx = launch_context("attn_wgmma", p);
     let smem = tile.smem_bytes();
     set_dynamic_smem(&k.function, smem, &ctx)?;
-    let fp = FlashParams::new(l, BR);
+    let br = tile.br();
+    let fp = FlashParams::new(l, br);
     let s = &p.shape;
     let tiles = fp.num_m_blocks as u64 * s.batch as u64 * s.heads_q as u64;
     // The kernel indexes tiles (plus up to a grid of failed counter draws) with an int.
@@ -352,7 +380,7 @@ pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
         .filter(|&t| t <= i32::MAX as u32 - 4096)
         .ok_or_else(|| AttnError::TooLarge {
             kernel: "attn_wgmma",
-            reason: format!("{tiles} tiles of {BR} query rows: split the batch"),
+            reason: format!("{tiles} tiles of {br} query rows: split the batch"),
         })?;
     let blocks = if tile.persistent {
         tiles.min(gpu.info().sm_count.max(1) as u32)
@@ -361,7 +389,7 @@ pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
     };
     let cfg = LaunchConfig {
         grid_dim: (blocks, 1, 1),
-        block_dim: (THREADS, 1, 1),
+        block_dim: (tile.threads(), 1, 1),
         shared_mem_bytes: smem as u32,
     };
     let run = |tile_counter: u64, tile_base: u32| -> Result<()> {
@@ -436,7 +464,7 @@ mod tests {
     #[test]
     fn head_dims_and_tiles() {
         for d in [8, 32, 56, 264] {
-            assert_eq!(WgmmaTile::default_for(d, 4096), None, "{d}");
+            assert_eq!(WgmmaTile::default_for(d, 4096, false), None, "{d}");
         }
         let pad: Vec<(usize, u32)> = [64, 72, 96, 104, 128, 136, 192, 200, 256]
             .iter()
@@ -457,17 +485,24 @@ mod tests {
             ]
         );
         for d in (64..=256).step_by(8) {
-            let t = WgmmaTile::default_for(d, 4096).unwrap();
+            let t = WgmmaTile::default_for(d, 4096, false).unwrap();
             assert!(t.smem_bytes() <= 227 * 1024, "d{d}: {}", t.smem_bytes());
         }
-        assert_eq!(WgmmaTile::default_for(64, 1024).unwrap().bc, 128);
-        assert_eq!(WgmmaTile::default_for(64, 4096).unwrap().bc, 192);
-        let t = WgmmaTile::default_for(128, 4096).unwrap();
+        let d64 = |sk, causal| {
+            let t = WgmmaTile::default_for(64, sk, causal).unwrap();
+            (t.consumers, t.bc, t.pingpong)
+        };
+        assert_eq!(d64(1024, false), (3, 128, false));
+        assert_eq!(d64(16384, false), (3, 128, false));
+        assert_eq!(d64(1024, true), (2, 128, true));
+        assert_eq!(d64(3072, true), (2, 192, true));
+        assert_eq!(d64(4096, true), (3, 128, false));
+        let t = WgmmaTile::default_for(128, 4096, false).unwrap();
         // Q + 2 stages of K and V + its own O tile + slack and 10 mbarriers.
         assert!(t.o_own());
         assert_eq!(t.smem_bytes(), 32768 + 4 * 32768 + 32768 + 1024 + 88);
         // d256: O goes through the Q tile (64 KB more would not fit).
-        let t256 = WgmmaTile::default_for(256, 4096).unwrap();
+        let t256 = WgmmaTile::default_for(256, 4096, false).unwrap();
         assert!(!t256.o_own());
         assert_eq!(t256.smem_bytes(), 65536 + 4 * 32768 + 1024 + 88);
         let o = t.with_spec("176,2,nopp,np,static").unwrap();
@@ -482,7 +517,13 @@ mod tests {
             ),
             (176, 2, false, true, false, false)
         );
-        for bad in ["176", "100,2", "128,1", "128,2,x", "272,2"] {
+        let t64 = WgmmaTile::default_for(64, 1024, true).unwrap();
+        let w3 = t64.with_spec("128,2,wg3").unwrap();
+        assert_eq!((w3.consumers, w3.br(), w3.threads()), (3, 192, 512));
+        let (c, p) = w3.registers();
+        assert!((3 * c + p) * 128 <= 65536);
+        assert!(t64.with_spec("192,2,wg3").is_err());
+        for bad in ["176", "100,2", "128,1", "128,2,x", "272,2", "128,2,wg3"] {
             assert!(t.with_spec(bad).is_err(), "{bad}");
         }
     }
