@@ -18,7 +18,7 @@ use half::{bf16, f16};
 use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, SafeTensors, View};
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 /// A safetensors file read into memory, header parsed and validated.
@@ -128,10 +128,29 @@ impl SafeFile {
         self.meta.metadata().clone().unwrap_or_default()
     }
 
-    /// The `scale` entry of the metadata, when present and a finite positive number.
-    pub fn scale(&self) -> Option<f32> {
-        let s: f64 = self.metadata().get("scale")?.trim().parse().ok()?;
-        (s.is_finite() && s > 0.0).then_some(s as f32)
+    /// The `scale` entry of the metadata (`None` when absent), under the rule `--scale` and
+    /// [`crate::AttnProblem::with_scale`] apply: a finite number above 0.
+    ///
+    /// # Errors
+    /// [`AttnError::InvalidInput`] naming the file and the value when the entry is not a
+    /// number, or is NaN, infinite, zero or negative (never silently replaced by the default).
+    pub fn scale(&self) -> Result<Option<f32>> {
+        let Some(raw) = self.metadata().get("scale").cloned() else {
+            return Ok(None);
+        };
+        let bad = |why: String| AttnError::InvalidInput {
+            what: format!(
+                "{}: metadata scale = '{raw}' {why}; fix the file's metadata, or override it with --scale",
+                self.path
+            ),
+        };
+        let value: f32 = raw
+            .trim()
+            .parse()
+            .map_err(|_| bad("is not a number".into()))?;
+        crate::shape::check_scale(value)
+            .map(Some)
+            .map_err(|e| bad(format!("is refused: {e}")))
     }
 
     /// Prefixes `P` for which `P.q`, `P.k` and `P.v` all exist, in natural order
@@ -396,7 +415,7 @@ impl View for &Entry {
 #[derive(Default)]
 pub struct Writer {
     entries: Vec<(String, Entry)>,
-    metadata: HashMap<String, String>,
+    metadata: BTreeMap<String, String>,
 }
 
 impl Writer {
@@ -493,14 +512,42 @@ impl Writer {
         self
     }
 
-    /// Serialises everything added so far.
+    /// Serialises everything added so far: the same entries and metadata give the same bytes.
+    ///
+    /// safetensors writes `__metadata__` from a `HashMap` (its order changes from process to
+    /// process), so the tensors are serialised without it and the header is then rewritten
+    /// with the metadata in key order (header padded with spaces to 8 bytes, as the format
+    /// asks; the data offsets are relative to the data and do not move).
     ///
     /// # Errors
     /// [`AttnError::SafeTensors`] when serialisation fails.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
-        let meta = (!self.metadata.is_empty()).then(|| self.metadata.clone());
-        safetensors::serialize(self.entries.iter().map(|(n, e)| (n.as_str(), e)), meta)
-            .map_err(|e| st_err("output", format!("cannot serialise: {e}")))
+        let err = |e: String| st_err("output", format!("cannot serialise: {e}"));
+        let bytes = safetensors::serialize(self.entries.iter().map(|(n, e)| (n.as_str(), e)), None)
+            .map_err(|e| err(e.to_string()))?;
+        if self.metadata.is_empty() {
+            return Ok(bytes);
+        }
+        let n = u64::from_le_bytes(bytes[..8].try_into().expect("8-byte length")) as usize;
+        let header = &bytes[8..8 + n];
+        let mut json: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(header).map_err(|e| err(e.to_string()))?;
+        let meta: serde_json::Map<String, serde_json::Value> = self
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect();
+        // "__metadata__" first, then the tensors in safetensors' own order.
+        let mut ordered = serde_json::Map::new();
+        ordered.insert("__metadata__".into(), meta.into());
+        ordered.append(&mut json);
+        let mut header = serde_json::to_vec(&ordered).map_err(|e| err(e.to_string()))?;
+        header.resize(header.len().next_multiple_of(8), b' ');
+        let mut out = Vec::with_capacity(8 + header.len() + bytes.len() - 8 - n);
+        out.extend((header.len() as u64).to_le_bytes());
+        out.extend(header);
+        out.extend(&bytes[8 + n..]);
+        Ok(out)
     }
 
     /// Writes the file.

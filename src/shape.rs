@@ -180,6 +180,22 @@ impl Strides {
     }
 }
 
+/// The rule every softmax_scale passes, wherever it comes from (the library, `--scale`, a
+/// file's `scale` metadata): a finite number above 0. FlashAttention takes any float, but a
+/// zero, negative or NaN scale is almost always a bug upstream (a parsed "-0.25" meant as
+/// 0.25, a 1/sqrt of 0), so it is refused rather than run.
+///
+/// # Errors
+/// [`AttnError::InvalidScale`] for NaN, infinite, zero or negative values.
+pub fn check_scale(softmax_scale: f32) -> Result<f32> {
+    if !softmax_scale.is_finite() || softmax_scale <= 0.0 {
+        return Err(AttnError::InvalidScale {
+            value: softmax_scale,
+        });
+    }
+    Ok(softmax_scale)
+}
+
 /// One attention call, fully described: sizes, strides of each tensor, mask and scale.
 ///
 /// Built with [`AttnProblem::new`] (dense tensors, default scale, no mask) and refined with
@@ -233,12 +249,7 @@ impl AttnProblem {
     /// # Errors
     /// [`AttnError::InvalidScale`] for NaN, infinite, zero or negative values.
     pub fn with_scale(mut self, softmax_scale: f32) -> Result<Self> {
-        if !softmax_scale.is_finite() || softmax_scale <= 0.0 {
-            return Err(AttnError::InvalidScale {
-                value: softmax_scale,
-            });
-        }
-        self.softmax_scale = softmax_scale;
+        self.softmax_scale = check_scale(softmax_scale)?;
         Ok(self)
     }
 

@@ -52,7 +52,7 @@ fn o_and_lse_round_trip_through_a_file() {
             l2.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             lse.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
         );
-        assert_eq!(f.scale(), Some(0.25));
+        assert_eq!(f.scale().unwrap(), Some(0.25));
         assert_eq!(f.layer_prefixes(), ["layer1"]);
         let qkv = f.qkv::<f16>("layer1").unwrap();
         assert_eq!((qkv.shape, qkv.q, qkv.k, qkv.v), (shape, q, k, v));
@@ -129,6 +129,61 @@ fn partial_or_misshapen_references_are_errors() {
     );
 }
 
+/// Field report (turn 2, 5): `run --out` wrote its metadata in hash order, so two identical
+/// runs gave different bytes. Same entries, same metadata: same bytes, in any insertion order.
+#[test]
+fn written_bytes_do_not_depend_on_hash_order() {
+    let o: Vec<f16> = random_vec(2 * 3 * 4, 5);
+    let keys = ["source", "mask", "layout", "scale", "a", "zz", "m1", "m2"];
+    let write = |rev: bool| {
+        let mut w = Writer::new();
+        w.add("layer0.o", &[2, 3, 4], &o).unwrap();
+        w.add("layer0.lse", &[2, 3], &[0.5f32; 6]).unwrap();
+        let mut ks = keys.to_vec();
+        if rev {
+            ks.reverse();
+        }
+        for k in ks {
+            w.meta(k, &format!("value of {k}"));
+        }
+        w.to_bytes().unwrap()
+    };
+    let first = write(false);
+    for i in 0..8 {
+        assert_eq!(write(i % 2 == 1), first, "writer {i}");
+    }
+    // Still a valid file: tensors and metadata read back.
+    let f = SafeFile::from_bytes("mem", first.clone()).unwrap();
+    assert_eq!(f.metadata().len(), keys.len());
+    assert_eq!(f.metadata()["zz"], "value of zz");
+    assert_eq!(f.read_exact::<f16>("layer0.o").unwrap().0, o);
+    assert_eq!(u64::from_le_bytes(first[..8].try_into().unwrap()) % 8, 0);
+}
+
+/// Field report (turn 2, 3): a file's `scale` metadata that is not a finite number above 0
+/// was silently replaced by 1/sqrt(head_dim); it is refused, naming the file and the value.
+#[test]
+fn bad_scale_metadata_is_refused() {
+    let with_scale = |v: &str| {
+        let mut w = Writer::new();
+        w.add("q", &[1, 2, 1, 4], &[0.5f32; 8]).unwrap();
+        w.meta("scale", v);
+        SafeFile::from_bytes("data/x.safetensors", w.to_bytes().unwrap()).unwrap()
+    };
+    for bad in ["nan", "0", "-0.25", "not a number", "inf", ""] {
+        let e = with_scale(bad).scale().unwrap_err().to_string();
+        assert!(
+            e.contains("data/x.safetensors") && e.contains(&format!("'{bad}'")),
+            "{bad}: {e}"
+        );
+    }
+    assert_eq!(with_scale(" 0.125 ").scale().unwrap(), Some(0.125));
+    let mut w = Writer::new();
+    w.add("q", &[1], &[0.5f32]).unwrap();
+    let none = SafeFile::from_bytes("mem", w.to_bytes().unwrap()).unwrap();
+    assert_eq!(none.scale().unwrap(), None);
+}
+
 #[test]
 fn minilm_sample_header() {
     let f = SafeFile::open(concat!(
@@ -145,6 +200,6 @@ fn minilm_sample_header() {
         f.info("layer3.lse_causal").unwrap(),
         (DType::F32, vec![1, 12, 77])
     );
-    assert!((f.scale().unwrap() - 1.0 / 32f32.sqrt()).abs() < 1e-7);
+    assert!((f.scale().unwrap().unwrap() - 1.0 / 32f32.sqrt()).abs() < 1e-7);
     assert_eq!(f.metadata().get("layout").map(String::as_str), Some("bshd"));
 }

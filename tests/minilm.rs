@@ -4,7 +4,7 @@
 //! always tested.
 
 use flashattn::compare::{Tolerance, diff_lse, diff_o, widen};
-use flashattn::io::SafeFile;
+use flashattn::io::{SafeFile, Writer};
 use flashattn::{AttnProblem, Mask, cpu, reference};
 use half::f16;
 use std::path::PathBuf;
@@ -48,7 +48,7 @@ fn check_file(path: &PathBuf, seqlen: usize) {
             let p = AttnProblem::new(s)
                 .unwrap()
                 .with_mask(mask)
-                .with_scale(file.scale().unwrap())
+                .with_scale(file.scale().unwrap().unwrap())
                 .unwrap();
             let stored = file
                 .reference(prefix, mask, &s)
@@ -156,6 +156,14 @@ fn cli_run_default_sample_all_layers() {
             );
         }
     }
+    // Field report (turn 2, 5): the same run twice writes the same bytes.
+    let again = out.with_extension("again.safetensors");
+    let again_s = again.display().to_string();
+    let (ok, _, _) = flashattn(&["run", "--backend", "cpu", "--causal", "--out", &again_s]);
+    assert!(ok);
+    let (a, b) = (std::fs::read(&out).unwrap(), std::fs::read(&again).unwrap());
+    assert!(a == b, "two identical runs wrote different bytes");
+    let _ = std::fs::remove_file(&again);
     let _ = std::fs::remove_file(&out);
     // Converted inputs are judged against the oracle; --prefix picks one layer.
     let (ok, stdout, stderr) =
@@ -181,11 +189,57 @@ fn cli_errors_are_messages_not_panics() {
             && !stderr.contains("panicked"),
         "{stderr}"
     );
-    let (ok, _, stderr) = flashattn(&["run", "--backend", "cpu", "--scale=-1"]);
+    // Field report (turn 2, 3): one rule for --scale, written either way, and for metadata.
+    for form in [
+        ["--scale=-0.25"].as_slice(),
+        &["--scale", "-0.25"],
+        &["--scale", "0"],
+    ] {
+        let mut args = vec!["run", "--backend", "cpu"];
+        args.extend_from_slice(form);
+        let (ok, _, stderr) = flashattn(&args);
+        assert!(
+            !ok && stderr.contains("softmax_scale")
+                && !stderr.contains("unexpected argument")
+                && !stderr.contains("panicked"),
+            "{form:?}: {stderr}"
+        );
+    }
+    let bad = std::env::temp_dir().join(format!(
+        "flashattn-badscale-{}.safetensors",
+        std::process::id()
+    ));
+    let src = SafeFile::open(s77()).unwrap();
+    let qkv = src.qkv::<f16>("layer0").unwrap();
+    let s = qkv.shape;
+    let mut w = Writer::new();
+    w.add("q", &[s.batch, s.seqlen_q, s.heads_q, s.head_dim], &qkv.q)
+        .unwrap();
+    w.add("k", &[s.batch, s.seqlen_k, s.heads_kv, s.head_dim], &qkv.k)
+        .unwrap();
+    w.add("v", &[s.batch, s.seqlen_k, s.heads_kv, s.head_dim], &qkv.v)
+        .unwrap();
+    w.meta("scale", "nan");
+    w.write(&bad).unwrap();
+    let bad_s = bad.display().to_string();
+    let (ok, _, stderr) = flashattn(&["run", "--backend", "cpu", "--input", &bad_s, "--check"]);
     assert!(
-        !ok && stderr.contains("softmax_scale") && !stderr.contains("panicked"),
+        !ok && stderr.contains(&bad_s) && stderr.contains("'nan'") && !stderr.contains("panicked"),
         "{stderr}"
     );
+    // --scale overrides the metadata (it is then neither read nor refused).
+    let (ok, stdout, stderr) = flashattn(&[
+        "run",
+        "--backend",
+        "cpu",
+        "--input",
+        &bad_s,
+        "--check",
+        "--scale",
+        "0.125",
+    ]);
+    assert!(ok && stdout.contains(" ok"), "{stdout}{stderr}");
+    let _ = std::fs::remove_file(&bad);
     let (ok, stdout, stderr) = flashattn(&["info"]);
     assert!(
         ok && stdout.contains("CPU:") && stdout.contains("GPU"),

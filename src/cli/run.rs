@@ -46,8 +46,9 @@ pub struct RunArgs {
     /// Causal mask (bottom-right aligned); checked against `P.o_causal`/`P.lse_causal`.
     #[arg(long)]
     pub causal: bool,
-    /// softmax scale; default: the file's `scale` metadata, else 1/sqrt(head_dim).
-    #[arg(long, value_name = "S")]
+    /// softmax scale, a finite number above 0 (the rule the file's `scale` metadata follows
+    /// too); default: the file's `scale` metadata, else 1/sqrt(head_dim).
+    #[arg(long, value_name = "S", allow_negative_numbers = true)]
     pub scale: Option<f32>,
     /// Which backend runs the attention.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
@@ -185,7 +186,12 @@ impl Ctx<'_> {
         let qkv = self.file.qkv::<T>(prefix)?;
         let s = qkv.shape;
         let mut p = AttnProblem::new(s)?.with_mask(self.mask);
-        if let Some(scale) = self.a.scale.or_else(|| self.file.scale()) {
+        // --scale replaces the file's metadata, which is otherwise read and refused when bad.
+        let scale = match self.a.scale {
+            Some(s) => Some(s),
+            None => self.file.scale()?,
+        };
+        if let Some(scale) = scale {
             p = p.with_scale(scale)?;
         }
         let mut fw = flashattn::forward(self.choice, &p, &qkv.q, &qkv.k, &qkv.v)?;
