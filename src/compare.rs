@@ -1,9 +1,14 @@
 //! Error metrics, tolerances and seeded random inputs shared by every checker (CPU tests,
 //! the GPU sweep, `flashattn run`), so that all of them judge results the same way.
 //!
-//! Rules of [`diff`]: NaN anywhere (output or reference) is counted and never passes;
-//! equal infinities (e.g. `lse = -inf` for a row that sees no key) are exact matches; an
-//! infinity on one side only is counted as a mismatch and never passes.
+//! Rules of [`diff`]: NaN where the reference holds NaN (a NaN input reaches exactly the rows
+//! that read it: the documented answer) is a match; NaN on one side only is a mismatch and
+//! never passes; equal infinities (e.g. `lse = -inf` for a row that sees no key) are exact
+//! matches; an infinity on one side only is a mismatch and never passes.
+//!
+//! Bounds ([`Tolerance`]) follow the precision of the arithmetic: a constant part for the
+//! element type, plus a part that grows with the size of the logits (f32 scores carry an
+//! error proportional to them), see [`Tolerance::with_logits`].
 
 use crate::dtype::{DType, Element};
 use crate::error::{AttnError, Result};
@@ -27,8 +32,11 @@ pub struct Diff {
     pub worst: Option<usize>,
     /// Largest `|ref|` over finite reference elements (the scale for [`Tolerance`]'s max-abs).
     pub ref_max_abs: f64,
-    /// Pairs where either side is NaN.
-    pub nan_count: usize,
+    /// Pairs where exactly one side is NaN (a NaN that should not be there, or a number
+    /// where NaN is the answer).
+    pub nan_mismatch: usize,
+    /// Pairs where both sides are NaN (matches, not counted in the metrics).
+    pub nan_matched: usize,
     /// Pairs where one side is infinite and the other is not the same infinity.
     pub inf_mismatch: usize,
     /// `|len(out) - len(ref)|`: elements present on one side only.
@@ -36,9 +44,9 @@ pub struct Diff {
 }
 
 impl Diff {
-    /// `true` when there is no NaN, no lone infinity and no length mismatch.
+    /// `true` when there is no lone NaN, no lone infinity and no length mismatch.
     pub fn is_clean(&self) -> bool {
-        self.nan_count == 0 && self.inf_mismatch == 0 && self.len_mismatch == 0
+        self.nan_mismatch == 0 && self.inf_mismatch == 0 && self.len_mismatch == 0
     }
 }
 
@@ -52,8 +60,11 @@ impl fmt::Display for Diff {
         if let Some(w) = self.worst {
             write!(f, " (at {w})")?;
         }
-        if self.nan_count > 0 {
-            write!(f, ", {} NaN", self.nan_count)?;
+        if self.nan_mismatch > 0 {
+            write!(f, ", {} NaN mismatches", self.nan_mismatch)?;
+        }
+        if self.nan_matched > 0 {
+            write!(f, ", {} NaN as expected", self.nan_matched)?;
         }
         if self.inf_mismatch > 0 {
             write!(f, ", {} inf mismatches", self.inf_mismatch)?;
@@ -78,8 +89,13 @@ pub fn diff<I: IntoIterator<Item = f64>>(out: I, reference: &[f64]) -> Diff {
             break;
         };
         d.count += 1;
+        if o.is_nan() && r.is_nan() {
+            d.nan_matched += 1;
+            continue;
+        }
         if o.is_nan() || r.is_nan() {
-            d.nan_count += 1;
+            d.nan_mismatch += 1;
+            d.worst = Some(i);
             continue;
         }
         if o.is_infinite() || r.is_infinite() {
@@ -115,7 +131,7 @@ pub fn diff_o<I: IntoIterator<Item = f64>>(out: I, reference: &[f64]) -> Diff {
     diff(out, reference)
 }
 
-/// [`diff`] for `lse` (`[batch, heads_q, seqlen_q]`): `-inf == -inf` is exact, NaN fails.
+/// [`diff`] for `lse` (`[batch, heads_q, seqlen_q]`): `-inf == -inf` is exact.
 pub fn diff_lse<I: IntoIterator<Item = f64>>(out: I, reference: &[f64]) -> Diff {
     diff(out, reference)
 }
@@ -153,11 +169,12 @@ pub fn dense_o<T: Element>(p: &AttnProblem, o: &[T]) -> Result<Vec<f64>> {
     Ok(out)
 }
 
-/// Pass/fail thresholds for one element type.
+/// Pass/fail thresholds for one element type, optionally widened for large logits.
 ///
-/// `o` passes when `rel_l2 <= o_rel_l2` and `max_abs <= o_max_abs * max(1, ref_max_abs)`;
-/// `lse` passes when `max_abs <= lse_max_abs`. Neither passes with a NaN, a lone infinity
-/// or a length mismatch.
+/// With `e = LOGIT_ULPS * 2^-24 * logits` (zero unless [`Self::with_logits`] set `logits`):
+/// `o` passes when `rel_l2 <= o_rel_l2 + e` and `max_abs <= (o_max_abs + e) * max(1,
+/// max |ref|)`; `lse` passes when `max_abs <= lse_max_abs + LOGIT_ULPS * 2^-24 * (logits +
+/// max |ref lse|)`. Neither passes with a lone NaN, a lone infinity or a length mismatch.
 ///
 /// Why these numbers (the oracle runs on the same rounded inputs, so only the backend's own
 /// arithmetic and the rounding of `o` count):
@@ -167,7 +184,16 @@ pub fn dense_o<T: Element>(p: &AttnProblem, o: &[T]) -> Result<Vec<f64>> {
 /// - **bf16**: 7 stored mantissa bits instead of 10, so 2^3 = 8x looser for `o`.
 /// - **f32** (CPU only): f32 accumulation and a 1.7e-7 exp polynomial; 1e-5 rel-L2.
 /// - **lse** is never rounded to the element type (f32 from f32 scores): 2e-3 absolute for
-///   f16/bf16 covers approximate `exp2`/`log2` on GPUs and scores up to ~100; 1e-4 for f32.
+///   f16/bf16 covers approximate `exp2`/`log2` on GPUs; 1e-4 for f32.
+/// - **large logits**: every backend forms `s = q.k * scale` in f32, whose rounding error
+///   grows with `sum |q_i k_i| * scale` (at most `head_dim * 2^-24` times it, about
+///   `sqrt(head_dim) * 2^-24` for rounding errors of random sign), and `lse` itself is an f32
+///   of size `|lse|` (one step is `|lse| * 2^-23`). An error `e` in a score is a relative
+///   error `e` in its probability, so `o` moves by about `e` times `|v|`, and `lse` by `e`.
+///   `logits` is an upper bound of `sum |q_i k_i| * scale` ([`logit_bound`]); `LOGIT_ULPS` =
+///   16 is `sqrt(256)`, the typical growth for the largest head_dim. For ordinary inputs
+///   (`|q|, |k| ~ sqrt(head_dim)`, logits ~ 10) this adds about 1e-5; at logits near 1e5
+///   (lse ~ -5e4 in the field report, where one f32 step is 3.9e-3) it allows ~0.1.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Tolerance {
     /// Largest rel-L2 of `o`.
@@ -176,7 +202,12 @@ pub struct Tolerance {
     pub o_max_abs: f64,
     /// Largest absolute error of `lse` (natural log units).
     pub lse_max_abs: f64,
+    /// Upper bound of `sum |q_i k_i| * softmax_scale` over the inputs (0: not widened).
+    pub logits: f64,
 }
+
+/// f32 rounding steps per unit of logit magnitude that [`Tolerance`] allows (see there).
+pub const LOGIT_ULPS: f64 = 16.0;
 
 impl Tolerance {
     /// f16 inputs and output, f32 accumulation.
@@ -184,18 +215,21 @@ impl Tolerance {
         o_rel_l2: 2e-3,
         o_max_abs: 1e-2,
         lse_max_abs: 2e-3,
+        logits: 0.0,
     };
     /// bf16 inputs and output, f32 accumulation: 8x looser `o` than f16.
     pub const BF16: Tolerance = Tolerance {
         o_rel_l2: 1.6e-2,
         o_max_abs: 8e-2,
         lse_max_abs: 2e-3,
+        logits: 0.0,
     };
     /// f32 inputs and output (CPU backend).
     pub const F32: Tolerance = Tolerance {
         o_rel_l2: 1e-5,
         o_max_abs: 1e-4,
         lse_max_abs: 1e-4,
+        logits: 0.0,
     };
 
     /// The tolerance for an element type.
@@ -207,33 +241,113 @@ impl Tolerance {
         }
     }
 
+    /// The tolerance for an element type and these inputs: [`Self::for_dtype`] widened by
+    /// [`logit_bound`] of `q` and `k` (what every checker should use).
+    pub fn for_inputs<T: Element>(p: &AttnProblem, q: &[T], k: &[T]) -> Self {
+        Self::for_dtype(T::DTYPE).with_logits(logit_bound(p, q, k))
+    }
+
+    /// Widened for scores whose `sum |q_i k_i| * scale` reaches `logits` (see the type's docs).
+    pub fn with_logits(self, logits: f64) -> Self {
+        Tolerance {
+            logits: if logits.is_finite() {
+                logits.max(0.0)
+            } else {
+                0.0
+            },
+            ..self
+        }
+    }
+
+    fn logit_part(&self, extra: f64) -> f64 {
+        LOGIT_ULPS * f64::from(f32::EPSILON) / 2.0 * (self.logits + extra)
+    }
+
+    /// The rel-L2 bound of `o`.
+    pub fn o_rel_l2_bound(&self) -> f64 {
+        self.o_rel_l2 + self.logit_part(0.0)
+    }
+
+    /// The max-abs bound of `o` for a reference whose largest magnitude is `ref_max_abs`.
+    pub fn o_max_abs_bound(&self, ref_max_abs: f64) -> f64 {
+        (self.o_max_abs + self.logit_part(0.0)) * ref_max_abs.max(1.0)
+    }
+
+    /// The max-abs bound of `lse` for a reference whose largest magnitude is `ref_max_abs`.
+    pub fn lse_bound(&self, ref_max_abs: f64) -> f64 {
+        self.lse_max_abs + self.logit_part(ref_max_abs)
+    }
+
     /// `true` when `o`'s diff is within tolerance.
     pub fn o_ok(&self, d: &Diff) -> bool {
         d.is_clean()
-            && d.rel_l2 <= self.o_rel_l2
-            && d.max_abs <= self.o_max_abs * d.ref_max_abs.max(1.0)
+            && d.rel_l2 <= self.o_rel_l2_bound()
+            && d.max_abs <= self.o_max_abs_bound(d.ref_max_abs)
     }
 
     /// `true` when `lse`'s diff is within tolerance.
     pub fn lse_ok(&self, d: &Diff) -> bool {
-        d.is_clean() && d.max_abs <= self.lse_max_abs
+        d.is_clean() && d.max_abs <= self.lse_bound(d.ref_max_abs)
     }
 
     /// `Ok` when both pass.
     ///
     /// # Errors
-    /// [`AttnError::CheckFailed`] naming `what`, both diffs and the tolerance.
+    /// [`AttnError::CheckFailed`] naming `what`, both diffs and the bounds applied.
     pub fn check(&self, what: &str, o: &Diff, lse: &Diff) -> Result<()> {
         if self.o_ok(o) && self.lse_ok(lse) {
             return Ok(());
         }
         Err(AttnError::CheckFailed {
             what: format!(
-                "{what}: o {o}; lse {lse}; tolerance o rel-L2 <= {:e}, o max-abs <= {:e} x max(1, |ref|), lse max-abs <= {:e}",
-                self.o_rel_l2, self.o_max_abs, self.lse_max_abs
+                "{what}: o {o}; lse {lse}; tolerance o rel-L2 <= {:.3e}, o max-abs <= {:.3e}, lse max-abs <= {:.3e} (logits up to {:.3e})",
+                self.o_rel_l2_bound(),
+                self.o_max_abs_bound(o.ref_max_abs),
+                self.lse_bound(lse.ref_max_abs),
+                self.logits
             ),
         })
     }
+}
+
+/// An upper bound of `sum_i |q_i k_i| * softmax_scale` over every (query, key) pair of `p`
+/// that shares a (batch, kv head): `scale * max |q row|_2 * max |k row|_2` per (batch, kv
+/// head) (Cauchy-Schwarz), the size that rounding of f32 scores grows with. Non-finite
+/// entries are skipped (the rows that read them are judged by NaN position). O(size of q
+/// and k); 0 for an invalid problem or too-short buffers.
+pub fn logit_bound<T: Element>(p: &AttnProblem, q: &[T], k: &[T]) -> f64 {
+    let s = p.shape;
+    if p.check_lengths(q.len(), k.len(), usize::MAX, usize::MAX, usize::MAX)
+        .is_err()
+        || p.validate().is_err()
+    {
+        return 0.0;
+    }
+    let d = s.head_dim;
+    let norm = |x: &[T], off: usize| {
+        x[off..off + d]
+            .iter()
+            .map(|e| e.to_f64())
+            .filter(|v| v.is_finite())
+            .map(|v| v * v)
+            .sum::<f64>()
+            .sqrt()
+    };
+    let group = s.group_size();
+    let mut best = 0.0f64;
+    for b in 0..s.batch {
+        for kvh in 0..s.heads_kv {
+            let qmax = (0..s.seqlen_q)
+                .flat_map(|i| (kvh * group..(kvh + 1) * group).map(move |h| (i, h)))
+                .map(|(i, h)| norm(q, p.q_strides.offset(b, i, h)))
+                .fold(0.0f64, f64::max);
+            let kmax = (0..s.seqlen_k)
+                .map(|j| norm(k, p.k_strides.offset(b, j, kvh)))
+                .fold(0.0f64, f64::max);
+            best = best.max(qmax * kmax);
+        }
+    }
+    best * f64::from(p.softmax_scale)
 }
 
 /// A fresh seed for random inputs: `FLASHATTN_SEED` from the environment when set (to
@@ -330,7 +444,7 @@ mod tests {
         let d = diff([f64::NEG_INFINITY, 1.0, 2.0], &r);
         assert!(d.is_clean() && d.max_abs == 0.0 && d.rel_l2 == 0.0);
         let d = diff([f64::NEG_INFINITY, f64::NAN, 2.0], &r);
-        assert_eq!(d.nan_count, 1);
+        assert_eq!(d.nan_mismatch, 1);
         assert!(!Tolerance::F16.lse_ok(&d));
         let d = diff([0.0, 1.0, 2.0], &r);
         assert_eq!(d.inf_mismatch, 1);
@@ -339,6 +453,53 @@ mod tests {
         assert_eq!(d.len_mismatch, 1);
         let d = diff([1.0, 2.0, 3.0, 4.0], &[1.0, 2.0, 3.0]);
         assert_eq!(d.len_mismatch, 1);
+    }
+
+    /// Field report (turn 2, 6): NaN where the reference holds NaN is the documented answer.
+    #[test]
+    fn nan_positions_are_compared() {
+        let r = [f64::NAN, 1.0, f64::NAN];
+        let d = diff([f64::NAN, 1.0, f64::NAN], &r);
+        assert!(d.is_clean() && d.nan_matched == 2 && Tolerance::F16.lse_ok(&d));
+        // A NaN where a number is expected, and a number where NaN is expected.
+        assert_eq!(diff([f64::NAN, f64::NAN, f64::NAN], &r).nan_mismatch, 1);
+        assert_eq!(diff([1.0, 1.0, f64::NAN], &r).nan_mismatch, 1);
+        assert!(!diff([1.0, 1.0, f64::NAN], &r).is_clean());
+    }
+
+    /// Field report (turn 2, 1 and 2): bounds follow the f32 precision of large logits, and
+    /// still catch errors far above it.
+    #[test]
+    fn bounds_scale_with_the_logits() {
+        // lse near -5e4 (logits up to 6.5e4): two f32 steps (2 x 3.9e-3) from the exact value.
+        let exact = -50000.123_456_789f64;
+        let two_steps = {
+            let x = exact as f32;
+            f32::from_bits(x.to_bits() + 2)
+        };
+        let d = diff([f64::from(two_steps)], &[exact]);
+        assert!(d.max_abs > 5e-3);
+        // Beyond the constant part (2e-3), within the part that follows |lse| itself.
+        assert!(d.max_abs > Tolerance::BF16.lse_max_abs);
+        assert!(Tolerance::BF16.lse_ok(&d));
+        assert!(Tolerance::BF16.with_logits(6.5e4).lse_ok(&d));
+        let off = diff([exact + 1.0], &[exact]);
+        assert!(
+            !Tolerance::BF16.with_logits(6.5e4).lse_ok(&off),
+            "an error of 1 is a bug"
+        );
+        // f32 o with logits near 150: 2.29e-5 relative (sequential f32 sums do that).
+        let r: Vec<f64> = (0..64).map(|i| 0.5 + f64::from(i) / 64.0).collect();
+        let near: Vec<f64> = r.iter().map(|x| x * (1.0 + 2.29e-5)).collect();
+        let d = diff(near.iter().copied(), &r);
+        assert!(!Tolerance::F32.o_ok(&d));
+        assert!(Tolerance::F32.with_logits(150.0).o_ok(&d));
+        let far: Vec<f64> = r.iter().map(|x| x * (1.0 + 1e-3)).collect();
+        assert!(!Tolerance::F32.with_logits(150.0).o_ok(&diff(far, &r)));
+        // Ordinary inputs (logits ~ 10) barely move the bounds; non-finite logits are ignored.
+        let t = Tolerance::F16.with_logits(10.0);
+        assert!(t.o_rel_l2_bound() < 2.01e-3 && t.lse_bound(5.0) < 2.02e-3);
+        assert_eq!(Tolerance::F16.with_logits(f64::NAN), Tolerance::F16);
     }
 
     #[test]

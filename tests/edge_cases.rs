@@ -53,7 +53,7 @@ fn check_rows<T: Element>(p: &AttnProblem, rows: &[usize], label: &str) {
         want_l.push(*el);
     }
     let (od, ld) = (diff(got, &want), diff(got_l, &want_l));
-    Tolerance::for_dtype(T::DTYPE)
+    Tolerance::for_inputs(p, &q, &k)
         .check(&format!("{label} {} seed={seed}", T::DTYPE), &od, &ld)
         .unwrap_or_else(|e| panic!("{e}"));
 }

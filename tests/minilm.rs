@@ -246,3 +246,58 @@ fn cli_errors_are_messages_not_panics() {
         "{stdout}{stderr}"
     );
 }
+
+/// Field report (turn 2, 6): a file whose stored reference holds NaN where NaN is the
+/// documented answer (a NaN in v at key 3 reaches exactly the rows that see key 3) passes.
+#[test]
+fn cli_run_accepts_nan_where_the_reference_has_nan() {
+    let shape = flashattn::AttnShape::new(1, 6, 1, 8);
+    let path = std::env::temp_dir().join(format!(
+        "flashattn-nanref-{}.safetensors",
+        std::process::id()
+    ));
+    let path_s = path.display().to_string();
+    for mask in [Mask::Causal, Mask::None] {
+        let p = AttnProblem::new(shape).unwrap().with_mask(mask);
+        let (q, k, mut v) = flashattn::compare::random_inputs::<f16>(&p, 3);
+        v[3 * 8..4 * 8].fill(f16::NAN);
+        let r = reference::attention(&p, &q, &k, &v).unwrap();
+        let nan_rows = r.lse.iter().filter(|x| x.is_nan()).count()
+            + r.o
+                .chunks(8)
+                .filter(|row| row.iter().any(|x| x.is_nan()))
+                .count();
+        assert!(nan_rows > 0);
+        let o: Vec<f32> = r.o.iter().map(|&x| x as f32).collect();
+        let lse: Vec<f32> = r.lse.iter().map(|&x| x as f32).collect();
+        let mut w = Writer::new();
+        w.add("q", &[1, 6, 1, 8], &q).unwrap();
+        w.add("k", &[1, 6, 1, 8], &k).unwrap();
+        w.add("v", &[1, 6, 1, 8], &v).unwrap();
+        w.add_output("", mask, &shape, &o, &lse).unwrap();
+        w.write(&path).unwrap();
+        let mut args = vec!["run", "--backend", "cpu", "--input", &path_s];
+        if mask.is_causal() {
+            args.push("--causal");
+        }
+        let (ok, stdout, stderr) = flashattn(&args);
+        assert!(ok && stdout.contains(" ok"), "{mask:?}: {stdout}{stderr}");
+        // A NaN where the reference has a number fails.
+        let mut w = Writer::new();
+        let (_, _, clean_v) = flashattn::compare::random_inputs::<f16>(&p, 3);
+        w.add("q", &[1, 6, 1, 8], &q).unwrap();
+        w.add("k", &[1, 6, 1, 8], &k).unwrap();
+        w.add("v", &[1, 6, 1, 8], &v).unwrap();
+        let rc = reference::attention(&p, &q, &k, &clean_v).unwrap();
+        let oc: Vec<f32> = rc.o.iter().map(|&x| x as f32).collect();
+        let lc: Vec<f32> = rc.lse.iter().map(|&x| x as f32).collect();
+        w.add_output("", mask, &shape, &oc, &lc).unwrap();
+        w.write(&path).unwrap();
+        let (ok, stdout, stderr) = flashattn(&args);
+        assert!(
+            !ok && stdout.contains("NaN mismatches"),
+            "{mask:?}: {stdout}{stderr}"
+        );
+    }
+    let _ = std::fs::remove_file(&path);
+}

@@ -394,7 +394,7 @@ fn backend_unavailable_and_check_failed() {
         Err(AttnError::CheckFailed { .. })
     ));
     let nan = Diff {
-        nan_count: 1,
+        nan_mismatch: 1,
         count: 1,
         ..Diff::default()
     };

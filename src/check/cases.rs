@@ -37,6 +37,8 @@ pub enum Inputs {
         /// NaN or +-Inf.
         value: f32,
     },
+    /// Random v; q and k as a field report built them ([`super::field`]).
+    Field(super::field::FieldInput),
 }
 
 /// One problem of the sweep (run by every selected kernel).
@@ -269,6 +271,11 @@ fn edge_cases(sw: &mut Sweep, dtype: DType, quick: bool) {
                 inputs,
                 None,
             );
+        }
+        // Field reports: logits large enough that f32 rounding of scores and lse shows.
+        for f in super::field::FieldInput::ALL {
+            let p = f.problem().with_mask(mask);
+            sw.push_with(dtype, p, &format!(" {}", f.name()), Inputs::Field(f), None);
         }
         if !quick {
             // Both sides of 2^16, and 2^17 keys with one head: sampled rows against the oracle.

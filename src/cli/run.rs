@@ -218,7 +218,7 @@ impl Ctx<'_> {
             fw.seconds * 1e3,
             p.flops() / fw.seconds.max(1e-12) / 1e9
         );
-        let tol = Tolerance::for_dtype(T::DTYPE);
+        let tol = Tolerance::for_inputs(&p, &qkv.q, &qkv.k);
         let stored = self.file.reference(prefix, self.mask, &s)?;
         let converted = qkv.file_dtype != T::DTYPE;
         if let Some(r) = &stored {
