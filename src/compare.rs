@@ -472,7 +472,7 @@ mod tests {
     #[test]
     fn bounds_scale_with_the_logits() {
         // lse near -5e4 (logits up to 6.5e4): two f32 steps (2 x 3.9e-3) from the exact value.
-        let exact = -50000.123_456_789f64;
+        let exact = -50_000.123_456_789_f64;
         let two_steps = {
             let x = exact as f32;
             f32::from_bits(x.to_bits() + 2)

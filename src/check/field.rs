@@ -111,6 +111,6 @@ impl FieldInput {
     /// differ and q.k of different rows is far smaller than q.q.
     fn near110(row: usize, c: usize) -> f32 {
         let m = 110.0 + ((row + c) % 3) as f32;
-        if (row + c) % 3 == 0 { -m } else { m }
+        if (row + c).is_multiple_of(3) { -m } else { m }
     }
 }
