@@ -255,9 +255,13 @@ impl AttnProblem {
 
     /// Sets the strides of q, k, v and o.
     ///
+    /// q, k and v may overlap themselves (a zero stride from a broadcast, e.g. k/v heads or a
+    /// shared prefix expanded over the batch): they are only read. head_dim is always
+    /// contiguous (stride 1).
+    ///
     /// # Errors
-    /// [`AttnError::InvalidStrides`] when two positions of one tensor would share memory
-    /// (a zero stride on an axis longer than 1, or heads overlapping head_dim), and
+    /// [`AttnError::InvalidStrides`] when two positions of `o` would share memory (a zero
+    /// stride on an axis longer than 1, or heads overlapping head_dim), and
     /// [`AttnError::Overflow`] when offsets overflow.
     pub fn with_strides(mut self, q: Strides, k: Strides, v: Strides, o: Strides) -> Result<Self> {
         self.q_strides = q;
@@ -275,13 +279,14 @@ impl AttnProblem {
     pub fn validate(&self) -> Result<()> {
         let s = &self.shape;
         s.validate()?;
-        if !self.softmax_scale.is_finite() || self.softmax_scale <= 0.0 {
-            return Err(AttnError::InvalidScale {
-                value: self.softmax_scale,
-            });
-        }
+        check_scale(self.softmax_scale)?;
         for (name, st, seqlen, heads) in self.tensors() {
-            check_no_overlap(name, st, s.batch, seqlen, heads, s.head_dim)?;
+            // Inputs are only read, so broadcast views (PyTorch's `expand`: a zero stride, or
+            // heads that share memory) are legal, as in FlashAttention; o must not overlap
+            // itself (two results written to one place).
+            if name == "o" {
+                check_no_overlap(name, st, s.batch, seqlen, heads, s.head_dim)?;
+            }
             st.required_len(name, s.batch, seqlen, heads, s.head_dim)?;
         }
         Ok(())
@@ -404,16 +409,32 @@ mod tests {
     }
 
     #[test]
-    fn overlapping_strides_are_rejected() {
-        let p = AttnProblem::new(AttnShape::new(1, 4, 2, 8)).unwrap();
-        let bad = Strides {
+    fn overlapping_output_is_rejected_overlapping_inputs_are_not() {
+        let p = AttnProblem::new(AttnShape::new(2, 4, 2, 8)).unwrap();
+        let overlap = Strides {
             batch: 64,
             seq: 4,
             head: 8,
         };
         assert!(matches!(
-            p.with_strides(bad, p.k_strides, p.v_strides, p.o_strides),
-            Err(AttnError::InvalidStrides { tensor: "q", .. })
+            p.with_strides(p.q_strides, p.k_strides, p.v_strides, overlap),
+            Err(AttnError::InvalidStrides { tensor: "o", .. })
         ));
+        let zero_batch = Strides {
+            batch: 0,
+            ..p.o_strides
+        };
+        assert!(matches!(
+            p.with_strides(p.q_strides, p.k_strides, p.v_strides, zero_batch),
+            Err(AttnError::InvalidStrides { tensor: "o", .. })
+        ));
+        // Field report (turn 2, 7): broadcast inputs (PyTorch expand) are legal.
+        let bcast = Strides {
+            batch: 0,
+            seq: 8,
+            head: 0,
+        };
+        let ok = p.with_strides(overlap, bcast, bcast, p.o_strides).unwrap();
+        assert_eq!(ok.k_strides.required_len("k", 2, 4, 2, 8).unwrap(), 32);
     }
 }

@@ -136,47 +136,90 @@ fn overlapping_strides() {
         seq: 8,
         head: 4,
     }; // heads overlap head_dim
-    for i in 0..4 {
-        let mut st = [p.q_strides, p.k_strides, p.v_strides, p.o_strides];
-        st[i] = overlap;
-        let want = ["q", "k", "v", "o"][i];
-        let e = p.with_strides(st[0], st[1], st[2], st[3]).unwrap_err();
+    // o must not overlap itself: refused by every entry point that takes o strides.
+    let e = p
+        .with_strides(p.q_strides, p.k_strides, p.v_strides, overlap)
+        .unwrap_err();
+    assert!(
+        matches!(e, AttnError::InvalidStrides { tensor: "o", .. }),
+        "{e}"
+    );
+    let bad = AttnProblem {
+        o_strides: overlap,
+        ..p
+    };
+    // `flashattn::forward` (the last two entry points) returns o dense and ignores
+    // o_strides by contract, so only the others must reject overlapping o strides.
+    for e in &all_errors(&bad)[..2] {
         assert!(
-            matches!(e, AttnError::InvalidStrides { tensor, .. } if tensor == want),
+            matches!(e, AttnError::InvalidStrides { tensor: "o", .. }),
             "{e}"
         );
-        let bad = AttnProblem {
-            q_strides: st[0],
-            k_strides: st[1],
-            v_strides: st[2],
-            o_strides: st[3],
-            ..p
-        };
-        // `flashattn::forward` (the last two entry points) returns o dense and ignores
-        // o_strides by contract, so only the others must reject overlapping o strides.
-        let errors = all_errors(&bad);
-        let checked = if want == "o" {
-            &errors[..2]
-        } else {
-            &errors[..]
-        };
-        for e in checked {
-            assert!(
-                matches!(e, AttnError::InvalidStrides { tensor, .. } if *tensor == want),
-                "{e}"
-            );
-        }
     }
-    // Zero stride on an axis longer than 1 (a broadcast) is rejected too.
-    let bcast = Strides {
+    let bcast_o = Strides {
         batch: 0,
         seq: 16,
         head: 8,
     };
     assert!(
-        p.with_strides(bcast, p.k_strides, p.v_strides, p.o_strides)
+        p.with_strides(p.q_strides, p.k_strides, p.v_strides, bcast_o)
             .is_err()
     );
+}
+
+/// Field report (turn 2, 7): q, k and v are only read, so overlapping or broadcast views
+/// (PyTorch's `expand` of k/v heads, or of a shared prefix over the batch: stride 0) are
+/// legal on every backend, and give the result of the materialised tensors.
+#[test]
+fn broadcast_inputs_match_their_materialised_copies() {
+    let s = shape(3, 5, 7, 4, 2, 8);
+    let dense = AttnProblem::new(s).unwrap();
+    // k and v: one [seqlen_k, head_dim] block shared by every batch and kv head.
+    let bcast = Strides {
+        batch: 0,
+        seq: 8,
+        head: 0,
+    };
+    // q: heads overlapping (head stride 4 < head_dim 8).
+    let q_overlap = Strides {
+        batch: 5 * 4 * 4 + 4,
+        seq: 4 * 4 + 4,
+        head: 4,
+    };
+    for mask in [flashattn::Mask::None, flashattn::Mask::Causal] {
+        let p = dense
+            .with_mask(mask)
+            .with_strides(q_overlap, bcast, bcast, dense.o_strides)
+            .unwrap();
+        let (q, k, v) = flashattn::compare::random_inputs::<f16>(&p, 9);
+        assert_eq!(k.len(), 7 * 8);
+        // The same values, materialised densely.
+        let gather = |x: &[f16], st: Strides, seqlen: usize, heads: usize| {
+            let mut out = Vec::new();
+            for b in 0..3 {
+                for i in 0..seqlen {
+                    for h in 0..heads {
+                        let at = st.offset(b, i, h);
+                        out.extend_from_slice(&x[at..at + 8]);
+                    }
+                }
+            }
+            out
+        };
+        let (qd, kd, vd) = (
+            gather(&q, q_overlap, 5, 4),
+            gather(&k, bcast, 7, 2),
+            gather(&v, bcast, 7, 2),
+        );
+        let want =
+            flashattn::forward(BackendChoice::Cpu, &dense.with_mask(mask), &qd, &kd, &vd).unwrap();
+        let got = flashattn::forward(BackendChoice::Cpu, &p, &q, &k, &v).unwrap();
+        assert_eq!(got.o, want.o, "{mask:?}");
+        assert_eq!(got.lse, want.lse, "{mask:?}");
+        let r = reference::attention(&p, &q, &k, &v).unwrap();
+        let rd = reference::attention(&dense.with_mask(mask), &qd, &kd, &vd).unwrap();
+        assert_eq!(r, rd);
+    }
 }
 
 #[test]
@@ -437,7 +480,7 @@ fn equal_strides_name_both_axes() {
         head: 64,
     };
     let e = p
-        .with_strides(st, p.k_strides, p.v_strides, p.o_strides)
+        .with_strides(p.q_strides, p.k_strides, p.v_strides, st)
         .unwrap_err()
         .to_string();
     assert!(

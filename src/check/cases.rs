@@ -190,6 +190,25 @@ pub fn cases(quick: bool) -> Vec<Case> {
                 .and_then(|p| p.with_scale(0.3))
                 .expect("valid strides");
             sw.push(dtype, p, " bhsd-view scale0.3");
+            // Broadcast k/v (PyTorch's expand over batch and kv heads: strides 0) with GQA,
+            // key lengths that end inside a tile.
+            let bcast: &[(usize, usize)] = if quick {
+                &[(77, 64)]
+            } else {
+                &[(77, 64), (200, 128), (1000, 64), (333, 256)]
+            };
+            for &(sk, d) in bcast {
+                let st = Strides {
+                    batch: 0,
+                    seq: d,
+                    head: 0,
+                };
+                let p = problem(shape(2, 65, sk, 4, 2, d), mask);
+                let p = p
+                    .with_strides(p.q_strides, st, st, p.o_strides)
+                    .expect("broadcast inputs are valid");
+                sw.push(dtype, p, " broadcast-kv");
+            }
         }
         tile_edges(&mut sw, dtype, quick);
         edge_cases(&mut sw, dtype, quick);
@@ -197,8 +216,8 @@ pub fn cases(quick: bool) -> Vec<Case> {
     sw.0
 }
 
-/// Lengths on both sides of the tile and TMA box edges (wgmma: 128 query rows per block, 64
-/// per consumer, 64-128 keys per tile; mma: 64-128 rows, 32-64 keys) and key-tile counts
+/// Lengths on both sides of the tile and TMA box edges (wgmma: 128 or 192 query rows per
+/// block, 64 per consumer, 64-192 keys per tile; mma: 64-128 rows, 32-64 keys) and key-tile counts
 /// below, at and past the K/V pipeline depth (2 stages), for each padded head_dim of wgmma.
 fn tile_edges(sw: &mut Sweep, dtype: DType, quick: bool) {
     let dims: &[usize] = if quick {
@@ -213,6 +232,7 @@ fn tile_edges(sw: &mut Sweep, dtype: DType, quick: bool) {
             (128, 128),
             (127, 129),
             (129, 255),
+            (191, 193),
             (192, 256),
             (255, 257),
             (256, 384),
