@@ -103,6 +103,21 @@ fn jobs() -> Vec<Job> {
             }
         }
     }
+    // The head_dim padding copies (head dims that are not a multiple of 8), every arch.
+    for &arch in CI_ARCHS.iter() {
+        out.push(Job {
+            source: KernelSource::PadRows,
+            arch,
+            d: 0,
+            dtype: DType::F16,
+            causal: false,
+            defines: Vec::new(),
+            functions: &["pad_rows", "unpad_rows"],
+            smem: 0,
+            tile: "pad".into(),
+            roles: None,
+        });
+    }
     // The Hopper kernel: sm_90a only, every padded head_dim it is specialised for.
     // (head_dim, seqlen_k): every default tile (d64 changes consumers and Bc with seqlen_k
     // and the mask).
@@ -181,6 +196,7 @@ fn every_kernel_compiles_for_every_arch_without_spills() {
         KernelSource::AttnMma,
         KernelSource::AttnWgmma,
         KernelSource::WgmmaProbe,
+        KernelSource::PadRows,
     ]
     .into_iter()
     .map(|s| (s, s.text()))

@@ -210,6 +210,23 @@ pub fn cases(quick: bool) -> Vec<Case> {
                 sw.push(dtype, p, " broadcast-kv");
             }
         }
+        // Head dims that are not a multiple of 8 run on padded copies: every one from 1 to
+        // 255 (odd ones too), half in each dtype, masks alternating.
+        let odd_dims: Vec<usize> = if quick {
+            vec![1, 4, 6, 36, 100, 255]
+        } else {
+            (1..256)
+                .filter(|d| d % 8 != 0 && (d % 2 == 1) == (dtype == DType::F16))
+                .collect()
+        };
+        for d in odd_dims {
+            let mask = if (d / 8) % 2 == 0 {
+                Mask::None
+            } else {
+                Mask::Causal
+            };
+            sw.push(dtype, problem(shape(1, 37, 45, 2, 1, d), mask), " padded-d");
+        }
         tile_edges(&mut sw, dtype, quick);
         edge_cases(&mut sw, dtype, quick);
     }

@@ -1,6 +1,7 @@
 //! Inputs restated from field reports of other attention kernels (issue "field reports, turn
 //! 2"), built exactly so that the CPU tests and the GPU `check` sweep run the same values.
-//! Every value is a small integer or a multiple of 1/8, exact in f16 and bf16.
+//! Every value is a small integer or a multiple of 1/8, exact in f16 and bf16, except the
+//! d4 rows (0.1 and 0.3, rounded to the element type like any input).
 
 use crate::dtype::Element;
 use crate::shape::{AttnProblem, AttnShape};
@@ -17,14 +18,18 @@ pub enum FieldInput {
     QEqualsKNear110,
     /// 33 tokens, heads 6 q / 2 kv, d128, default scale: scaled logits about 150 +- 5.
     Logits150,
+    /// d4 (not a multiple of 8: padded on the GPU), 4 tokens, 1 head, q = k = v with
+    /// constant rows 0.1, 0.1, 0.3, 0.1.
+    D4ConstantRows,
 }
 
 impl FieldInput {
     /// Every report.
-    pub const ALL: [FieldInput; 3] = [
+    pub const ALL: [FieldInput; 4] = [
         FieldInput::LseNear5e4,
         FieldInput::QEqualsKNear110,
         FieldInput::Logits150,
+        FieldInput::D4ConstantRows,
     ];
 
     /// A short name for labels.
@@ -33,6 +38,7 @@ impl FieldInput {
             FieldInput::LseNear5e4 => "lse~-5e4",
             FieldInput::QEqualsKNear110 => "q=k~110",
             FieldInput::Logits150 => "logits~150",
+            FieldInput::D4ConstantRows => "d4-rows",
         }
     }
 
@@ -42,6 +48,7 @@ impl FieldInput {
             FieldInput::LseNear5e4 => (1, 3, 130, 8, 2, 128),
             FieldInput::QEqualsKNear110 => (1, 4, 4, 1, 1, 6),
             FieldInput::Logits150 => (1, 33, 33, 6, 2, 128),
+            FieldInput::D4ConstantRows => (1, 4, 4, 1, 1, 4),
         };
         let p = AttnProblem::new(AttnShape {
             batch: b,
@@ -58,9 +65,9 @@ impl FieldInput {
         }
     }
 
-    /// Overwrites `q` and `k` (laid out by `p`'s strides) with the report's values; `v` is
-    /// left as the caller made it (random).
-    pub fn fill<T: Element>(self, p: &AttnProblem, q: &mut [T], k: &mut [T]) {
+    /// Overwrites `q` and `k` (laid out by `p`'s strides) with the report's values, and `v`
+    /// where the report gives it (else it is left as the caller made it: random).
+    pub fn fill<T: Element>(self, p: &AttnProblem, q: &mut [T], k: &mut [T], v: &mut [T]) {
         let s = p.shape;
         let d = s.head_dim;
         for b in 0..s.batch {
@@ -77,6 +84,10 @@ impl FieldInput {
                     let at = p.k_strides.offset(b, j, h);
                     for c in 0..d {
                         k[at + c] = T::from_f32(self.k_value(j, h, c));
+                    }
+                    if self == FieldInput::D4ConstantRows {
+                        let at = p.v_strides.offset(b, j, h);
+                        v[at..at + d].fill(T::from_f32(Self::ROWS[j]));
                     }
                 }
             }
@@ -96,14 +107,19 @@ impl FieldInput {
             }
             FieldInput::QEqualsKNear110 => Self::near110(i, c),
             FieldInput::Logits150 => 3.625 + 0.125 * (((i + c + h) % 3) as f32 - 1.0),
+            FieldInput::D4ConstantRows => Self::ROWS[i],
         }
     }
+
+    /// The rows of [`FieldInput::D4ConstantRows`].
+    pub const ROWS: [f32; 4] = [0.1, 0.1, 0.3, 0.1];
 
     fn k_value(self, j: usize, _h: usize, c: usize) -> f32 {
         match self {
             FieldInput::LseNear5e4 => -80.0 - ((j * 13 + c) % 41) as f32,
             FieldInput::QEqualsKNear110 => Self::near110(j, c),
             FieldInput::Logits150 => 3.625 + 0.125 * (((j * 2 + c) % 3) as f32 - 1.0),
+            FieldInput::D4ConstantRows => Self::ROWS[j],
         }
     }
 

@@ -46,7 +46,7 @@ pub fn make_inputs<T: Element>(case: &Case, seed: u64) -> (Vec<T>, Vec<T>, Vec<T
                 }
             }
         }
-        Inputs::Field(f) => f.fill(p, &mut q, &mut k),
+        Inputs::Field(f) => f.fill(p, &mut q, &mut k, &mut v),
     }
     (q, k, v)
 }

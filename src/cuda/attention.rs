@@ -14,21 +14,18 @@ pub const MAX_SEQLEN: usize = 1 << 30;
 
 /// Checks everything the GPU kernels need beyond [`AttnProblem::validate`].
 ///
+/// A head_dim that is not a multiple of 8 runs on padded copies ([`super::pad`]), which
+/// read and write any strides; the kernels themselves need the stride rule below.
+///
 /// # Errors
-/// [`AttnError::UnsupportedHeadDim`] (not a multiple of 8), [`AttnError::InvalidStrides`]
-/// (a stride not a multiple of 8 elements: rows are moved in 16-byte pieces),
-/// [`AttnError::TooLarge`] (seqlen over 2^30, or more than 2^31-1 blocks).
-pub fn check_gpu_problem(p: &AttnProblem, kernel: KernelKind) -> Result<()> {
+/// [`AttnError::InvalidStrides`] (head_dim a multiple of 8 and a stride not a multiple of 8
+/// elements: rows are moved in 16-byte pieces), [`AttnError::TooLarge`] (seqlen over 2^30,
+/// or more than 2^31-1 blocks).
+pub fn check_gpu_problem(p: &AttnProblem, _kernel: KernelKind) -> Result<()> {
     p.validate()?;
     let s = &p.shape;
-    if !s.head_dim.is_multiple_of(8) {
-        return Err(AttnError::UnsupportedHeadDim {
-            head_dim: s.head_dim,
-            backend: format!("the CUDA kernel {kernel}"),
-            supported: "multiples of 8 from 8 to 256 (rows move in 16-byte pieces); use the CPU backend for others".into(),
-        });
-    }
-    for (name, st, _, _) in p.tensors() {
+    let padded = !s.head_dim.is_multiple_of(8);
+    for (name, st, _, _) in p.tensors().into_iter().filter(|_| !padded) {
         for (axis, v) in [("batch", st.batch), ("seq", st.seq), ("head", st.head)] {
             if !v.is_multiple_of(8) {
                 return Err(AttnError::InvalidStrides {
@@ -80,7 +77,8 @@ fn check_alignment(name: &'static str, ptr: u64) -> Result<()> {
 ///
 /// # Errors
 /// Every validation error of [`check_gpu_problem`]; [`AttnError::BufferTooShort`];
-/// [`AttnError::InvalidStrides`] for a base address not 16-byte aligned;
+/// [`AttnError::InvalidStrides`] for a base address not 16-byte aligned (head_dim a
+/// multiple of 8; other head dims go through padded copies, see [`super::pad`]);
 /// [`AttnError::ShapeMismatch`] for a buffer of another device/context;
 /// [`AttnError::Compile`]/[`AttnError::Cuda`] with the kernel name and shape.
 #[allow(clippy::too_many_arguments)]
@@ -126,6 +124,15 @@ where
     let (kp, _gk) = k.device_ptr(stream);
     let (vp, _gv) = v.device_ptr(stream);
     let (op, _go) = o.device_ptr_mut(stream);
+    if !p.shape.head_dim.is_multiple_of(8) {
+        let b = super::pad::Buffers {
+            q: qp,
+            k: kp,
+            v: vp,
+            o: op,
+        };
+        return super::pad::forward_padded::<T, L>(gpu, kernel, tile, p, &b, lse);
+    }
     let (lp, _gl) = lse.device_ptr_mut(stream);
     for (name, ptr) in [("q", qp), ("k", kp), ("v", vp), ("o", op)] {
         check_alignment(name, ptr)?;
@@ -160,6 +167,10 @@ pub fn prepare(
     p: &AttnProblem,
     dtype: DType,
 ) -> Result<()> {
+    if !p.shape.head_dim.is_multiple_of(8) {
+        gpu.kernel(KernelSource::PadRows, "pad_rows", &[])?;
+        return prepare(gpu, kernel, tile, &super::pad::padded_problem(p)?, dtype);
+    }
     // The same specialisation the launch will ask for, from the same functions.
     let flash = match kernel {
         KernelKind::Wgmma => {

@@ -19,6 +19,7 @@ pub mod attention;
 pub mod launch;
 pub mod mma;
 pub mod naive;
+pub mod pad;
 pub mod simt;
 pub mod tma;
 pub mod wgmma;

@@ -34,17 +34,20 @@ pub enum KernelSource {
     AttnWgmma,
     /// Single-warpgroup wgmma/TMA layout experiments (sm_90a only).
     WgmmaProbe,
+    /// Copies into and out of a head_dim padded to a multiple of 8.
+    PadRows,
 }
 
 impl KernelSource {
     /// Every source, for compile tests.
-    pub const ALL: [KernelSource; 6] = [
+    pub const ALL: [KernelSource; 7] = [
         KernelSource::LayoutProbe,
         KernelSource::AttnNaive,
         KernelSource::AttnSimt,
         KernelSource::AttnMma,
         KernelSource::AttnWgmma,
         KernelSource::WgmmaProbe,
+        KernelSource::PadRows,
     ];
 
     /// File stem, also the NVRTC program name.
@@ -56,6 +59,7 @@ impl KernelSource {
             KernelSource::AttnMma => "attn_mma",
             KernelSource::AttnWgmma => "attn_wgmma",
             KernelSource::WgmmaProbe => "wgmma_probe",
+            KernelSource::PadRows => "pad_rows",
         }
     }
 
@@ -78,6 +82,7 @@ impl KernelSource {
             KernelSource::AttnMma => include_str!("../../kernels/attn_mma.cu"),
             KernelSource::AttnWgmma => include_str!("../../kernels/attn_wgmma.cu"),
             KernelSource::WgmmaProbe => include_str!("../../kernels/wgmma_probe.cu"),
+            KernelSource::PadRows => include_str!("../../kernels/pad_rows.cu"),
         }
     }
 
