@@ -330,3 +330,40 @@ fn edge_cases(sw: &mut Sweep, dtype: DType, quick: bool) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sweep_covers_the_field_reports() {
+        for quick in [true, false] {
+            let cs = cases(quick);
+            assert!(cs.iter().all(|c| c.problem.validate().is_ok()));
+            let field = cs
+                .iter()
+                .filter(|c| matches!(c.inputs, Inputs::Field(_)))
+                .count();
+            // Every report, both masks, both dtypes.
+            assert_eq!(field, 4 * 2 * 2, "quick {quick}");
+            let bcast: Vec<&Case> = cs
+                .iter()
+                .filter(|c| c.label.contains("broadcast-kv"))
+                .collect();
+            assert!(!bcast.is_empty());
+            assert!(bcast.iter().all(|c| c.problem.k_strides.batch == 0
+                && c.problem.k_strides.head == 0
+                && c.problem.shape.seqlen_k % 64 != 0));
+        }
+        // Every head_dim from 1 to 255 that is not a multiple of 8, in one dtype or the other.
+        let cs = cases(false);
+        let mut padded: Vec<usize> = cs
+            .iter()
+            .filter(|c| c.label.contains("padded-d"))
+            .map(|c| c.problem.shape.head_dim)
+            .collect();
+        padded.sort_unstable();
+        let want: Vec<usize> = (1..256).filter(|d| d % 8 != 0).collect();
+        assert_eq!(padded, want);
+    }
+}
