@@ -68,21 +68,19 @@ impl WgmmaTile {
     /// The default for a head_dim, seqlen_k and mask (`None` when the kernel does not serve
     /// the head_dim). Measured on the H200 (docs/perf-notes.md, runs 22-24 and 28):
     /// - d64: three consumers (Br 192, FA3's d64 shape), Bc 128, no pingpong: +1-12 % over two
-    ///   consumers non-causal (1k-16k) and +4-7 % causal at 4k-16k; causal at 1k lost 10 % (a
-    ///   192-row diagonal tile wastes more), so causal below 4096 keys keeps two consumers.
+    ///   consumers non-causal (1k-16k) and +5-10 % causal at 2k-16k; causal at 1k lost 9 % (a
+    ///   192-row diagonal tile wastes more), so causal below 2048 keys keeps two consumers
+    ///   (Bc 64 and 96 were 7-15 % slower there).
     /// - Bc 128 up to 128 channels: S (64 f32 per thread) + O (<= 64) + P (32) fit a
     ///   consumer's 232 registers; two K/V stages, Q and an O tile fill 192 KB at d128. Bc 176
     ///   (FA3's d128 choice) was level at 16k and 5-13 % slower at 1k (its O tile no longer
     ///   fits, so the next Q waits for the store); 3 stages likewise; Bc 64 and 96 were slower
-    ///   everywhere.
-    /// - d64 with two consumers and seqlen_k >= 3072: Bc 192 (+2-8 % at 4k-16k: fewer softmax
-    ///   rounds per key); at 1k its last tile is two-thirds empty (-6 %), so Bc 128 below.
+    ///   everywhere (causal 1k-4k too: 8-14 %, run 29).
     /// - Bc 96 at 192 channels (O takes 96 registers) and Bc 64 at 256 (O takes 128; 192 KB).
     pub fn default_for(head_dim: usize, seqlen_k: usize, causal: bool) -> Option<Self> {
         let dp = Self::padded_head_dim(head_dim)?;
-        let three = dp == 64 && (!causal || seqlen_k >= 4096);
+        let three = dp == 64 && (!causal || seqlen_k >= 2048);
         let bc = match dp {
-            64 if seqlen_k >= 3072 && !three => 192,
             ..=128 => 128,
             192 => 96,
             _ => 64,
@@ -495,8 +493,8 @@ mod tests {
         assert_eq!(d64(1024, false), (3, 128, false));
         assert_eq!(d64(16384, false), (3, 128, false));
         assert_eq!(d64(1024, true), (2, 128, true));
-        assert_eq!(d64(3072, true), (2, 192, true));
-        assert_eq!(d64(4096, true), (3, 128, false));
+        assert_eq!(d64(2047, true), (2, 128, true));
+        assert_eq!(d64(2048, true), (3, 128, false));
         let t = WgmmaTile::default_for(128, 4096, false).unwrap();
         // Q + 2 stages of K and V + its own O tile + slack and 10 mbarriers.
         assert!(t.o_own());
