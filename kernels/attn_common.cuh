@@ -89,13 +89,37 @@ struct BlockCoords {
     int m_block, h, b, hk; // hk: the kv head of query head h (GQA)
 };
 // Causal: query blocks from last to first (the last see the most keys, so the heaviest work
-// starts first). HEAD_MAJOR (non-causal): consecutive blocks are consecutive query blocks of
-// one head, so the blocks resident at once share their K and V in L2.
+// starts first). With CAUSAL_L2_MB > 0 that order runs within groups of (batch, head) pairs
+// whose K and V fit in that many MiB of L2, group after group (FA3's scheduler does the
+// same): otherwise the blocks resident at once belong to as many heads as there are SMs, and
+// every block streams its K and V from HBM. HEAD_MAJOR (non-causal): consecutive blocks are
+// consecutive query blocks of one head, so the blocks resident at once share K and V in L2.
+#ifndef CAUSAL_L2_MB
+#define CAUSAL_L2_MB 0
+#endif
 FA_DEVICE BlockCoords block_coords(const Params &p, unsigned block = blockIdx.x) {
     const int bh = p.batch * p.heads_q;
 #if HEAD_MAJOR && !IS_CAUSAL
     const int m_block = (int)(block % p.num_m_blocks);
     const int rem = (int)(block / p.num_m_blocks);
+#elif IS_CAUSAL && CAUSAL_L2_MB > 0
+    // Pairs per group: K and V of one kv head are seqlen_k * D * 4 bytes, shared by the
+    // p.group query heads next to each other in the pair order.
+    const i64 kv_bytes = (i64)p.seqlen_k * D * 4;
+    const i64 fit = ((i64)CAUSAL_L2_MB << 20) * p.group / (kv_bytes > 0 ? kv_bytes : 1);
+    const int g = (int)(fit < 1 ? 1 : (fit > bh ? bh : fit));
+    const int m = p.num_m_blocks;
+    const i64 full = (i64)(bh / g) * g * m; // tiles in full groups
+    int m_block, rem;
+    if ((i64)block < full) {
+        const int grp = (int)(block / ((unsigned)g * m)), r = (int)(block % ((unsigned)g * m));
+        m_block = m - 1 - r / g;
+        rem = grp * g + r % g;
+    } else {
+        const int last = bh - bh / g * g, r = (int)((i64)block - full);
+        m_block = m - 1 - r / last;
+        rem = bh / g * g + r % last;
+    }
 #else
     const int m_block = p.num_m_blocks - 1 - (int)(block / bh);
     const int rem = (int)(block % bh);

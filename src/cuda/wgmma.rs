@@ -20,6 +20,11 @@ use std::fmt;
 
 /// Query rows per consumer warpgroup (one wgmma m64 row block).
 pub const ROWS_PER_CONSUMER: u32 = 64;
+/// The L2 a causal launch plans K and V of its resident heads into (MiB), of the H200's 50.
+/// Measured (run 31, d128 causal, wgmma alone, 1k / 2k / 4k / 16k TFLOP/s): 0 (every head
+/// longest-first) 318 / 352 / 465 / 550; 16: 360 / 417 / 512 / 558; 48: 334 / 406 / 497 / 554.
+/// Smaller groups keep more of each head's K and V resident between its query blocks.
+pub const CAUSAL_L2_MB: u32 = 16;
 /// Shared memory per block the kernel may plan for (the sm_90 opt-in limit, 227 KB).
 pub const SMEM_LIMIT: usize = 227 * 1024;
 /// Environment variable that overrides the tile of every wgmma launch (`bc,stages[,nopp]`):
@@ -50,6 +55,9 @@ pub struct WgmmaTile {
     /// Consumer warpgroups of 64 query rows: 2 (Br 128), or 3 (Br 192, d64 with Bc <= 128
     /// only: a consumer then has 160 registers).
     pub consumers: u32,
+    /// Causal: blocks run longest-first within groups of heads whose K and V fit in this many
+    /// MiB of L2 (0: longest-first over every head, which streams K and V from HBM).
+    pub causal_l2_mb: u32,
 }
 
 impl WgmmaTile {
@@ -94,6 +102,7 @@ impl WgmmaTile {
             persistent: true,
             dynamic: true,
             consumers: if three { 3 } else { 2 },
+            causal_l2_mb: CAUSAL_L2_MB,
         })
     }
 
@@ -120,15 +129,16 @@ impl WgmmaTile {
         }
     }
 
-    /// Applies a `bc,stages[,nopp][,nohm][,np][,static][,wg3]` override (see [`TILE_ENV`]):
-    /// no pingpong, no head-major order, not persistent, no tile counter, three consumers.
+    /// Applies a `bc,stages[,nopp][,nohm][,np][,static][,wg3][,l2=MiB]` override (see
+    /// [`TILE_ENV`]): no pingpong, no head-major order, not persistent, no tile counter, three
+    /// consumers, the causal order's L2 budget (0: off).
     ///
     /// # Errors
     /// [`AttnError::InvalidInput`] naming the expected form.
     pub fn with_spec(self, spec: &str) -> Result<Self> {
         let bad = || AttnError::InvalidInput {
             what: format!(
-                "wgmma tile '{spec}': expected bc,stages[,nopp][,nohm][,np][,static][,wg3] with bc a multiple of 16 in 16..=256, stages in 2..=8, and wg3 only at head_dim 64 with bc <= 128"
+                "wgmma tile '{spec}': expected bc,stages[,nopp][,nohm][,np][,static][,wg3][,l2=MiB] with bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128, and MiB in 0..=1024"
             ),
         };
         let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
@@ -136,6 +146,12 @@ impl WgmmaTile {
             return Err(bad());
         }
         let num = |x: &str| x.parse::<u32>().map_err(|_| bad());
+        let l2 = parts[2..]
+            .iter()
+            .filter_map(|f| f.strip_prefix("l2="))
+            .map(num)
+            .next_back()
+            .transpose()?;
         let t = WgmmaTile {
             bc: num(parts[0])?,
             stages: num(parts[1])?,
@@ -144,11 +160,13 @@ impl WgmmaTile {
             persistent: !parts[2..].contains(&"np"),
             dynamic: !parts[2..].contains(&"static"),
             consumers: if parts[2..].contains(&"wg3") { 3 } else { 2 },
+            causal_l2_mb: l2.unwrap_or(self.causal_l2_mb),
             ..self
         };
         if parts[2..]
             .iter()
-            .any(|f| !["nopp", "nohm", "np", "static", "wg3"].contains(f))
+            .any(|f| !["nopp", "nohm", "np", "static", "wg3"].contains(f) && !f.starts_with("l2="))
+            || t.causal_l2_mb > 1024
             || (t.consumers == 3 && (t.head_dim != 64 || t.bc > 128))
             || t.bc == 0
             || !t.bc.is_multiple_of(16)
@@ -207,6 +225,7 @@ impl WgmmaTile {
             ("PRODUCER_REGS".into(), self.registers().1.to_string()),
             ("SMEM_LIMIT".into(), SMEM_LIMIT.to_string()),
             ("DYNAMIC".into(), b(self.dynamic)),
+            ("CAUSAL_L2_MB".into(), self.causal_l2_mb.to_string()),
         ]
     }
 }
@@ -521,6 +540,11 @@ mod tests {
         let (c, p) = w3.registers();
         assert!((3 * c + p) * 128 <= 65536);
         assert!(t64.with_spec("192,2,wg3").is_err());
+        assert_eq!(t64.causal_l2_mb, CAUSAL_L2_MB);
+        assert_eq!(t64.with_spec("128,2,l2=0").unwrap().causal_l2_mb, 0);
+        assert_eq!(t64.with_spec("128,2,l2=16,nopp").unwrap().causal_l2_mb, 16);
+        assert!(t64.with_spec("128,2,l2=x").is_err());
+        assert!(t64.with_spec("128,2,l2=2000").is_err());
         for bad in ["176", "100,2", "128,1", "128,2,x", "272,2", "128,2,wg3"] {
             assert!(t.with_spec(bad).is_err(), "{bad}");
         }
