@@ -39,8 +39,7 @@
 // 256; channels past the real head_dim are zero-filled by TMA and never stored), BC (keys per
 // tile, a multiple of 16), STAGES (K/V ring depth), PINGPONG, RESCALE_SLACK (as attn_mma),
 // IS_BF16, IS_CAUSAL, HEAD_MAJOR, DYNAMIC, SMEM_LIMIT (decides where O is staged), CONSUMERS
-// (consumer warpgroups), Q_DOUBLE (two Q buffers where they fit), CONSUMER_REGS /
-// PRODUCER_REGS (setmaxnreg targets).
+// (consumer warpgroups), CONSUMER_REGS / PRODUCER_REGS (setmaxnreg targets).
 #include "ptx.cuh"
 #include "attn_common.cuh"
 #include "hopper.cuh"
@@ -106,11 +105,8 @@ constexpr u32 BAR_EPI = BAR_SCHED + NCONS; // + consumer index: the consumer's 1
 // The producer's warp hands each round's tile to the consumers: it writes the tile slot and
 // arrives; the consumer threads sync, then read. A named barrier rather than the q_full
 // mbarrier's release/acquire (equally correct) so that compute-sanitizer's racecheck, which
-// models bar.sync/bar.arrive, sees the order. Two barriers, by round parity: with two Q
-// buffers the producer may hand over round r+1 before the consumers have synced round r (a
-// second arrival on one barrier would count toward the same phase); it reaches round r+2 only
-// after the consumers released round r's Q, which they do after syncing round r.
-constexpr u32 BAR_TILE = BAR_EPI + NCONS; // + round % 2
+// models bar.sync/bar.arrive, sees the order.
+constexpr u32 BAR_TILE = BAR_EPI + NCONS;
 constexpr u32 TILE_HANDOFF_THREADS = 32 + NCONS * 128;
 
 // O is staged for its TMA store in a buffer of its own when it fits beside Q and the K/V
@@ -121,36 +117,26 @@ constexpr u32 TILE_HANDOFF_THREADS = 32 + NCONS * 128;
 #endif
 constexpr u32 CORE_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES;
 constexpr bool O_OWN = CORE_BYTES + Q_BYTES + 1024 + 8 * (3 + 4 * STAGES) <= SMEM_LIMIT;
-// Two Q buffers (Q_DOUBLE=1, where they fit beside O's own tile): the producer loads the next
-// tile's Q as soon as it has issued this tile's K/V loads, instead of after the consumers'
-// last S = Q K^T, so a short tile does not start by waiting for its Q.
-#ifndef Q_DOUBLE
-#define Q_DOUBLE 0
-#endif
-constexpr int QB = (Q_DOUBLE && O_OWN && CORE_BYTES + 2 * Q_BYTES + 1024 + 8 * (5 + 4 * STAGES) <= SMEM_LIMIT) ? 2 : 1;
-// Arrivals that free a Q buffer: every consumer warp after its last S = Q K^T (O_OWN), or
+// Arrivals that free the Q tile: every consumer warp after its last S = Q K^T (O_OWN), or
 // each consumer's storing thread once its TMA store has read O out of the Q tile.
 constexpr u32 Q_EMPTY_COUNT = O_OWN ? NCONS * 4 : NCONS;
 
-// Shared memory: Q buffers | K stages | V stages | [O] | mbarriers, from a 1024-byte-aligned
-// base (the swizzle atoms must be 1024-byte aligned); src/cuda/wgmma.rs sizes it the same way.
-// Round r uses Q buffer r % QB, its full barrier in phase (r / QB) % 2.
+// Shared memory: Q | K stages | V stages | [O] | mbarriers, from a 1024-byte-aligned base
+// (the swizzle atoms must be 1024-byte aligned); src/cuda/wgmma.rs sizes it the same way.
 struct Smem {
     u32 q, k, v, o, bars;
-    FA_DEVICE u32 q_buf(int b) const { return q + (u32)b * Q_BYTES; }
     FA_DEVICE u32 k_stage(int s) const { return k + (u32)s * KV_BYTES; }
     FA_DEVICE u32 v_stage(int s) const { return v + (u32)s * KV_BYTES; }
-    FA_DEVICE u32 q_full(int b) const { return bars + 8 * b; }
-    FA_DEVICE u32 q_empty(int b) const { return bars + 8 * (QB + b); }
-    FA_DEVICE u32 k_full(int s) const { return bars + 8 * (2 * QB + s); }
-    FA_DEVICE u32 v_full(int s) const { return bars + 8 * (2 * QB + STAGES + s); }
-    FA_DEVICE u32 k_empty(int s) const { return bars + 8 * (2 * QB + 2 * STAGES + s); }
-    FA_DEVICE u32 v_empty(int s) const { return bars + 8 * (2 * QB + 3 * STAGES + s); }
+    FA_DEVICE u32 q_full() const { return bars; }
+    FA_DEVICE u32 q_empty() const { return bars + 8; }
+    FA_DEVICE u32 k_full(int s) const { return bars + 8 * (2 + s); }
+    FA_DEVICE u32 v_full(int s) const { return bars + 8 * (2 + STAGES + s); }
+    FA_DEVICE u32 k_empty(int s) const { return bars + 8 * (2 + 2 * STAGES + s); }
+    FA_DEVICE u32 v_empty(int s) const { return bars + 8 * (2 + 3 * STAGES + s); }
     // The tile of round r in slot r % 2 (-1: no more tiles), written by the producer before it
-    // arrives on BAR_TILE + r % 2. Two slots: the producer writes round r+1's while the
-    // consumers may still read round r's; it writes round r+2's only after they released
-    // round r's Q (QB = 2) or round r+1's (QB = 1), both after reading round r's slot.
-    FA_DEVICE u32 tile_slot(u32 round) const { return bars + 8 * (2 * QB + 4 * STAGES) + 4 * (round & 1); }
+    // arrives on BAR_TILE. Two slots: the producer writes round r+1's while the consumers may
+    // still read round r's.
+    FA_DEVICE u32 tile_slot(u32 round) const { return bars + 8 * (2 + 4 * STAGES) + 4 * (round & 1); }
 };
 
 struct WgmmaParams {
@@ -188,21 +174,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     Smem sm;
     sm.q = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    sm.k = sm.q + QB * Q_BYTES;
+    sm.k = sm.q + Q_BYTES;
     sm.v = sm.k + STAGES * KV_BYTES;
     sm.o = O_OWN ? sm.v + STAGES * KV_BYTES : sm.q;
-    sm.bars = sm.q + CORE_BYTES + (QB - 1) * Q_BYTES + (O_OWN ? Q_BYTES : 0);
+    sm.bars = sm.q + CORE_BYTES + (O_OWN ? Q_BYTES : 0);
 
     const Params &p = w.p;
     const int tid = threadIdx.x, wg = tid / 128;
     const int tiles = p.num_m_blocks * p.heads_q * p.batch;
 
     if (tid == 0) {
-#pragma unroll
-        for (int b = 0; b < QB; ++b) {
-            mbar_init(sm.q_full(b), 1);
-            mbar_init(sm.q_empty(b), Q_EMPTY_COUNT);
-        }
+        mbar_init(sm.q_full(), 1);
+        mbar_init(sm.q_empty(), Q_EMPTY_COUNT);
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(sm.k_full(s), 1);
@@ -229,19 +212,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             bool wrapped = false;
             int tile = blockIdx.x;
             for (u32 round = 0;; ++round) {
-                // The consumers are done with this Q buffer's previous round (and so have read
-                // the tile slot of two rounds ago).
-                const int qb = (int)(round % QB);
-                if (round >= QB) mbar_wait(sm.q_empty(qb), ((round - QB) / QB) & 1);
+                // The previous round's consumers are done with the Q tile (and have read the
+                // tile slot of two rounds ago).
+                if (round > 0) mbar_wait(sm.q_empty(), (round - 1) & 1);
                 st_shared_u32(sm.tile_slot(round), tile < tiles ? (u32)tile : 0xFFFFFFFFu);
-                named_arrive_unaligned(BAR_TILE + (round & 1), TILE_HANDOFF_THREADS);
+                named_arrive_unaligned(BAR_TILE, TILE_HANDOFF_THREADS);
                 if (tile >= tiles) break; // the consumers read -1 and stop
                 const BlockCoords bc = block_coords(p, (unsigned)tile);
                 const int row0 = bc.m_block * BR;
-                mbar_arrive_expect_tx(sm.q_full(qb), Q_BYTES);
+                mbar_arrive_expect_tx(sm.q_full(), Q_BYTES);
 #pragma unroll
-                for (int j = 0; j < NSUB; ++j)
-                    tma_load_4d(sm.q_buf(qb) + j * SUB_Q, w.tq, sm.q_full(qb), 64 * j, row0, bc.h, bc.b);
+                for (int j = 0; j < NSUB; ++j) tma_load_4d(sm.q + j * SUB_Q, w.tq, sm.q_full(), 64 * j, row0, bc.h, bc.b);
                 const int n_blocks = key_tiles(p, row0);
                 for (int n = 0; n < n_blocks; ++n) {
                     // This use of the stage waits for the consumers' release of the previous one
@@ -280,6 +261,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
     const int ctid = tid - 128 * wg;         // thread in the warpgroup
     const int warp = ctid / 32, lane = ctid % 32;
     const int g = lane / 4, t = lane % 4;
+    const u32 sq_rows = sm.q + (u32)cons * 64 * 128; // this consumer's rows in every Q sub-tile
     const u32 so_rows = sm.o + (u32)cons * 64 * 128; // ... and in the O staging tile
     // seqlen_k - seqlen_q; with both below 2^30, the row limits below stay inside int.
     const int diag = p.seqlen_k - p.seqlen_q;
@@ -290,12 +272,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
 
     int it = 0; // K/V tiles consumed so far (all tiles)
     for (u32 round = 0;; ++round) {
-        named_sync(BAR_TILE + (round & 1), TILE_HANDOFF_THREADS);
+        named_sync(BAR_TILE, TILE_HANDOFF_THREADS);
         const int tile = (int)ld_shared_u32(sm.tile_slot(round));
         if (tile < 0) break;
-        const int qb = (int)(round % QB);
-        const u32 sq_rows = sm.q_buf(qb) + (u32)cons * 64 * 128; // this consumer's rows in every Q sub-tile
-        mbar_wait(sm.q_full(qb), (round / QB) & 1);
+        mbar_wait(sm.q_full(), round & 1);
         const int row0 = block_coords(p, (unsigned)tile).m_block * BR;
         const int n_blocks = key_tiles(p, row0);
         // The first row of this lane's accumulator rows (g and g + 8 follow).
@@ -448,7 +428,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             }
         }
         // Every S = Q K^T of this tile is complete: with its own O buffer, the Q tile is free.
-        if (O_OWN) release(sm.q_empty(qb));
+        if (O_OWN) release(sm.q_empty());
         if (n_blocks > 0) {
             // ---- tail: the last P V
             rescale_o();
@@ -503,7 +483,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             if (!O_OWN) {
                 // O sits in the Q tile: free it for the next tile's Q once the store has read it.
                 bulk_wait_read0();
-                mbar_arrive(sm.q_empty(0));
+                mbar_arrive(sm.q_empty());
             }
         }
     }

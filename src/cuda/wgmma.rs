@@ -58,9 +58,6 @@ pub struct WgmmaTile {
     /// Causal: blocks run longest-first within groups of heads whose K and V fit in this many
     /// MiB of L2 (0: longest-first over every head, which streams K and V from HBM).
     pub causal_l2_mb: u32,
-    /// Two Q buffers where they fit beside O's own tile (the next tile's Q loads while this
-    /// tile runs): see [`Self::q_buffers`].
-    pub q_double: bool,
 }
 
 impl WgmmaTile {
@@ -106,7 +103,6 @@ impl WgmmaTile {
             dynamic: true,
             consumers: if three { 3 } else { 2 },
             causal_l2_mb: CAUSAL_L2_MB,
-            q_double: true,
         })
     }
 
@@ -133,16 +129,16 @@ impl WgmmaTile {
         }
     }
 
-    /// Applies a `bc,stages[,nopp][,nohm][,np][,static][,wg3][,q1][,l2=MiB]` override (see
+    /// Applies a `bc,stages[,nopp][,nohm][,np][,static][,wg3][,l2=MiB]` override (see
     /// [`TILE_ENV`]): no pingpong, no head-major order, not persistent, no tile counter, three
-    /// consumers, one Q buffer, the causal order's L2 budget (0: off).
+    /// consumers, the causal order's L2 budget (0: off).
     ///
     /// # Errors
     /// [`AttnError::InvalidInput`] naming the expected form.
     pub fn with_spec(self, spec: &str) -> Result<Self> {
         let bad = || AttnError::InvalidInput {
             what: format!(
-                "wgmma tile '{spec}': expected bc,stages[,nopp][,nohm][,np][,static][,wg3][,q1][,l2=MiB] with bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128, and MiB in 0..=1024"
+                "wgmma tile '{spec}': expected bc,stages[,nopp][,nohm][,np][,static][,wg3][,l2=MiB] with bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128, and MiB in 0..=1024"
             ),
         };
         let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
@@ -165,12 +161,12 @@ impl WgmmaTile {
             dynamic: !parts[2..].contains(&"static"),
             consumers: if parts[2..].contains(&"wg3") { 3 } else { 2 },
             causal_l2_mb: l2.unwrap_or(self.causal_l2_mb),
-            q_double: !parts[2..].contains(&"q1"),
             ..self
         };
-        if parts[2..].iter().any(|f| {
-            !["nopp", "nohm", "np", "static", "wg3", "q1"].contains(f) && !f.starts_with("l2=")
-        }) || t.causal_l2_mb > 1024
+        if parts[2..]
+            .iter()
+            .any(|f| !["nopp", "nohm", "np", "static", "wg3"].contains(f) && !f.starts_with("l2="))
+            || t.causal_l2_mb > 1024
             || (t.consumers == 3 && (t.head_dim != 64 || t.bc > 128))
             || t.bc == 0
             || !t.bc.is_multiple_of(16)
@@ -191,23 +187,7 @@ impl WgmmaTile {
     /// alignment slack (the swizzle atoms are 1024-byte aligned) and the mbarriers: the
     /// dynamic shared memory attn_wgmma.cu lays out.
     pub fn smem_bytes(&self) -> usize {
-        let qb = self.q_buffers();
-        self.core_bytes()
-            + (qb - 1) * self.q_bytes()
-            + if self.o_own() { self.q_bytes() } else { 0 }
-            + self.slack_bytes(qb)
-    }
-
-    /// Q buffers the kernel uses (attn_wgmma.cu `QB`): two when [`Self::q_double`] asks, O has
-    /// its own tile, and both fit in [`SMEM_LIMIT`] (d64 and d128 at two stages); else one,
-    /// and the next tile's Q loads only once this tile's last S = Q K^T is done.
-    pub fn q_buffers(&self) -> usize {
-        let two = self.core_bytes() + 2 * self.q_bytes() + self.slack_bytes(2);
-        if self.q_double && self.o_own() && two <= SMEM_LIMIT {
-            2
-        } else {
-            1
-        }
+        self.core_bytes() + if self.o_own() { self.q_bytes() } else { 0 } + self.slack_bytes()
     }
 
     fn q_bytes(&self) -> usize {
@@ -218,16 +198,15 @@ impl WgmmaTile {
         self.q_bytes() + 2 * self.stages as usize * self.bc as usize * self.subtiles() * 128
     }
 
-    /// Alignment slack and the mbarriers (full and empty per Q buffer, 4 per stage) with the
-    /// two tile slots (8 bytes).
-    fn slack_bytes(&self, q_buffers: usize) -> usize {
-        1024 + 8 * (2 * q_buffers + 1 + 4 * self.stages as usize)
+    /// Alignment slack and the mbarriers (q full/empty, 4 per stage) with the tile slot.
+    fn slack_bytes(&self) -> usize {
+        1024 + 8 * (3 + 4 * self.stages as usize)
     }
 
     /// O is staged in a buffer of its own (so the next tile's Q loads during this tile's end)
     /// when that fits in [`SMEM_LIMIT`]; else in the Q tile (attn_wgmma.cu `O_OWN`).
     pub fn o_own(&self) -> bool {
-        self.core_bytes() + self.q_bytes() + self.slack_bytes(1) <= SMEM_LIMIT
+        self.core_bytes() + self.q_bytes() + self.slack_bytes() <= SMEM_LIMIT
     }
 
     /// NVRTC defines for this tile.
@@ -247,7 +226,6 @@ impl WgmmaTile {
             ("SMEM_LIMIT".into(), SMEM_LIMIT.to_string()),
             ("DYNAMIC".into(), b(self.dynamic)),
             ("CAUSAL_L2_MB".into(), self.causal_l2_mb.to_string()),
-            ("Q_DOUBLE".into(), b(self.q_double)),
         ]
     }
 }
@@ -256,16 +234,11 @@ impl fmt::Display for WgmmaTile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "Br{}xBc{} d{} ({} stages{}{}{})",
+            "Br{}xBc{} d{} ({} stages{}{})",
             self.br(),
             self.bc,
             self.head_dim,
             self.stages,
-            if self.q_buffers() == 2 {
-                ", 2 Q buffers"
-            } else {
-                ""
-            },
             if self.pingpong { ", pingpong" } else { "" },
             if self.head_major {
                 ", head-major grid"
@@ -542,17 +515,12 @@ mod tests {
         assert_eq!(d64(2047, true), (2, 128, true));
         assert_eq!(d64(2048, true), (3, 128, false));
         let t = WgmmaTile::default_for(128, 4096, false).unwrap();
-        // 2 Q buffers + 2 stages of K and V + its own O tile + slack, 12 mbarriers, 2 slots.
+        // Q + 2 stages of K and V + its own O tile + slack and 10 mbarriers.
         assert!(t.o_own());
-        assert_eq!(t.q_buffers(), 2);
-        assert_eq!(t.smem_bytes(), 2 * 32768 + 4 * 32768 + 32768 + 1024 + 104);
-        let one = t.with_spec("128,2,q1").unwrap();
-        assert_eq!(one.q_buffers(), 1);
-        assert_eq!(one.smem_bytes(), 32768 + 4 * 32768 + 32768 + 1024 + 88);
+        assert_eq!(t.smem_bytes(), 32768 + 4 * 32768 + 32768 + 1024 + 88);
         // d256: O goes through the Q tile (64 KB more would not fit).
         let t256 = WgmmaTile::default_for(256, 4096, false).unwrap();
         assert!(!t256.o_own());
-        assert_eq!(t256.q_buffers(), 1);
         assert_eq!(t256.smem_bytes(), 65536 + 4 * 32768 + 1024 + 88);
         let o = t.with_spec("176,2,nopp,np,static").unwrap();
         assert_eq!(
