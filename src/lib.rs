@@ -22,6 +22,7 @@ pub mod mask;
 pub mod probe;
 pub mod probe_wgmma;
 pub mod reference;
+pub mod reference_grad;
 pub mod shape;
 
 pub use backend::{Backend, BackendChoice, Forward, forward};

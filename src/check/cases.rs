@@ -63,7 +63,8 @@ fn problem(shape: AttnShape, mask: Mask) -> AttnProblem {
         .expect("sweep shapes are valid")
 }
 
-fn shape(
+/// A shape from its six sizes, in the order of [`AttnShape`]'s fields.
+pub(crate) fn shape(
     batch: usize,
     seqlen_q: usize,
     seqlen_k: usize,

@@ -4,7 +4,7 @@
 //! d4 rows (0.1 and 0.3, rounded to the element type like any input).
 
 use crate::dtype::Element;
-use crate::shape::{AttnProblem, AttnShape};
+use crate::shape::AttnProblem;
 use serde::Serialize;
 
 /// Which report an input reproduces.
@@ -50,15 +50,8 @@ impl FieldInput {
             FieldInput::Logits150 => (1, 33, 33, 6, 2, 128),
             FieldInput::D4ConstantRows => (1, 4, 4, 1, 1, 4),
         };
-        let p = AttnProblem::new(AttnShape {
-            batch: b,
-            seqlen_q: sq,
-            seqlen_k: sk,
-            heads_q: hq,
-            heads_kv: hkv,
-            head_dim: d,
-        })
-        .expect("field shapes are valid");
+        let p = AttnProblem::new(super::cases::shape(b, sq, sk, hq, hkv, d))
+            .expect("field shapes are valid");
         match self {
             FieldInput::LseNear5e4 => p.with_scale(1.0 / 16.0).expect("valid scale"),
             _ => p,

@@ -1,0 +1,208 @@
+//! The exact oracle of the backward pass: gradients of attention in f64.
+//!
+//! With `s_ij = softmax_scale * q_i . k_j` over the keys row `i` sees
+//! ([`Mask::visible_keys`](crate::Mask::visible_keys), the rule the forward uses),
+//! `p_ij = exp(s_ij - lse_i)` and `o_i = sum_j p_ij v_j`, the gradients of a loss with
+//! `dL/do_i = do_i` are (FlashAttention-2, Dao 2023, arXiv 2307.08691, Algorithm 2, computed
+//! here directly, with no tiling):
+//! - `dv_j = sum_i p_ij do_i`,
+//! - `dp_ij = do_i . v_j`, `D_i = do_i . o_i` (= `sum_j p_ij dp_ij`),
+//! - `ds_ij = p_ij (dp_ij - D_i)`,
+//! - `dq_i = scale * sum_j ds_ij k_j`, `dk_j = scale * sum_i ds_ij q_i`.
+//!
+//! GQA/MQA: `dk` and `dv` of a kv head sum over the query heads that read it. A row that sees
+//! no key has `o = 0` whatever the inputs, so it contributes nothing. The gradients of the
+//! oracle are themselves checked against central finite differences of [`forward_f64`]
+//! (tests/reference_grad.rs).
+
+use crate::dtype::Element;
+use crate::error::{AttnError, Result};
+use crate::shape::{AttnProblem, Strides};
+use rayon::prelude::*;
+
+/// Exact gradients, dense: `dq` `[batch, seqlen_q, heads_q, head_dim]`, `dk` and `dv`
+/// `[batch, seqlen_k, heads_kv, head_dim]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gradients {
+    /// Gradient of q.
+    pub dq: Vec<f64>,
+    /// Gradient of k (summed over the query heads of each kv head).
+    pub dk: Vec<f64>,
+    /// Gradient of v (summed over the query heads of each kv head).
+    pub dv: Vec<f64>,
+}
+
+/// Exact gradients of attention on `q`, `k`, `v` laid out by `p`'s strides, for the output
+/// gradient `d_o` (dense `[batch, seqlen_q, heads_q, head_dim]`, the layout `o` comes back in).
+///
+/// # Errors
+/// Any error of [`AttnProblem::validate`]; [`AttnError::BufferTooShort`] when `q`, `k`, `v`
+/// or `d_o` is shorter than the problem addresses.
+pub fn backward<T: Element>(
+    p: &AttnProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+) -> Result<Gradients> {
+    p.validate()?;
+    p.check_lengths(q.len(), k.len(), v.len(), usize::MAX, usize::MAX)?;
+    let s = p.shape;
+    let n_o = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
+    if d_o.len() < n_o {
+        return Err(AttnError::BufferTooShort {
+            tensor: "do",
+            len: d_o.len(),
+            required: n_o,
+        });
+    }
+    let dense = |x: &[T], st: Strides, seqlen: usize, heads: usize| {
+        let mut out = Vec::with_capacity(s.batch * seqlen * heads * s.head_dim);
+        for b in 0..s.batch {
+            for i in 0..seqlen {
+                for h in 0..heads {
+                    let at = st.offset(b, i, h);
+                    out.extend(x[at..at + s.head_dim].iter().map(|e| e.to_f64()));
+                }
+            }
+        }
+        out
+    };
+    let qd = dense(q, p.q_strides, s.seqlen_q, s.heads_q);
+    let kd = dense(k, p.k_strides, s.seqlen_k, s.heads_kv);
+    let vd = dense(v, p.v_strides, s.seqlen_k, s.heads_kv);
+    let dod: Vec<f64> = d_o[..n_o].iter().map(|e| e.to_f64()).collect();
+    Ok(backward_f64(p, &qd, &kd, &vd, &dod))
+}
+
+/// One (batch, query head, row) of the dense forward: its probabilities over the visible keys
+/// (`p_j`, `j < visible`), and `lse` (`-inf` when no key is visible).
+fn probabilities(
+    scale: f64,
+    qi: &[f64],
+    kh: &[f64],
+    visible: usize,
+    stride: usize,
+) -> (Vec<f64>, f64) {
+    let d = qi.len();
+    if visible == 0 {
+        return (Vec::new(), f64::NEG_INFINITY);
+    }
+    let s: Vec<f64> = (0..visible)
+        .map(|j| scale * dot(qi, &kh[j * stride..j * stride + d]))
+        .collect();
+    let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let sum: f64 = s.iter().map(|x| (x - m).exp()).sum();
+    let lse = m + sum.ln();
+    (s.iter().map(|x| (x - lse).exp()).collect(), lse)
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Exact attention in f64 on dense inputs (`q` `[batch, seqlen_q, heads_q, head_dim]`, `k`
+/// and `v` `[batch, seqlen_k, heads_kv, head_dim]`; `p`'s strides are ignored): dense `o` and
+/// `lse` `[batch, heads_q, seqlen_q]`, as [`crate::reference::attention`] computes them. The
+/// forward the finite-difference tests differentiate.
+///
+/// # Panics
+/// When a buffer is shorter than the dense sizes of `p`.
+pub fn forward_f64(p: &AttnProblem, q: &[f64], k: &[f64], v: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let s = p.shape;
+    let (d, sq, sk, hq, hkv) = (s.head_dim, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv);
+    let group = s.group_size();
+    let scale = f64::from(p.softmax_scale);
+    let mut o = vec![0.0; s.batch * sq * hq * d];
+    let mut lse = vec![0.0; s.batch * hq * sq];
+    for b in 0..s.batch {
+        for h in 0..hq {
+            let kh = &k[(b * sk * hkv + h / group) * d..];
+            let vh = &v[(b * sk * hkv + h / group) * d..];
+            for i in 0..sq {
+                let at = ((b * sq + i) * hq + h) * d;
+                let visible = p.mask.visible_keys(i, sq, sk);
+                let (pr, l) = probabilities(scale, &q[at..at + d], kh, visible, hkv * d);
+                lse[(b * hq + h) * sq + i] = l;
+                for (j, pj) in pr.iter().enumerate() {
+                    for c in 0..d {
+                        o[at + c] += pj * vh[j * hkv * d + c];
+                    }
+                }
+            }
+        }
+    }
+    (o, lse)
+}
+
+/// [`backward`] on dense f64 inputs (layouts as [`forward_f64`]; `p`'s strides are ignored).
+///
+/// # Panics
+/// When a buffer is shorter than the dense sizes of `p`.
+pub fn backward_f64(p: &AttnProblem, q: &[f64], k: &[f64], v: &[f64], d_o: &[f64]) -> Gradients {
+    let s = p.shape;
+    let (d, sq, sk, hq, hkv) = (s.head_dim, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv);
+    let group = s.group_size();
+    let scale = f64::from(p.softmax_scale);
+    // One task per (batch, kv head): its dk and dv rows, and dq of its query heads.
+    let parts: Vec<(Vec<f64>, Vec<f64>, Vec<f64>)> = (0..s.batch * hkv)
+        .into_par_iter()
+        .map(|bk| {
+            let (b, kvh) = (bk / hkv, bk % hkv);
+            let kh = &k[(b * sk * hkv + kvh) * d..];
+            let vh = &v[(b * sk * hkv + kvh) * d..];
+            let row = |j: usize| j * hkv * d;
+            let mut dk = vec![0.0; sk * d];
+            let mut dv = vec![0.0; sk * d];
+            let mut dq = vec![0.0; group * sq * d];
+            for g in 0..group {
+                let h = kvh * group + g;
+                for i in 0..sq {
+                    let at = ((b * sq + i) * hq + h) * d;
+                    let (qi, doi) = (&q[at..at + d], &d_o[at..at + d]);
+                    let visible = p.mask.visible_keys(i, sq, sk);
+                    let (pr, _) = probabilities(scale, qi, kh, visible, hkv * d);
+                    // o_i, then D_i = do_i . o_i.
+                    let mut oi = vec![0.0; d];
+                    for (j, pj) in pr.iter().enumerate() {
+                        oi.iter_mut()
+                            .zip(&vh[row(j)..row(j) + d])
+                            .for_each(|(a, x)| *a += pj * x);
+                    }
+                    let di = dot(doi, &oi);
+                    let dqi = &mut dq[(g * sq + i) * d..(g * sq + i + 1) * d];
+                    for (j, pj) in pr.iter().enumerate() {
+                        let (kj, vj) = (&kh[row(j)..row(j) + d], &vh[row(j)..row(j) + d]);
+                        let ds = pj * (dot(doi, vj) - di);
+                        for c in 0..d {
+                            dv[j * d + c] += pj * doi[c];
+                            dk[j * d + c] += scale * ds * qi[c];
+                            dqi[c] += scale * ds * kj[c];
+                        }
+                    }
+                }
+            }
+            (dq, dk, dv)
+        })
+        .collect();
+    let mut out = Gradients {
+        dq: vec![0.0; s.batch * sq * hq * d],
+        dk: vec![0.0; s.batch * sk * hkv * d],
+        dv: vec![0.0; s.batch * sk * hkv * d],
+    };
+    for (bk, (dq, dk, dv)) in parts.into_iter().enumerate() {
+        let (b, kvh) = (bk / hkv, bk % hkv);
+        for j in 0..sk {
+            let at = ((b * sk + j) * hkv + kvh) * d;
+            out.dk[at..at + d].copy_from_slice(&dk[j * d..(j + 1) * d]);
+            out.dv[at..at + d].copy_from_slice(&dv[j * d..(j + 1) * d]);
+        }
+        for g in 0..group {
+            for i in 0..sq {
+                let at = ((b * sq + i) * hq + kvh * group + g) * d;
+                out.dq[at..at + d].copy_from_slice(&dq[(g * sq + i) * d..(g * sq + i + 1) * d]);
+            }
+        }
+    }
+    out
+}
