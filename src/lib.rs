@@ -12,6 +12,7 @@ pub mod bench;
 pub mod check;
 pub mod compare;
 pub mod cpu;
+pub mod cpu_backward;
 pub mod cuda;
 pub mod dtype;
 pub mod error;

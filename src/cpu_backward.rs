@@ -1,0 +1,137 @@
+//! The CPU backward pass: dq, dk, dv from q, k, v, the forward's o and lse, and do.
+//!
+//! FlashAttention-2's algorithm (Dao 2023, arXiv 2307.08691, Algorithm 2) without the tiling:
+//! P is recomputed from q, k and the saved lse (never stored), `D_i = do_i . o_i`, and for
+//! every visible key `ds_ij = p_ij (do_i . v_j - D_i)`; `dv_j += p_ij do_i`,
+//! `dk_j += scale ds_ij q_i`, `dq_i += scale ds_ij k_j`, all in f32. One rayon task per
+//! (batch, kv head) owns that head's dk and dv and the dq rows of its query heads, in a fixed
+//! order, so the result is the same bytes run to run and for any thread count. The visible
+//! keys follow [`Mask::visible_keys`](crate::Mask::visible_keys), the forward's rule.
+
+use crate::dtype::Element;
+use crate::error::{AttnError, Result};
+use crate::shape::AttnProblem;
+use rayon::prelude::*;
+
+/// Gradients on host buffers. `q`, `k`, `v` are read through the problem's strides, `o` and
+/// `d_o` through `o_strides` (`do` has `o`'s layout); `lse` is the forward's, dense
+/// `[batch, heads_q, seqlen_q]` f32 natural log. `dq` is written dense `[batch, seqlen_q,
+/// heads_q, head_dim]`, `dk` and `dv` dense `[batch, seqlen_k, heads_kv, head_dim]` (summed
+/// over the query heads of each kv head), in the element type.
+///
+/// # Errors
+/// Any error of [`AttnProblem::validate`] and [`AttnProblem::check_lengths`] (also for `d_o`
+/// against `o`'s strides); [`AttnError::BufferTooShort`] for `dq`, `dk` or `dv` shorter than
+/// their dense sizes. Nothing is written when one is returned.
+#[allow(clippy::too_many_arguments)]
+pub fn backward<T: Element>(
+    p: &AttnProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    o: &[T],
+    lse: &[f32],
+    d_o: &[T],
+    dq: &mut [T],
+    dk: &mut [T],
+    dv: &mut [T],
+) -> Result<()> {
+    p.validate()?;
+    p.check_lengths(q.len(), k.len(), v.len(), o.len(), lse.len())?;
+    p.check_lengths(q.len(), k.len(), v.len(), d_o.len(), lse.len())
+        .map_err(|e| match e {
+            AttnError::BufferTooShort {
+                tensor: "o",
+                len,
+                required,
+            } => AttnError::BufferTooShort {
+                tensor: "do",
+                len,
+                required,
+            },
+            other => other,
+        })?;
+    let s = p.shape;
+    let (d, sq, sk, hq, hkv) = (s.head_dim, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv);
+    for (name, buf, need) in [
+        ("dq", dq.len(), s.batch * sq * hq * d),
+        ("dk", dk.len(), s.batch * sk * hkv * d),
+        ("dv", dv.len(), s.batch * sk * hkv * d),
+    ] {
+        if buf < need {
+            return Err(AttnError::BufferTooShort {
+                tensor: name,
+                len: buf,
+                required: need,
+            });
+        }
+    }
+    let group = s.group_size();
+    let scale = p.softmax_scale;
+    let row =
+        |x: &[T], at: usize| -> Vec<f32> { x[at..at + d].iter().map(|e| e.to_f32()).collect() };
+    // Per (batch, kv head): dk, dv [sk, d] and dq [group, sq, d], in f32.
+    let parts: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = (0..s.batch * hkv)
+        .into_par_iter()
+        .map(|bk| {
+            let (b, kvh) = (bk / hkv, bk % hkv);
+            let kf: Vec<Vec<f32>> = (0..sk)
+                .map(|j| row(k, p.k_strides.offset(b, j, kvh)))
+                .collect();
+            let vf: Vec<Vec<f32>> = (0..sk)
+                .map(|j| row(v, p.v_strides.offset(b, j, kvh)))
+                .collect();
+            let (mut dkf, mut dvf) = (vec![0.0f32; sk * d], vec![0.0f32; sk * d]);
+            let mut dqf = vec![0.0f32; group * sq * d];
+            for g in 0..group {
+                let h = kvh * group + g;
+                for i in 0..sq {
+                    let visible = p.mask.visible_keys(i, sq, sk);
+                    if visible == 0 {
+                        continue; // o = 0 whatever the inputs: no gradient
+                    }
+                    let qi = row(q, p.q_strides.offset(b, i, h));
+                    let oi = row(o, p.o_strides.offset(b, i, h));
+                    let doi = row(d_o, p.o_strides.offset(b, i, h));
+                    let l = lse[(b * hq + h) * sq + i];
+                    let di: f32 = doi.iter().zip(&oi).map(|(a, b)| a * b).sum();
+                    let dqi = &mut dqf[(g * sq + i) * d..(g * sq + i + 1) * d];
+                    for j in 0..visible {
+                        let (kj, vj) = (&kf[j], &vf[j]);
+                        let sc = scale * qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>();
+                        let pj = (sc - l).exp();
+                        let dp: f32 = doi.iter().zip(vj).map(|(a, b)| a * b).sum();
+                        let ds = scale * pj * (dp - di);
+                        let (dkj, dvj) =
+                            (&mut dkf[j * d..(j + 1) * d], &mut dvf[j * d..(j + 1) * d]);
+                        for c in 0..d {
+                            dvj[c] += pj * doi[c];
+                            dkj[c] += ds * qi[c];
+                            dqi[c] += ds * kj[c];
+                        }
+                    }
+                }
+            }
+            (dqf, dkf, dvf)
+        })
+        .collect();
+    for (bk, (dqf, dkf, dvf)) in parts.into_iter().enumerate() {
+        let (b, kvh) = (bk / hkv, bk % hkv);
+        for j in 0..sk {
+            let at = ((b * sk + j) * hkv + kvh) * d;
+            for c in 0..d {
+                dk[at + c] = T::from_f32(dkf[j * d + c]);
+                dv[at + c] = T::from_f32(dvf[j * d + c]);
+            }
+        }
+        for g in 0..group {
+            for i in 0..sq {
+                let at = ((b * sq + i) * hq + kvh * group + g) * d;
+                for c in 0..d {
+                    dq[at + c] = T::from_f32(dqf[(g * sq + i) * d + c]);
+                }
+            }
+        }
+    }
+    Ok(())
+}
