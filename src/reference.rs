@@ -16,6 +16,9 @@ use crate::error::Result;
 use crate::shape::AttnProblem;
 use rayon::prelude::*;
 
+/// One exact row of [`attention_rows`]: dense `o` (`head_dim` values), `lse`, precision.
+pub type ExactRow = (Vec<f64>, f64, RowPrecision);
+
 /// The exact result of one attention call, in f64.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reference {
@@ -24,6 +27,21 @@ pub struct Reference {
     /// Natural-log logsumexp of the scaled scores, dense `[batch, heads_q, seqlen_q]`;
     /// `-inf` for rows that see no key.
     pub lse: Vec<f64>,
+    /// What limits the precision of each row in f32, dense `[batch, heads_q, seqlen_q]`.
+    pub precision: Vec<RowPrecision>,
+}
+
+/// The sizes that f32 rounding of one query row grows with: every backend forms
+/// `s_j = q . k_j * scale` in f32, whose error grows with `sum_c |q_c k_jc| * scale` (not with
+/// `|s_j|`), and moves `o` by that error times the spread of the `v` rows
+/// ([`crate::compare::Tolerance`] turns these into per-row allowances).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RowPrecision {
+    /// `max_j sum_c |q_c k_jc| * scale` over the keys the row sees (0 when it sees none);
+    /// non-finite products are skipped (NaN rows are judged by position).
+    pub logits: f64,
+    /// `max |v_jc|` over the keys the row sees (finite values; 0 when it sees none).
+    pub v_max: f64,
 }
 
 /// Exact attention in f64 on `q`, `k`, `v` laid out by `p`'s strides.
@@ -44,7 +62,8 @@ pub fn attention<T: Element>(p: &AttnProblem, q: &[T], k: &[T], v: &[T]) -> Resu
 
     // One (batch, kv head) at a time per task: its K and V widened to f64 once
     // (O(seqlen_k * head_dim) memory per task), then every query row of its query heads.
-    let parts: Vec<(Vec<f64>, Vec<f64>)> = (0..s.batch * hkv)
+    type Part = (Vec<f64>, Vec<(f64, RowPrecision)>);
+    let parts: Vec<Part> = (0..s.batch * hkv)
         .into_par_iter()
         .map(|bk| {
             let (b, kvh) = (bk / hkv, bk % hkv);
@@ -52,7 +71,7 @@ pub fn attention<T: Element>(p: &AttnProblem, q: &[T], k: &[T], v: &[T]) -> Resu
             let vf = widen_rows(v, |j| p.v_strides.offset(b, j, kvh), s.seqlen_k, d);
             // Rows (h in the group, i), o [group, sq, d], lse [group, sq].
             let mut o = vec![0.0f64; group * sq * d];
-            let mut lse = vec![f64::NEG_INFINITY; group * sq];
+            let mut lse = vec![(f64::NEG_INFINITY, RowPrecision::default()); group * sq];
             o.par_chunks_mut(d)
                 .zip(lse.par_iter_mut())
                 .enumerate()
@@ -74,22 +93,28 @@ pub fn attention<T: Element>(p: &AttnProblem, q: &[T], k: &[T], v: &[T]) -> Resu
 
     let mut o = vec![0.0f64; s.batch * sq * hq * d];
     let mut lse = vec![0.0f64; s.batch * hq * sq];
+    let mut precision = vec![RowPrecision::default(); s.batch * hq * sq];
     for (bk, (po, pl)) in parts.iter().enumerate() {
         let (b, kvh) = (bk / hkv, bk % hkv);
         let h0 = kvh * group;
-        lse[(b * hq + h0) * sq..(b * hq + h0 + group) * sq].copy_from_slice(pl);
+        let at = (b * hq + h0) * sq;
+        for (n, &(l, pr)) in pl.iter().enumerate() {
+            lse[at + n] = l;
+            precision[at + n] = pr;
+        }
         for (r, src) in po.chunks_exact(d).enumerate() {
             let (h, i) = (h0 + r / sq, r % sq);
             let at = ((b * sq + i) * hq + h) * d;
             o[at..at + d].copy_from_slice(src);
         }
     }
-    Ok(Reference { o, lse })
+    Ok(Reference { o, lse, precision })
 }
 
 /// Exact `o` and `lse` of selected query rows only, for problems too large for
 /// [`attention`] (e.g. seqlen 65537 squared): `rows` lists `(batch, query index, query head)`;
-/// the result holds, for each, the dense `o` row (`head_dim` values) and `lse`.
+/// the result holds, for each, the dense `o` row (`head_dim` values), `lse` and the row's
+/// [`RowPrecision`].
 ///
 /// K and V of each (batch, kv head) that the rows need are widened to f64 once.
 ///
@@ -101,7 +126,7 @@ pub fn attention_rows<T: Element>(
     k: &[T],
     v: &[T],
     rows: &[(usize, usize, usize)],
-) -> Result<Vec<(Vec<f64>, f64)>> {
+) -> Result<Vec<ExactRow>> {
     p.validate()?;
     p.check_lengths(q.len(), k.len(), v.len(), usize::MAX, usize::MAX)?;
     let s = p.shape;
@@ -118,7 +143,7 @@ pub fn attention_rows<T: Element>(
     let mut kv_needed: Vec<(usize, usize)> = rows.iter().map(|&(b, _, h)| (b, h / group)).collect();
     kv_needed.sort_unstable();
     kv_needed.dedup();
-    let mut out = vec![(Vec::new(), 0.0f64); rows.len()];
+    let mut out = vec![(Vec::new(), 0.0f64, RowPrecision::default()); rows.len()];
     for (b, kvh) in kv_needed {
         let kf = widen_rows(k, |j| p.k_strides.offset(b, j, kvh), s.seqlen_k, d);
         let vf = widen_rows(v, |j| p.v_strides.offset(b, j, kvh), s.seqlen_k, d);
@@ -130,7 +155,7 @@ pub fn attention_rows<T: Element>(
                 let qrow: Vec<f64> = q[qo..qo + d].iter().map(|e| e.to_f64()).collect();
                 let visible = p.mask.visible_keys(i, s.seqlen_q, s.seqlen_k);
                 let mut o = vec![0.0f64; d];
-                let lse = row(
+                let (lse, pr) = row(
                     p.softmax_scale as f64,
                     &qrow,
                     &kf,
@@ -139,7 +164,7 @@ pub fn attention_rows<T: Element>(
                     &mut Vec::new(),
                     &mut o,
                 );
-                *slot = (o, lse);
+                *slot = (o, lse, pr);
             });
     }
     Ok(out)
@@ -161,7 +186,7 @@ fn widen_rows<T: Element>(
 }
 
 /// One query row against the first `visible` keys: writes `out` (`o`, zero when no key is
-/// visible) and returns `lse` (`-inf` when none is visible).
+/// visible) and returns `lse` (`-inf` when none is visible) with the row's precision.
 fn row(
     scale: f64,
     qrow: &[f64],
@@ -170,10 +195,10 @@ fn row(
     visible: usize,
     scores: &mut Vec<f64>,
     out: &mut [f64],
-) -> f64 {
+) -> (f64, RowPrecision) {
     let d = qrow.len();
     if visible == 0 {
-        return f64::NEG_INFINITY; // o stays 0
+        return (f64::NEG_INFINITY, RowPrecision::default()); // o stays 0
     }
     scores.clear();
     scores.extend(
@@ -181,6 +206,26 @@ fn row(
             .take(visible)
             .map(|kr| dot(qrow, kr) * scale),
     );
+    let finite_max = |acc: f64, x: f64| if x.is_finite() { acc.max(x) } else { acc };
+    let precision = RowPrecision {
+        logits: kf
+            .chunks_exact(d)
+            .take(visible)
+            .map(|kr| {
+                let a: f64 = qrow
+                    .iter()
+                    .zip(kr)
+                    .map(|(x, y)| (x * y).abs())
+                    .filter(|x| x.is_finite())
+                    .sum();
+                a * scale
+            })
+            .fold(0.0, finite_max),
+        v_max: vf[..visible * d]
+            .iter()
+            .map(|x| x.abs())
+            .fold(0.0, finite_max),
+    };
     // f64::max skips NaN, but a NaN score still turns exp(s - m) into NaN below.
     let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let mut sum = 0.0f64;
@@ -192,7 +237,7 @@ fn row(
         out.iter_mut().zip(vr).for_each(|(acc, x)| *acc += pj * x);
     }
     out.iter_mut().for_each(|x| *x /= sum);
-    m + sum.ln()
+    (m + sum.ln(), precision)
 }
 
 /// Dot product with four independent partial sums (vectorises).

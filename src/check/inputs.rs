@@ -11,10 +11,10 @@
 //! - with [`Inputs::Constant`] inputs `o` must equal `v` exactly.
 
 use super::cases::{Case, Inputs, Tensor};
-use crate::compare::{Diff, Tolerance, diff, random_inputs};
+use crate::compare::{Diff, Tolerance, allowances, diff_within, random_inputs};
 use crate::dtype::Element;
 use crate::error::Result;
-use crate::reference;
+use crate::reference::{self, RowPrecision};
 use crate::shape::AttnProblem;
 
 /// How far (in keys) below a poisoned `v` key the GPU exception above can reach: one query
@@ -51,8 +51,8 @@ pub fn make_inputs<T: Element>(case: &Case, seed: u64) -> (Vec<T>, Vec<T>, Vec<T
     (q, k, v)
 }
 
-/// One exact row: `(batch, query, head)`, its `o` (head_dim values) and `lse`.
-pub type ExactRow = ((usize, usize, usize), Vec<f64>, f64);
+/// One exact row: `(batch, query, head)`, its `o` (head_dim values), `lse` and precision.
+pub type ExactRow = ((usize, usize, usize), Vec<f64>, f64, RowPrecision);
 
 /// The exact rows a case compares.
 pub struct Oracle {
@@ -76,8 +76,13 @@ pub fn oracle<T: Element>(case: &Case, q: &[T], k: &[T], v: &[T]) -> Result<Orac
                 for i in 0..s.seqlen_q {
                     for h in 0..s.heads_q {
                         let at = ((b * s.seqlen_q + i) * s.heads_q + h) * d;
-                        let lse = r.lse[(b * s.heads_q + h) * s.seqlen_q + i];
-                        rows.push(((b, i, h), r.o[at..at + d].to_vec(), lse));
+                        let k = (b * s.heads_q + h) * s.seqlen_q + i;
+                        rows.push((
+                            (b, i, h),
+                            r.o[at..at + d].to_vec(),
+                            r.lse[k],
+                            r.precision[k],
+                        ));
                     }
                 }
             }
@@ -91,7 +96,11 @@ pub fn oracle<T: Element>(case: &Case, q: &[T], k: &[T], v: &[T]) -> Result<Orac
                 })
                 .collect();
             let r = reference::attention_rows(p, q, k, v, &keys)?;
-            rows.extend(keys.into_iter().zip(r).map(|(key, (o, lse))| (key, o, lse)));
+            rows.extend(
+                keys.into_iter()
+                    .zip(r)
+                    .map(|(key, (o, lse, pr))| (key, o, lse, pr)),
+            );
         }
     }
     Ok(Oracle { rows })
@@ -117,10 +126,12 @@ pub fn judge(case: &Case, oracle: &Oracle, o: &[f64], lse: &[f32], tol: &Toleran
     let d = s.head_dim;
     let (mut got_o, mut ref_o, mut got_l, mut ref_l) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // What each row's f32 precision forgives (compare::allowances).
+    let (mut allow_o, mut allow_l) = (Vec::new(), Vec::new());
     let mut problems = Vec::new();
     let mut missing_nan = 0usize;
     let mut spilled = 0usize;
-    for ((b, i, h), exact_o, exact_l) in &oracle.rows {
+    for ((b, i, h), exact_o, exact_l, precision) in &oracle.rows {
         let at = ((b * s.seqlen_q + i) * s.heads_q + h) * d;
         let row = &o[at..at + d];
         let l = lse[(b * s.heads_q + h) * s.seqlen_q + i] as f64;
@@ -149,12 +160,15 @@ pub fn judge(case: &Case, oracle: &Oracle, o: &[f64], lse: &[f32], tol: &Toleran
         ref_o.extend_from_slice(exact_o);
         got_l.push(l);
         ref_l.push(*exact_l);
+        let (a_o, a_l) = allowances(precision, *exact_l);
+        allow_o.extend(std::iter::repeat_n(a_o, d));
+        allow_l.push(a_l);
     }
     if missing_nan > 0 {
         problems.push(format!("{missing_nan} rows that read a non-finite input came out finite (a NaN/Inf was dropped)"));
     }
-    let od = diff(got_o.iter().copied(), &ref_o);
-    let ld = diff(got_l.iter().copied(), &ref_l);
+    let od = diff_within(got_o.iter().copied(), &ref_o, allow_o);
+    let ld = diff_within(got_l.iter().copied(), &ref_l, allow_l);
     if let Inputs::Constant(_) = case.inputs {
         // Scores near 1e11 are rounded to f32 (ulp ~ 1e4), so lse is judged relative to its
         // size; o must be v exactly.
