@@ -34,6 +34,9 @@ pub struct Diff {
     pub worst: Option<usize>,
     /// Largest `|ref|` over finite reference elements (the scale for [`Tolerance`]'s max-abs).
     pub ref_max_abs: f64,
+    /// With row scales ([`diff_within`]): the largest error relative to its row's
+    /// `max(1, max |ref|)`, so a row with small values is not judged by another row's size.
+    pub max_row_rel: Option<f64>,
     /// Pairs where exactly one side is NaN (a NaN that should not be there, or a number
     /// where NaN is the answer).
     pub nan_mismatch: usize,
@@ -82,16 +85,17 @@ impl fmt::Display for Diff {
 ///
 /// Extra elements on either side are counted in [`Diff::len_mismatch`].
 pub fn diff<I: IntoIterator<Item = f64>>(out: I, reference: &[f64]) -> Diff {
-    diff_within(out, reference, std::iter::repeat(0.0))
+    diff_within(out, reference, std::iter::repeat((0.0, 0.0)))
 }
 
 /// [`diff`] after forgiving each element the error its precision explains: `allowance`
-/// (one per reference element) is subtracted from `|out - ref|` (down to 0) before the
-/// metrics. See [`allowances`].
+/// (one `(allowance, row scale)` per reference element) is subtracted from `|out - ref|`
+/// (down to 0) before the metrics, and the error over the row scale (`max(1, max |ref|)` of
+/// the element's row; 0 for no row rule) feeds [`Diff::max_row_rel`]. See [`allowances`].
 pub fn diff_within<I, A>(out: I, reference: &[f64], allowance: A) -> Diff
 where
     I: IntoIterator<Item = f64>,
-    A: IntoIterator<Item = f64>,
+    A: IntoIterator<Item = (f64, f64)>,
 {
     let mut d = Diff::default();
     let (mut err2, mut ref2) = (0.0f64, 0.0f64);
@@ -103,7 +107,7 @@ where
             break;
         };
         d.count += 1;
-        let allowed = allowance.next().unwrap_or(0.0);
+        let (allowed, row_scale) = allowance.next().unwrap_or((0.0, 0.0));
         if o.is_nan() && r.is_nan() {
             d.nan_matched += 1;
             continue;
@@ -122,6 +126,9 @@ where
             continue;
         }
         let e = ((o - r).abs() - allowed).max(0.0);
+        if row_scale > 0.0 {
+            d.max_row_rel = Some(d.max_row_rel.unwrap_or(0.0).max(e / row_scale));
+        }
         err2 += e * e;
         ref2 += r * r;
         d.ref_max_abs = d.ref_max_abs.max(r.abs());
@@ -231,14 +238,28 @@ where
             .map(|pr| allowances(pr, r.lse[k]))
             .unwrap_or((0.0, 0.0))
     };
-    let od = diff_within(o, &r.o, (0..r.o.len()).map(|n| allow(row_of(n)).0));
-    let ld = diff_within(lse, &r.lse, (0..r.lse.len()).map(|k| allow(k).1));
+    // max(1, max |ref|) of each o row (rows are d consecutive elements).
+    let scales: Vec<f64> =
+        r.o.chunks(d)
+            .map(|row| {
+                row.iter()
+                    .filter(|x| x.is_finite())
+                    .fold(1.0f64, |a, x| a.max(x.abs()))
+            })
+            .collect();
+    let od = diff_within(
+        o,
+        &r.o,
+        (0..r.o.len()).map(|n| (allow(row_of(n)).0, scales[n / d])),
+    );
+    let ld = diff_within(lse, &r.lse, (0..r.lse.len()).map(|k| (allow(k).1, 0.0)));
     (od, ld)
 }
 
 /// Pass/fail thresholds for one element type.
 ///
-/// `o` passes when `rel_l2 <= o_rel_l2` and `max_abs <= o_max_abs * max(1, ref_max_abs)`;
+/// `o` passes when `rel_l2 <= o_rel_l2` and `max_abs <= o_max_abs * max(1, ref_max_abs)`, or
+/// with row scales, each error within `o_max_abs` of its own row's `max(1, max |ref|)`;
 /// `lse` passes when `max_abs <= lse_max_abs`. Neither passes with a lone NaN, a lone infinity
 /// or a length mismatch. Errors that the f32 precision of a row's large logits explains are
 /// forgiven row by row before these bounds apply ([`diff_reference`], [`allowances`]).
@@ -293,9 +314,11 @@ impl Tolerance {
 
     /// `true` when `o`'s diff is within tolerance.
     pub fn o_ok(&self, d: &Diff) -> bool {
-        d.is_clean()
-            && d.rel_l2 <= self.o_rel_l2
-            && d.max_abs <= self.o_max_abs * d.ref_max_abs.max(1.0)
+        let max_ok = match d.max_row_rel {
+            Some(rel) => rel <= self.o_max_abs,
+            None => d.max_abs <= self.o_max_abs * d.ref_max_abs.max(1.0),
+        };
+        d.is_clean() && d.rel_l2 <= self.o_rel_l2 && max_ok
     }
 
     /// `true` when `lse`'s diff is within tolerance.
@@ -487,6 +510,19 @@ mod tests {
             2.0,
         );
         assert!(a_o < 1.5e-5 && a_lse < 3e-6);
+        // A row with small values is judged on its own scale: halving row 1 while row 0 is
+        // 1000x larger fails the max-abs rule (global rel-L2 alone would not see it).
+        let p2 = crate::AttnProblem::new(crate::AttnShape::new(1, 1, 2, 2)).unwrap();
+        let r2 = Reference {
+            o: vec![1000.0, -900.0, 0.8, -0.6],
+            lse: vec![1.0, 1.0],
+            precision: vec![small, small],
+        };
+        let (od, _) = diff_reference(&p2, [1000.0, -900.0, 0.4, -0.3], [1.0, 1.0], &r2);
+        assert!(
+            od.rel_l2 < Tolerance::F16.o_rel_l2 && !Tolerance::F16.o_ok(&od),
+            "{od:?}"
+        );
         // A NaN or infinite lse reference is given no size.
         assert_eq!(
             allowances(&small, f64::NEG_INFINITY).1,

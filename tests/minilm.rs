@@ -193,6 +193,8 @@ fn cli_errors_are_messages_not_panics() {
     for form in [
         ["--scale=-0.25"].as_slice(),
         &["--scale", "-0.25"],
+        &["--scale", "-1e-3"],
+        &["--scale", "-inf"],
         &["--scale", "0"],
     ] {
         let mut args = vec!["run", "--backend", "cpu"];

@@ -161,8 +161,12 @@ pub fn judge(case: &Case, oracle: &Oracle, o: &[f64], lse: &[f32], tol: &Toleran
         got_l.push(l);
         ref_l.push(*exact_l);
         let (a_o, a_l) = allowances(precision, *exact_l);
-        allow_o.extend(std::iter::repeat_n(a_o, d));
-        allow_l.push(a_l);
+        let scale = exact_o
+            .iter()
+            .filter(|x| x.is_finite())
+            .fold(1.0f64, |a, x| a.max(x.abs()));
+        allow_o.extend(std::iter::repeat_n((a_o, scale), d));
+        allow_l.push((a_l, 0.0));
     }
     if missing_nan > 0 {
         problems.push(format!("{missing_nan} rows that read a non-finite input came out finite (a NaN/Inf was dropped)"));

@@ -48,7 +48,7 @@ pub struct RunArgs {
     pub causal: bool,
     /// softmax scale, a finite number above 0 (the rule the file's `scale` metadata follows
     /// too); default: the file's `scale` metadata, else 1/sqrt(head_dim).
-    #[arg(long, value_name = "S", allow_negative_numbers = true)]
+    #[arg(long, value_name = "S", allow_hyphen_values = true)]
     pub scale: Option<f32>,
     /// Which backend runs the attention.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
