@@ -128,47 +128,39 @@ fn short_buffers_are_typed_errors() {
     let p = problem(1, 4, 4, 1, 1, 8, Mask::None);
     let x = vec![f16::ONE; 32];
     let lse = vec![0.0f32; 4];
-    let (mut dq, mut dk, mut dv) = (
-        vec![f16::ZERO; 32],
-        vec![f16::ZERO; 32],
-        vec![f16::ZERO; 32],
-    );
-    let e = backward(
-        &p,
-        &x,
-        &x,
-        &x,
-        &x,
-        &lse,
-        &x[..31],
-        &mut dq,
-        &mut dk,
-        &mut dv,
-    )
-    .unwrap_err();
+    // One element short: do (read) or dk (written).
+    let call = |do_len: usize, dk_len: usize| {
+        let (mut dq, mut dk, mut dv) = (
+            vec![f16::ZERO; 32],
+            vec![f16::ZERO; dk_len],
+            vec![f16::ZERO; 32],
+        );
+        let e = backward(
+            &p,
+            &x,
+            &x,
+            &x,
+            &x,
+            &lse,
+            &x[..do_len],
+            &mut dq,
+            &mut dk,
+            &mut dv,
+        );
+        assert!(
+            dq.iter().all(|&z| z == f16::ZERO),
+            "nothing is written on error"
+        );
+        e.unwrap_err()
+    };
+    let e = call(31, 32);
     assert!(
         matches!(e, AttnError::BufferTooShort { tensor: "do", .. }),
         "{e}"
     );
-    let e = backward(
-        &p,
-        &x,
-        &x,
-        &x,
-        &x,
-        &lse,
-        &x,
-        &mut dq,
-        &mut dk[..31],
-        &mut dv,
-    )
-    .unwrap_err();
+    let e = call(32, 31);
     assert!(
         matches!(e, AttnError::BufferTooShort { tensor: "dk", .. }),
         "{e}"
-    );
-    assert!(
-        dq.iter().all(|&z| z == f16::ZERO),
-        "nothing is written on error"
     );
 }
