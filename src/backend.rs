@@ -71,14 +71,14 @@ pub fn forward<T: Element>(
     let dense = Strides::contiguous(s.seqlen_q, s.heads_q, s.head_dim);
     let p = AttnProblem {
         o_strides: dense,
-        ..*problem
+        ..problem.clone()
     };
     p.validate()?;
     p.check_lengths(q.len(), k.len(), v.len(), usize::MAX, usize::MAX)?;
     match choice {
         BackendChoice::Cpu => run_cpu(&p, q, k, v, "asked for".into()),
         // Auto falls back to the CPU, saying why, only when the GPU cannot take the problem
-        // (no GPU, f32, a head_dim or stride the kernels lack); a kernel or launch failure is
+        // (no GPU, f32, a head_dim, stride or score modifier the kernels lack); a kernel or launch failure is
         // an error, never hidden behind a silent fallback.
         BackendChoice::Auto => match run_cuda(&p, q, k, v, "the GPU is usable") {
             Ok(f) => Ok(f),
@@ -86,6 +86,7 @@ pub fn forward<T: Element>(
                 e @ (AttnError::BackendUnavailable { .. }
                 | AttnError::DTypeMismatch { .. }
                 | AttnError::UnsupportedHeadDim { .. }
+                | AttnError::UnsupportedFeature { .. }
                 | AttnError::InvalidStrides { .. }
                 | AttnError::TooLarge { .. }),
             ) => run_cpu(

@@ -105,7 +105,7 @@ pub fn tile_gemms_only(p: &AttnProblem) -> Result<f64> {
         |ws, item| {
             let i0 = (item % blocks) * BR;
             let br = BR.min(s.seqlen_q - i0);
-            let kv_end = p.mask.visible_keys(i0 + br - 1, s.seqlen_q, s.seqlen_k);
+            let kv_end = p.key_range(i0 + br - 1).end;
             let mut j0 = 0;
             while j0 < kv_end {
                 let bc = BC.min(kv_end - j0);
@@ -138,6 +138,8 @@ struct Workspace {
     acc: Vec<f32>,
     m: [f32; BR],
     l: [f32; BR],
+    /// Keys each row sees: `lo[r]..vis[r]` ([`AttnProblem::key_range`]).
+    lo: [usize; BR],
     vis: [usize; BR],
 }
 
@@ -152,6 +154,7 @@ impl Workspace {
             acc: vec![0.0; BR * d],
             m: [f32::NEG_INFINITY; BR],
             l: [0.0; BR],
+            lo: [0; BR],
             vis: [0; BR],
         }
     }
@@ -175,15 +178,27 @@ impl Workspace {
         for r in 0..br {
             let off = p.q_strides.offset(b, i0 + r, h);
             load_row(&q[off..off + d], &mut self.q[r * d..(r + 1) * d]);
-            self.vis[r] = p.mask.visible_keys(i0 + r, sh.seqlen_q, sh.seqlen_k);
+            let keys = p.key_range(i0 + r);
+            (self.lo[r], self.vis[r]) = (keys.start, keys.end);
         }
         self.m[..br].fill(f32::NEG_INFINITY);
         self.l[..br].fill(0.0);
         self.acc[..br * d].fill(0.0);
-        // visible_keys is non-decreasing in the row: the last row sees the most keys and
-        // the first the fewest.
-        let (kv_all, kv_end) = (self.vis[0], self.vis[br - 1]);
-        let mut j0 = 0;
+        // Both ends of the key range are non-decreasing in the row (an empty range is 0..0, so
+        // take the first non-empty row's start): keys lo_min..kv_end hold every visible key;
+        // tiles inside lo_max..kv_all are seen in full by every row.
+        let kv_end = self.vis[br - 1];
+        let lo_min = (0..br)
+            .find(|&r| self.lo[r] < self.vis[r])
+            .map_or(kv_end, |r| self.lo[r]);
+        let (lo_max, kv_all) = (self.lo[br - 1], self.vis[0]);
+        let slope = p
+            .scores
+            .alibi
+            .as_ref()
+            .map_or(0.0, |a| a.slope(b, h, sh.heads_q));
+        let plain_scores = p.scores.softcap.is_none() && slope == 0.0;
+        let mut j0 = lo_min;
         while j0 < kv_end {
             let bc = BC.min(kv_end - j0);
             for c in 0..bc {
@@ -193,29 +208,46 @@ impl Workspace {
                 load_row(&v[vo..vo + d], &mut self.v[c * d..(c + 1) * d]);
             }
             self.gemm_s(br, bc, p.softmax_scale);
-            let masked = j0 + bc > kv_all;
-            let n_vis = |r: usize| {
+            let masked = j0 + bc > kv_all || j0 < lo_max;
+            let cols = |r: usize| {
                 if masked {
-                    self.vis[r].saturating_sub(j0).min(bc)
+                    let n = self.vis[r].saturating_sub(j0).min(bc);
+                    (self.lo[r].saturating_sub(j0).min(n), n)
                 } else {
-                    bc
+                    (0, bc)
                 }
             };
-            let n: [usize; BR] = std::array::from_fn(|r| if r < br { n_vis(r) } else { 0 });
+            let a: [usize; BR] = std::array::from_fn(|r| if r < br { cols(r).0 } else { 0 });
+            let n: [usize; BR] = std::array::from_fn(|r| if r < br { cols(r).1 } else { 0 });
+            if !plain_scores {
+                for r in 0..br {
+                    let row = &mut self.s[r * BC..r * BC + bc];
+                    for (c, x) in row.iter_mut().enumerate().take(n[r]).skip(a[r]) {
+                        *x = modified_score(
+                            &p.scores,
+                            *x,
+                            slope,
+                            i0 + r,
+                            j0 + c,
+                            sh.seqlen_q,
+                            sh.seqlen_k,
+                        );
+                    }
+                }
+            }
             let t = Tile {
                 s: &mut self.s,
                 m: &mut self.m,
                 l: &mut self.l,
                 acc: &mut self.acc,
             };
-            t.online_softmax(&n[..br], bc, d);
+            t.online_softmax(&a[..br], &n[..br], bc, d);
             if masked && !all_finite(&self.v[..bc * d]) {
                 // Row by row over visible keys only, so that a masked non-finite V never
                 // turns 0 * inf into NaN in a row that does not see it.
                 for r in 0..br {
-                    let n = self.vis[r].saturating_sub(j0).min(bc);
                     let acc = &mut self.acc[r * d..(r + 1) * d];
-                    for c in 0..n {
+                    for c in a[r]..n[r] {
                         let pc = self.s[r * BC + c];
                         let vr = &self.v[c * d..(c + 1) * d];
                         acc.iter_mut().zip(vr).for_each(|(a, x)| *a += pc * x);
@@ -317,7 +349,7 @@ impl Workspace {
             // SAFETY: in bounds by check_lengths; exclusive by the caller's contract.
             unsafe {
                 let o = std::slice::from_raw_parts_mut(out.o.add(dst), d);
-                if self.vis[r] == 0 {
+                if self.lo[r] >= self.vis[r] {
                     o.fill(T::from_f32(0.0));
                     *out.lse.add(lse_at) = f32::NEG_INFINITY;
                 } else {
@@ -341,47 +373,48 @@ struct Tile<'a> {
 }
 
 impl Tile<'_> {
-    /// Step 2 for one key tile: row `r` sees the first `n[r]` of the `bc` columns of S.
+    /// Step 2 for one key tile: row `r` sees columns `a[r]..n[r]` of the `bc` columns of S.
     /// Turns S into P in place (0 in masked columns) and updates `m`, `l` and `acc`.
     /// Dispatches at run time to an AVX-512 or AVX2 build of the same code.
-    fn online_softmax(self, n: &[usize], bc: usize, d: usize) {
+    fn online_softmax(self, a: &[usize], n: &[usize], bc: usize, d: usize) {
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx512f") {
                 // SAFETY: the CPU supports the features the function is compiled for.
-                return unsafe { self.online_softmax_avx512(n, bc, d) };
+                return unsafe { self.online_softmax_avx512(a, n, bc, d) };
             }
             if std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
             {
                 // SAFETY: as above.
-                return unsafe { self.online_softmax_avx2(n, bc, d) };
+                return unsafe { self.online_softmax_avx2(a, n, bc, d) };
             }
         }
-        self.online_softmax_generic(n, bc, d)
+        self.online_softmax_generic(a, n, bc, d)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx2,fma")]
-    fn online_softmax_avx512(self, n: &[usize], bc: usize, d: usize) {
-        self.online_softmax_generic(n, bc, d)
+    fn online_softmax_avx512(self, a: &[usize], n: &[usize], bc: usize, d: usize) {
+        self.online_softmax_generic(a, n, bc, d)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    fn online_softmax_avx2(self, n: &[usize], bc: usize, d: usize) {
-        self.online_softmax_generic(n, bc, d)
+    fn online_softmax_avx2(self, a: &[usize], n: &[usize], bc: usize, d: usize) {
+        self.online_softmax_generic(a, n, bc, d)
     }
 
     #[inline(always)]
-    fn online_softmax_generic(self, n: &[usize], bc: usize, d: usize) {
-        for (r, &n) in n.iter().enumerate() {
+    fn online_softmax_generic(self, a: &[usize], n: &[usize], bc: usize, d: usize) {
+        for (r, (&a, &n)) in a.iter().zip(n).enumerate() {
             let row = &mut self.s[r * BC..r * BC + bc];
             row[n..].fill(0.0);
-            if n == 0 {
+            row[..a.min(n)].fill(0.0);
+            if a >= n {
                 continue; // this row sees none of these keys: no update
             }
-            let row = &mut row[..n];
+            let row = &mut row[a..n];
             let m_new = self.m[r].max(row_max(row));
             let alpha = exp_f32(self.m[r] - m_new);
             for x in row.iter_mut() {
@@ -396,6 +429,29 @@ impl Tile<'_> {
             }
         }
     }
+}
+
+/// The score of (query `i`, key `j`) from the scaled dot product `x` in f32: soft-capped, then
+/// ALiBi-biased ([`crate::scores`], whose f64 rule the oracle applies).
+#[inline]
+fn modified_score(
+    mods: &crate::scores::ScoreMods,
+    x: f32,
+    slope: f32,
+    i: usize,
+    j: usize,
+    seqlen_q: usize,
+    seqlen_k: usize,
+) -> f32 {
+    let x = match mods.softcap {
+        Some(c) => c * (x / c).tanh(),
+        None => x,
+    };
+    if slope == 0.0 {
+        return x;
+    }
+    let dist = (i as i64 + seqlen_k as i64 - seqlen_q as i64 - j as i64).unsigned_abs() as f32;
+    x - slope * dist
 }
 
 /// Widens one row of `T` into f32 (vectorised conversions for f16/bf16).

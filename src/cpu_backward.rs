@@ -6,10 +6,12 @@
 //! `dk_j += scale ds_ij q_i`, `dq_i += scale ds_ij k_j`, all in f32. One rayon task per
 //! (batch, kv head) owns that head's dk and dv and the dq rows of its query heads, in a fixed
 //! order, so the result is the same bytes run to run and for any thread count. The visible
-//! keys follow [`Mask::visible_keys`](crate::Mask::visible_keys), the forward's rule.
+//! keys, soft-capping and ALiBi follow [`AttnProblem::key_range`] and [`crate::scores`], the
+//! forward's rules (a softcap multiplies `ds` by `1 - tanh^2`).
 
 use crate::dtype::Element;
 use crate::error::{AttnError, Result};
+use crate::reference::RowRule;
 use crate::shape::AttnProblem;
 use rayon::prelude::*;
 
@@ -68,6 +70,7 @@ pub fn backward<T: Element>(
     }
     let group = s.group_size();
     let scale = p.softmax_scale;
+    let plain = p.scores.softcap.is_none() && p.scores.alibi.is_none();
     let row =
         |x: &[T], at: usize| -> Vec<f32> { x[at..at + d].iter().map(|e| e.to_f32()).collect() };
     // Per (batch, kv head): dk, dv [sk, d] and dq [group, sq, d], in f32.
@@ -86,8 +89,8 @@ pub fn backward<T: Element>(
             for g in 0..group {
                 let h = kvh * group + g;
                 for i in 0..sq {
-                    let visible = p.mask.visible_keys(i, sq, sk);
-                    if visible == 0 {
+                    let rule = RowRule::new(p, b, h, i);
+                    if rule.keys.is_empty() {
                         continue; // o = 0 whatever the inputs: no gradient
                     }
                     let qi = row(q, p.q_strides.offset(b, i, h));
@@ -96,12 +99,22 @@ pub fn backward<T: Element>(
                     let l = lse[(b * hq + h) * sq + i];
                     let di: f32 = doi.iter().zip(&oi).map(|(a, b)| a * b).sum();
                     let dqi = &mut dqf[(g * sq + i) * d..(g * sq + i + 1) * d];
-                    for j in 0..visible {
+                    for j in rule.keys.clone() {
                         let (kj, vj) = (&kf[j], &vf[j]);
-                        let sc = scale * qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>();
+                        let x = scale * qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>();
+                        let sc = if plain {
+                            x
+                        } else {
+                            rule.score(f64::from(x), j) as f32
+                        };
                         let pj = (sc - l).exp();
                         let dp: f32 = doi.iter().zip(vj).map(|(a, b)| a * b).sum();
-                        let ds = scale * pj * (dp - di);
+                        let grad = if plain {
+                            1.0
+                        } else {
+                            rule.score_grad(f64::from(x)) as f32
+                        };
+                        let ds = scale * pj * (dp - di) * grad;
                         let (dkj, dvj) =
                             (&mut dkf[j * d..(j + 1) * d], &mut dvf[j * d..(j + 1) * d]);
                         for c in 0..d {

@@ -39,6 +39,17 @@ pub enum AttnError {
         supported: String,
     },
 
+    /// The backend has no code yet for a feature the problem asks for.
+    #[error("{feature} is not supported by {backend} yet: {hint}")]
+    UnsupportedFeature {
+        /// The feature (e.g. "a sliding window").
+        feature: String,
+        /// Backend or kernel name.
+        backend: String,
+        /// What to do instead.
+        hint: String,
+    },
+
     /// Two tensors disagree on a dimension.
     #[error("shape mismatch: {what}")]
     ShapeMismatch {

@@ -24,6 +24,7 @@ pub mod probe;
 pub mod probe_wgmma;
 pub mod reference;
 pub mod reference_grad;
+pub mod scores;
 pub mod shape;
 
 pub use backend::{Backend, BackendChoice, Forward, forward};

@@ -6,7 +6,8 @@
 //! before exponentiating, and runs in parallel over (batch, kv head) and over rows.
 //!
 //! Semantics shared with every backend:
-//! - mask rules of [`Mask::visible_keys`](crate::Mask::visible_keys) (bottom-right causal);
+//! - the keys each row sees: [`AttnProblem::key_range`] (bottom-right causal and the sliding
+//!   window); scores soft-capped and ALiBi-biased as [`crate::scores`] defines;
 //! - a row that sees no key outputs `o = 0` and `lse = -inf`, never NaN;
 //! - GQA: query head `h` reads kv head `h / (heads_q / heads_kv)`;
 //! - NaN/Inf in the inputs propagate (IEEE arithmetic) into the rows that read them only.
@@ -83,8 +84,8 @@ pub fn attention<T: Element>(p: &AttnProblem, q: &[T], k: &[T], v: &[T]) -> Resu
                         for (x, e) in qrow.iter_mut().zip(&q[qo..qo + d]) {
                             *x = e.to_f64();
                         }
-                        let visible = p.mask.visible_keys(i, sq, s.seqlen_k);
-                        *lse = row(p.softmax_scale as f64, qrow, &kf, &vf, visible, scores, out);
+                        let rule = RowRule::new(p, b, h, i);
+                        *lse = row(&rule, qrow, &kf, &vf, scores, out);
                     },
                 );
             (o, lse)
@@ -153,17 +154,9 @@ pub fn attention_rows<T: Element>(
             .for_each(|(slot, &(_, i, h))| {
                 let qo = p.q_strides.offset(b, i, h);
                 let qrow: Vec<f64> = q[qo..qo + d].iter().map(|e| e.to_f64()).collect();
-                let visible = p.mask.visible_keys(i, s.seqlen_q, s.seqlen_k);
                 let mut o = vec![0.0f64; d];
-                let (lse, pr) = row(
-                    p.softmax_scale as f64,
-                    &qrow,
-                    &kf,
-                    &vf,
-                    visible,
-                    &mut Vec::new(),
-                    &mut o,
-                );
+                let rule = RowRule::new(p, b, h, i);
+                let (lse, pr) = row(&rule, &qrow, &kf, &vf, &mut Vec::new(), &mut o);
                 *slot = (o, lse, pr);
             });
     }
@@ -185,43 +178,90 @@ fn widen_rows<T: Element>(
     out
 }
 
-/// One query row against the first `visible` keys: writes `out` (`o`, zero when no key is
-/// visible) and returns `lse` (`-inf` when none is visible) with the row's precision.
-fn row(
+/// How one query row scores its keys: the keys it sees, the scale, and the modifiers.
+pub(crate) struct RowRule<'a> {
+    /// The keys the row sees.
+    pub keys: std::ops::Range<usize>,
     scale: f64,
+    slope: f64,
+    i: usize,
+    sq: usize,
+    sk: usize,
+    mods: &'a crate::scores::ScoreMods,
+}
+
+impl<'a> RowRule<'a> {
+    /// The rule of query row `i` of (batch `b`, query head `h`).
+    pub fn new(p: &'a AttnProblem, b: usize, h: usize, i: usize) -> Self {
+        let s = p.shape;
+        RowRule {
+            keys: p.key_range(i),
+            scale: f64::from(p.softmax_scale),
+            slope: p
+                .scores
+                .alibi
+                .as_ref()
+                .map_or(0.0, |a| f64::from(a.slope(b, h, s.heads_q))),
+            i,
+            sq: s.seqlen_q,
+            sk: s.seqlen_k,
+            mods: &p.scores,
+        }
+    }
+
+    /// The scaled dot product `q . k_j * scale` of key `j`.
+    pub fn scaled(&self, dot: f64) -> f64 {
+        dot * self.scale
+    }
+
+    /// The score of key `j` from its scaled dot product (soft-capped, ALiBi-biased).
+    pub fn score(&self, scaled: f64, j: usize) -> f64 {
+        self.mods
+            .score(scaled, self.slope, self.i, j, self.sq, self.sk)
+    }
+
+    /// d score / d scaled dot product.
+    pub fn score_grad(&self, scaled: f64) -> f64 {
+        self.mods.score_grad(scaled)
+    }
+}
+
+/// One query row against the keys its rule lets it see: writes `out` (`o`, zero when it sees
+/// none) and returns `lse` (`-inf` when it sees none) with the row's precision.
+fn row(
+    rule: &RowRule,
     qrow: &[f64],
     kf: &[f64],
     vf: &[f64],
-    visible: usize,
     scores: &mut Vec<f64>,
     out: &mut [f64],
 ) -> (f64, RowPrecision) {
     let d = qrow.len();
-    if visible == 0 {
+    let keys = rule.keys.clone();
+    if keys.is_empty() {
         return (f64::NEG_INFINITY, RowPrecision::default()); // o stays 0
     }
     scores.clear();
-    scores.extend(
-        kf.chunks_exact(d)
-            .take(visible)
-            .map(|kr| dot(qrow, kr) * scale),
-    );
+    scores.extend(keys.clone().map(|j| {
+        let kr = &kf[j * d..(j + 1) * d];
+        rule.score(rule.scaled(dot(qrow, kr)), j)
+    }));
     let finite_max = |acc: f64, x: f64| if x.is_finite() { acc.max(x) } else { acc };
     let precision = RowPrecision {
-        logits: kf
-            .chunks_exact(d)
-            .take(visible)
-            .map(|kr| {
+        logits: keys
+            .clone()
+            .map(|j| {
+                let kr = &kf[j * d..(j + 1) * d];
                 let a: f64 = qrow
                     .iter()
                     .zip(kr)
                     .map(|(x, y)| (x * y).abs())
                     .filter(|x| x.is_finite())
                     .sum();
-                a * scale
+                rule.scaled(a)
             })
             .fold(0.0, finite_max),
-        v_max: vf[..visible * d]
+        v_max: vf[keys.start * d..keys.end * d]
             .iter()
             .map(|x| x.abs())
             .fold(0.0, finite_max),
@@ -233,7 +273,10 @@ fn row(
         *sc = (*sc - m).exp();
         sum += *sc;
     }
-    for (&pj, vr) in scores.iter().zip(vf.chunks_exact(d)) {
+    for (&pj, vr) in scores
+        .iter()
+        .zip(vf[keys.start * d..keys.end * d].chunks_exact(d))
+    {
         out.iter_mut().zip(vr).for_each(|(acc, x)| *acc += pj * x);
     }
     out.iter_mut().for_each(|x| *x /= sum);

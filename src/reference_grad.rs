@@ -1,13 +1,13 @@
 //! The exact oracle of the backward pass: gradients of attention in f64.
 //!
-//! With `s_ij = softmax_scale * q_i . k_j` over the keys row `i` sees
-//! ([`Mask::visible_keys`](crate::Mask::visible_keys), the rule the forward uses),
-//! `p_ij = exp(s_ij - lse_i)` and `o_i = sum_j p_ij v_j`, the gradients of a loss with
-//! `dL/do_i = do_i` are (FlashAttention-2, Dao 2023, arXiv 2307.08691, Algorithm 2, computed
-//! here directly, with no tiling):
+//! With `x_ij = softmax_scale * q_i . k_j`, the score `s_ij = f(x_ij)` (soft-capped and
+//! ALiBi-biased, [`crate::scores`]) over the keys row `i` sees ([`AttnProblem::key_range`],
+//! the rule the forward uses), `p_ij = exp(s_ij - lse_i)` and `o_i = sum_j p_ij v_j`, the
+//! gradients of a loss with `dL/do_i = do_i` are (FlashAttention-2, Dao 2023, arXiv
+//! 2307.08691, Algorithm 2, computed here directly, with no tiling):
 //! - `dv_j = sum_i p_ij do_i`,
 //! - `dp_ij = do_i . v_j`, `D_i = do_i . o_i` (= `sum_j p_ij dp_ij`),
-//! - `ds_ij = p_ij (dp_ij - D_i)`,
+//! - `ds_ij = p_ij (dp_ij - D_i) f'(x_ij)` (`f' = 1 - tanh^2(x / c)` with a softcap, else 1),
 //! - `dq_i = scale * sum_j ds_ij k_j`, `dk_j = scale * sum_i ds_ij q_i`.
 //!
 //! GQA/MQA: `dk` and `dv` of a kv head sum over the query heads that read it. A row that sees
@@ -17,6 +17,7 @@
 
 use crate::dtype::Element;
 use crate::error::{AttnError, Result};
+use crate::reference::RowRule;
 use crate::shape::{AttnProblem, Strides};
 use rayon::prelude::*;
 
@@ -75,26 +76,33 @@ pub fn backward<T: Element>(
     Ok(backward_f64(p, &qd, &kd, &vd, &dod))
 }
 
-/// One (batch, query head, row) of the dense forward: its probabilities over the visible keys
-/// (`p_j`, `j < visible`), and `lse` (`-inf` when no key is visible).
+/// One (batch, query head, row) of the dense forward: `(j, p_j, x_j)` over the keys its rule
+/// lets it see (`x_j` the scaled dot product), and `lse` (`-inf` when it sees none).
 fn probabilities(
-    scale: f64,
+    rule: &RowRule,
     qi: &[f64],
     kh: &[f64],
-    visible: usize,
     stride: usize,
-) -> (Vec<f64>, f64) {
+) -> (Vec<(usize, f64, f64)>, f64) {
     let d = qi.len();
-    if visible == 0 {
+    if rule.keys.is_empty() {
         return (Vec::new(), f64::NEG_INFINITY);
     }
-    let s: Vec<f64> = (0..visible)
-        .map(|j| scale * dot(qi, &kh[j * stride..j * stride + d]))
+    let x: Vec<(usize, f64)> = rule
+        .keys
+        .clone()
+        .map(|j| (j, rule.scaled(dot(qi, &kh[j * stride..j * stride + d]))))
         .collect();
+    let s: Vec<f64> = x.iter().map(|&(j, xj)| rule.score(xj, j)).collect();
     let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let sum: f64 = s.iter().map(|x| (x - m).exp()).sum();
+    let sum: f64 = s.iter().map(|v| (v - m).exp()).sum();
     let lse = m + sum.ln();
-    (s.iter().map(|x| (x - lse).exp()).collect(), lse)
+    let pr = x
+        .iter()
+        .zip(&s)
+        .map(|(&(j, xj), sj)| (j, (sj - lse).exp(), xj))
+        .collect();
+    (pr, lse)
 }
 
 fn dot(a: &[f64], b: &[f64]) -> f64 {
@@ -112,7 +120,6 @@ pub fn forward_f64(p: &AttnProblem, q: &[f64], k: &[f64], v: &[f64]) -> (Vec<f64
     let s = p.shape;
     let (d, sq, sk, hq, hkv) = (s.head_dim, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv);
     let group = s.group_size();
-    let scale = f64::from(p.softmax_scale);
     let mut o = vec![0.0; s.batch * sq * hq * d];
     let mut lse = vec![0.0; s.batch * hq * sq];
     for b in 0..s.batch {
@@ -121,10 +128,10 @@ pub fn forward_f64(p: &AttnProblem, q: &[f64], k: &[f64], v: &[f64]) -> (Vec<f64
             let vh = &v[(b * sk * hkv + h / group) * d..];
             for i in 0..sq {
                 let at = ((b * sq + i) * hq + h) * d;
-                let visible = p.mask.visible_keys(i, sq, sk);
-                let (pr, l) = probabilities(scale, &q[at..at + d], kh, visible, hkv * d);
+                let rule = RowRule::new(p, b, h, i);
+                let (pr, l) = probabilities(&rule, &q[at..at + d], kh, hkv * d);
                 lse[(b * hq + h) * sq + i] = l;
-                for (j, pj) in pr.iter().enumerate() {
+                for &(j, pj, _) in &pr {
                     for c in 0..d {
                         o[at + c] += pj * vh[j * hkv * d + c];
                     }
@@ -160,20 +167,20 @@ pub fn backward_f64(p: &AttnProblem, q: &[f64], k: &[f64], v: &[f64], d_o: &[f64
                 for i in 0..sq {
                     let at = ((b * sq + i) * hq + h) * d;
                     let (qi, doi) = (&q[at..at + d], &d_o[at..at + d]);
-                    let visible = p.mask.visible_keys(i, sq, sk);
-                    let (pr, _) = probabilities(scale, qi, kh, visible, hkv * d);
+                    let rule = RowRule::new(p, b, h, i);
+                    let (pr, _) = probabilities(&rule, qi, kh, hkv * d);
                     // o_i, then D_i = do_i . o_i.
                     let mut oi = vec![0.0; d];
-                    for (j, pj) in pr.iter().enumerate() {
+                    for &(j, pj, _) in &pr {
                         oi.iter_mut()
                             .zip(&vh[row(j)..row(j) + d])
                             .for_each(|(a, x)| *a += pj * x);
                     }
                     let di = dot(doi, &oi);
                     let dqi = &mut dq[(g * sq + i) * d..(g * sq + i + 1) * d];
-                    for (j, pj) in pr.iter().enumerate() {
+                    for &(j, pj, xj) in &pr {
                         let (kj, vj) = (&kh[row(j)..row(j) + d], &vh[row(j)..row(j) + d]);
-                        let ds = pj * (dot(doi, vj) - di);
+                        let ds = pj * (dot(doi, vj) - di) * rule.score_grad(xj);
                         for c in 0..d {
                             dv[j * d + c] += pj * doi[c];
                             dk[j * d + c] += scale * ds * qi[c];

@@ -6,6 +6,7 @@
 
 use crate::error::{AttnError, Result};
 use crate::mask::Mask;
+use crate::scores::ScoreMods;
 use serde::Serialize;
 
 /// Largest head_dim any backend accepts.
@@ -200,7 +201,7 @@ pub fn check_scale(softmax_scale: f32) -> Result<f32> {
 ///
 /// Built with [`AttnProblem::new`] (dense tensors, default scale, no mask) and refined with
 /// the `with_*` methods, each of which validates what it sets.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AttnProblem {
     /// Sizes.
     pub shape: AttnShape,
@@ -216,6 +217,8 @@ pub struct AttnProblem {
     pub v_strides: Strides,
     /// Strides of o (`[batch, seqlen_q, heads_q, head_dim]`).
     pub o_strides: Strides,
+    /// Sliding window, softcap, ALiBi ([`ScoreMods`]; all off by default).
+    pub scores: ScoreMods,
 }
 
 impl AttnProblem {
@@ -235,7 +238,24 @@ impl AttnProblem {
             k_strides: k,
             v_strides: k,
             o_strides: q,
+            scores: ScoreMods::default(),
         })
+    }
+
+    /// Sets the score modifiers (window, softcap, ALiBi).
+    ///
+    /// # Errors
+    /// Those of [`ScoreMods::validate`].
+    pub fn with_scores(mut self, scores: ScoreMods) -> Result<Self> {
+        scores.validate(self.shape.batch, self.shape.heads_q)?;
+        self.scores = scores;
+        Ok(self)
+    }
+
+    /// The keys query row `i` sees under the mask and the window (see [`crate::scores`]).
+    pub fn key_range(&self, i: usize) -> std::ops::Range<usize> {
+        self.scores
+            .key_range(self.mask, i, self.shape.seqlen_q, self.shape.seqlen_k)
     }
 
     /// Sets the mask.
@@ -280,6 +300,7 @@ impl AttnProblem {
         let s = &self.shape;
         s.validate()?;
         check_scale(self.softmax_scale)?;
+        self.scores.validate(s.batch, s.heads_q)?;
         for (name, st, seqlen, heads) in self.tensors() {
             // Inputs are only read, so broadcast views (PyTorch's `expand`: a zero stride, or
             // heads that share memory) are legal, as in FlashAttention; o must not overlap
@@ -405,7 +426,7 @@ mod tests {
             head: s * d,
         };
         let p = AttnProblem::new(AttnShape::new(b, s, h, d)).unwrap();
-        assert!(p.with_strides(st, st, st, st).is_ok());
+        assert!(p.clone().with_strides(st, st, st, st).is_ok());
     }
 
     #[test]
@@ -417,7 +438,8 @@ mod tests {
             head: 8,
         };
         assert!(matches!(
-            p.with_strides(p.q_strides, p.k_strides, p.v_strides, overlap),
+            p.clone()
+                .with_strides(p.q_strides, p.k_strides, p.v_strides, overlap),
             Err(AttnError::InvalidStrides { tensor: "o", .. })
         ));
         let zero_batch = Strides {
@@ -425,7 +447,8 @@ mod tests {
             ..p.o_strides
         };
         assert!(matches!(
-            p.with_strides(p.q_strides, p.k_strides, p.v_strides, zero_batch),
+            p.clone()
+                .with_strides(p.q_strides, p.k_strides, p.v_strides, zero_batch),
             Err(AttnError::InvalidStrides { tensor: "o", .. })
         ));
         // Field report (turn 2, 7): broadcast inputs (PyTorch expand) are legal.
@@ -434,7 +457,10 @@ mod tests {
             seq: 8,
             head: 0,
         };
-        let ok = p.with_strides(overlap, bcast, bcast, p.o_strides).unwrap();
+        let ok = p
+            .clone()
+            .with_strides(overlap, bcast, bcast, p.o_strides)
+            .unwrap();
         assert_eq!(ok.k_strides.required_len("k", 2, 4, 2, 8).unwrap(), 32);
     }
 }

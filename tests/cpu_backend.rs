@@ -142,6 +142,7 @@ fn non_contiguous_strides() {
     for mask in [Mask::None, Mask::Causal] {
         let p = problem(b, sq, sk, hq, hkv, d, mask);
         let t = p
+            .clone()
             .with_strides(bhsd(sq, hq), bhsd(sk, hkv), bhsd(sk, hkv), bhsd(sq, hq))
             .unwrap();
         check_all_dtypes(&t, &format!("bhsd view {mask:?}"));
@@ -153,6 +154,7 @@ fn non_contiguous_strides() {
         };
         let o = Strides::contiguous(sq, hq, d);
         let g = p
+            .clone()
             .with_strides(pad(sq, hq), pad(sk, hkv), bhsd(sk, hkv), o)
             .unwrap();
         check::<f16>(&g, &format!("padded strides {mask:?}"));
@@ -163,6 +165,7 @@ fn non_contiguous_strides() {
             head: d + 8,
         };
         let h = p
+            .clone()
             .with_strides(p.q_strides, p.k_strides, p.v_strides, os)
             .unwrap();
         check::<bf16>(&h, &format!("strided o {mask:?}"));

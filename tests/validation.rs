@@ -25,6 +25,7 @@ fn raw(s: AttnShape) -> AttnProblem {
         k_strides: st,
         v_strides: st,
         o_strides: st,
+        scores: Default::default(),
     }
 }
 
@@ -92,12 +93,12 @@ fn invalid_scales() {
     let p = AttnProblem::new(shape(1, 4, 4, 2, 2, 8)).unwrap();
     for s in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -1.0, 0.0, -0.0] {
         assert!(
-            matches!(p.with_scale(s), Err(AttnError::InvalidScale { .. })),
+            matches!(p.clone().with_scale(s), Err(AttnError::InvalidScale { .. })),
             "{s}"
         );
         let bad = AttnProblem {
             softmax_scale: s,
-            ..p
+            ..p.clone()
         };
         for e in all_errors(&bad) {
             assert!(matches!(e, AttnError::InvalidScale { .. }), "{e}");
@@ -123,7 +124,8 @@ fn size_overflow() {
         head: 8,
     };
     assert!(matches!(
-        p.with_strides(huge, p.k_strides, p.v_strides, p.o_strides),
+        p.clone()
+            .with_strides(huge, p.k_strides, p.v_strides, p.o_strides),
         Err(AttnError::Overflow { .. })
     ));
 }
@@ -138,6 +140,7 @@ fn overlapping_strides() {
     }; // heads overlap head_dim
     // o must not overlap itself: refused by every entry point that takes o strides.
     let e = p
+        .clone()
         .with_strides(p.q_strides, p.k_strides, p.v_strides, overlap)
         .unwrap_err();
     assert!(
@@ -146,7 +149,7 @@ fn overlapping_strides() {
     );
     let bad = AttnProblem {
         o_strides: overlap,
-        ..p
+        ..p.clone()
     };
     // `flashattn::forward` (the last two entry points) returns o dense and ignores
     // o_strides by contract, so only the others must reject overlapping o strides.
@@ -162,7 +165,8 @@ fn overlapping_strides() {
         head: 8,
     };
     assert!(
-        p.with_strides(p.q_strides, p.k_strides, p.v_strides, bcast_o)
+        p.clone()
+            .with_strides(p.q_strides, p.k_strides, p.v_strides, bcast_o)
             .is_err()
     );
 }
@@ -188,6 +192,7 @@ fn broadcast_inputs_match_their_materialised_copies() {
     };
     for mask in [flashattn::Mask::None, flashattn::Mask::Causal] {
         let p = dense
+            .clone()
             .with_mask(mask)
             .with_strides(q_overlap, bcast, bcast, dense.o_strides)
             .unwrap();
@@ -211,13 +216,19 @@ fn broadcast_inputs_match_their_materialised_copies() {
             gather(&k, bcast, 7, 2),
             gather(&v, bcast, 7, 2),
         );
-        let want =
-            flashattn::forward(BackendChoice::Cpu, &dense.with_mask(mask), &qd, &kd, &vd).unwrap();
+        let want = flashattn::forward(
+            BackendChoice::Cpu,
+            &dense.clone().with_mask(mask),
+            &qd,
+            &kd,
+            &vd,
+        )
+        .unwrap();
         let got = flashattn::forward(BackendChoice::Cpu, &p, &q, &k, &v).unwrap();
         assert_eq!(got.o, want.o, "{mask:?}");
         assert_eq!(got.lse, want.lse, "{mask:?}");
         let r = reference::attention(&p, &q, &k, &v).unwrap();
-        let rd = reference::attention(&dense.with_mask(mask), &qd, &kd, &vd).unwrap();
+        let rd = reference::attention(&dense.clone().with_mask(mask), &qd, &kd, &vd).unwrap();
         assert_eq!(r, rd);
     }
 }
@@ -460,7 +471,7 @@ fn size_helpers_never_panic() {
 fn forward_ignores_the_o_strides_it_replaces() {
     use flashattn::{BackendChoice, forward};
     let p = AttnProblem::new(AttnShape::new(1, 16, 2, 64)).unwrap();
-    let mut bad = p;
+    let mut bad = p.clone();
     bad.o_strides = Strides {
         batch: 0,
         seq: 0,
@@ -480,6 +491,7 @@ fn equal_strides_name_both_axes() {
         head: 64,
     };
     let e = p
+        .clone()
         .with_strides(p.q_strides, p.k_strides, p.v_strides, st)
         .unwrap_err()
         .to_string();

@@ -47,7 +47,9 @@ pub fn run(gpu: &Gpu) -> Result<Vec<CaseResult>> {
         seq: 132,
         head: 64,
     };
-    let p_odd = p.with_strides(odd, p.k_strides, p.v_strides, p.o_strides)?;
+    let p_odd = p
+        .clone()
+        .with_strides(odd, p.k_strides, p.v_strides, p.o_strides)?;
     // head_dim 36 runs on padded copies: a buffer too short for it is still refused first.
     let p_d36 = AttnProblem::new(AttnShape::new(1, 64, 2, 36))?;
     let k_d36_short = alloc(64 * 2 * 36 - 1)?;

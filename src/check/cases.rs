@@ -205,8 +205,9 @@ pub fn cases(quick: bool) -> Vec<Case> {
                     head: 0,
                 };
                 let p = problem(shape(2, 65, sk, 4, 2, d), mask);
+                let (qs, os) = (p.q_strides, p.o_strides);
                 let p = p
-                    .with_strides(p.q_strides, st, st, p.o_strides)
+                    .with_strides(qs, st, st, os)
                     .expect("broadcast inputs are valid");
                 sw.push(dtype, p, " broadcast-kv");
             }

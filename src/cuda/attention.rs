@@ -18,12 +18,27 @@ pub const MAX_SEQLEN: usize = 1 << 30;
 /// read and write any strides; the kernels themselves need the stride rule below.
 ///
 /// # Errors
+/// [`AttnError::UnsupportedFeature`] for a window, softcap or ALiBi (not in the kernels yet);
 /// [`AttnError::InvalidStrides`] (head_dim a multiple of 8 and a stride not a multiple of 8
 /// elements: rows are moved in 16-byte pieces), [`AttnError::TooLarge`] (seqlen over 2^30,
 /// or more than 2^31-1 blocks).
 pub fn check_gpu_problem(p: &AttnProblem, _kernel: KernelKind) -> Result<()> {
     p.validate()?;
     let s = &p.shape;
+    let m = &p.scores;
+    let features = [
+        (!m.window.is_unbounded(), "a sliding window"),
+        (m.softcap.is_some(), "softcap"),
+        (m.alibi.is_some(), "ALiBi"),
+    ];
+    if let Some((_, f)) = features.iter().find(|(on, _)| *on) {
+        return Err(AttnError::UnsupportedFeature {
+            feature: (*f).into(),
+            backend: "the CUDA kernels".into(),
+            hint: "use the CPU backend (BackendChoice::Cpu, or Auto, which falls back to it)"
+                .into(),
+        });
+    }
     let padded = !s.head_dim.is_multiple_of(8);
     for (name, st, _, _) in p.tensors().into_iter().filter(|_| !padded) {
         for (axis, v) in [("batch", st.batch), ("seq", st.seq), ("head", st.head)] {
@@ -220,7 +235,7 @@ pub fn forward_host<T: GpuElement>(
     // Output is written dense regardless of the caller's o_strides.
     let dense = AttnProblem {
         o_strides: crate::shape::Strides::contiguous(s.seqlen_q, s.heads_q, s.head_dim),
-        ..*p
+        ..p.clone()
     };
     check_gpu_problem(&dense, kernel)?;
     dense.check_lengths(q.len(), k.len(), v.len(), usize::MAX, usize::MAX)?;
