@@ -265,36 +265,14 @@ fn gradients_match_finite_differences() {
 #[test]
 fn invalid_modifiers_and_the_gpu_path() {
     let p = problem(2, 8, 8, 4, 2, 16, Mask::None);
+    let alibi =
+        |slopes: Vec<f32>, per_batch: bool| mods(-1, -1, None, Some(Alibi { slopes, per_batch }));
     for bad in [
         mods(-1, -1, Some(0.0), None),
         mods(-1, -1, Some(f32::NAN), None),
-        mods(
-            -1,
-            -1,
-            None,
-            Some(Alibi {
-                slopes: vec![0.5; 3],
-                per_batch: false,
-            }),
-        ),
-        mods(
-            -1,
-            -1,
-            None,
-            Some(Alibi {
-                slopes: vec![f32::INFINITY; 4],
-                per_batch: false,
-            }),
-        ),
-        mods(
-            -1,
-            -1,
-            None,
-            Some(Alibi {
-                slopes: vec![0.5; 4],
-                per_batch: true,
-            }),
-        ),
+        alibi(vec![0.5; 3], false),
+        alibi(vec![f32::INFINITY; 4], false),
+        alibi(vec![0.5; 4], true),
     ] {
         assert!(matches!(
             p.clone().with_scores(bad),
