@@ -303,3 +303,39 @@ fn cli_run_accepts_nan_where_the_reference_has_nan() {
     }
     let _ = std::fs::remove_file(&path);
 }
+
+/// `run --window/--softcap/--alibi` (issue 12): judged by the oracle (stored references hold
+/// plain attention), bad values refused, `--out` refused with a modifier.
+#[test]
+fn cli_run_score_modifiers() {
+    for extra in [
+        &["--window", "16,0"][..],
+        &["--window", "-1,3", "--causal"],
+        &["--softcap", "30", "--alibi", "--dtype", "bf16"],
+    ] {
+        let mut args = vec!["run", "--backend", "cpu", "--prefix", "layer1"];
+        args.extend_from_slice(extra);
+        let (ok, stdout, stderr) = flashattn(&args);
+        assert!(
+            ok && stdout.contains("vs f64 oracle") && !stdout.contains("stored"),
+            "{extra:?}: {stdout}{stderr}"
+        );
+    }
+    for (extra, want) in [
+        (&["--window", "-2,0"][..], "window left = -2"),
+        (&["--window", "7"], "expected LEFT,RIGHT"),
+        (&["--softcap", "-1"], "softcap = -1"),
+        (
+            &["--alibi", "--out", "/tmp/flashattn-never.safetensors"],
+            "--out with",
+        ),
+    ] {
+        let mut args = vec!["run", "--backend", "cpu"];
+        args.extend_from_slice(extra);
+        let (ok, _, stderr) = flashattn(&args);
+        assert!(
+            !ok && stderr.contains(want) && !stderr.contains("panicked"),
+            "{extra:?}: {stderr}"
+        );
+    }
+}

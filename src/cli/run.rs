@@ -4,6 +4,7 @@
 use clap::{Args, ValueEnum};
 use flashattn::compare::{Tolerance, diff_reference, widen};
 use flashattn::io::{SafeFile, Writer};
+use flashattn::scores::{Alibi, ScoreMods, Window};
 use flashattn::{AttnError, AttnProblem, BackendChoice, Element, Mask, Result, reference};
 use half::{bf16, f16};
 use std::path::{Path, PathBuf};
@@ -66,6 +67,28 @@ pub struct RunArgs {
     /// Also check against the f64 oracle when the file holds no references.
     #[arg(long)]
     pub check: bool,
+    /// Sliding window `LEFT,RIGHT` in keys around the diagonal (FlashAttention-2's
+    /// `window_size`; -1 = unbounded on that side). Stored references (plain attention) are
+    /// then skipped and the f64 oracle judges.
+    #[arg(long, value_name = "L,R", allow_hyphen_values = true)]
+    pub window: Option<String>,
+    /// Logit soft-cap: scores become `C * tanh(s / C)` (C > 0).
+    #[arg(long, value_name = "C", allow_hyphen_values = true)]
+    pub softcap: Option<f32>,
+    /// ALiBi: the file's `P.alibi_slopes` (f32 `[heads_q]` or `[batch, heads_q]`) when it has
+    /// them, else the standard geometric slopes.
+    #[arg(long)]
+    pub alibi: bool,
+}
+
+/// `--window L,R` as a [`Window`].
+fn parse_window(w: &str) -> Result<Window> {
+    let bad = || AttnError::InvalidInput {
+        what: format!("--window {w}: expected LEFT,RIGHT (integers, -1 = unbounded), e.g. 256,0"),
+    };
+    let (l, r) = w.split_once(',').ok_or_else(bad)?;
+    let num = |x: &str| x.trim().parse::<i64>().map_err(|_| bad());
+    Window::from_fa(num(l)?, num(r)?)
 }
 
 /// Runs `flashattn run`.
@@ -101,6 +124,11 @@ pub fn run(a: &RunArgs) -> Result<()> {
         None => layers,
     };
     // Fail before any work when the output cannot be written.
+    if a.out.is_some() && (a.window.is_some() || a.softcap.is_some() || a.alibi) {
+        return Err(AttnError::InvalidInput {
+            what: "--out with --window, --softcap or --alibi: the file's o/lse names stand for plain attention, so a modified result would later be read as a plain reference; run without --out (or without the modifier)".into(),
+        });
+    }
     if let Some(out) = &a.out {
         let dir = out
             .parent()
@@ -182,6 +210,39 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// The score modifiers of `--window`, `--softcap` and `--alibi` for one layer.
+    fn score_mods(&self, prefix: &str, s: &flashattn::AttnShape) -> Result<ScoreMods> {
+        let window = match &self.a.window {
+            Some(w) => parse_window(w)?,
+            None => Window::default(),
+        };
+        let alibi = if self.a.alibi {
+            let name = flashattn::io::tensor_name(prefix, "alibi_slopes");
+            Some(if self.file.has(&name) {
+                let (slopes, shape) = self.file.read::<f32>(&name)?;
+                let per_batch = shape.len() == 2;
+                if !(shape == [s.heads_q] || shape == [s.batch, s.heads_q]) {
+                    return Err(AttnError::ShapeMismatch {
+                        what: format!(
+                            "{name} has shape {shape:?}; expected [{}] or [{}, {}]",
+                            s.heads_q, s.batch, s.heads_q
+                        ),
+                    });
+                }
+                Alibi { slopes, per_batch }
+            } else {
+                Alibi::geometric(s.heads_q)
+            })
+        } else {
+            None
+        };
+        Ok(ScoreMods {
+            window,
+            softcap: self.a.softcap,
+            alibi,
+        })
+    }
+
     fn layer<T: Element>(&mut self, prefix: &str) -> Result<()> {
         let qkv = self.file.qkv::<T>(prefix)?;
         let s = qkv.shape;
@@ -194,6 +255,7 @@ impl Ctx<'_> {
         if let Some(scale) = scale {
             p = p.with_scale(scale)?;
         }
+        p = p.with_scores(self.score_mods(prefix, &s)?)?;
         let mut fw = flashattn::forward(self.choice, &p, &qkv.q, &qkv.k, &qkv.v)?;
         for _ in 1..self.a.repeat {
             let again = flashattn::forward(self.choice, &p, &qkv.q, &qkv.k, &qkv.v)?;
@@ -219,12 +281,18 @@ impl Ctx<'_> {
             p.flops() / fw.seconds.max(1e-12) / 1e9
         );
         let tol = Tolerance::for_dtype(T::DTYPE);
-        let stored = self.file.reference(prefix, self.mask, &s)?;
+        // Stored references hold plain attention: with a score modifier the oracle judges.
+        let modified = !p.scores.is_plain();
+        let stored = if modified {
+            None
+        } else {
+            self.file.reference(prefix, self.mask, &s)?
+        };
         let converted = qkv.file_dtype != T::DTYPE;
         // The oracle: compared with when asked or when the stored references belong to other
         // inputs, and in every case the source of each row's precision (what f32 arithmetic
         // cannot avoid at that row's logits, forgiven before the tolerance applies).
-        let oracle = if stored.is_some() || self.a.check {
+        let oracle = if stored.is_some() || self.a.check || modified {
             Some(reference::attention(&p, &qkv.q, &qkv.k, &qkv.v)?)
         } else {
             None
@@ -253,7 +321,7 @@ impl Ctx<'_> {
                 );
             }
         }
-        if stored.is_none() && !self.a.check {
+        if stored.is_none() && !self.a.check && !modified {
             println!(
                 "  (no stored reference for this layer: add --check to compare with the f64 oracle)"
             );
