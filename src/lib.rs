@@ -26,6 +26,7 @@ pub mod reference;
 pub mod reference_grad;
 pub mod scores;
 pub mod shape;
+pub mod varlen;
 
 pub use backend::{Backend, BackendChoice, Forward, forward};
 pub use dtype::{DType, Element};

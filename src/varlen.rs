@@ -1,0 +1,358 @@
+//! Variable-length batches (FlashAttention-2's `flash_attn_varlen_func`): sequences of
+//! different lengths packed one after another, described by cumulative offsets.
+//!
+//! - q packed as `[total_q, heads_q, head_dim]`, k and v as `[total_k, heads_kv, head_dim]`;
+//! - `cu_seqlens_q`, `cu_seqlens_k` (`batch + 1` entries, starting at 0, non-decreasing):
+//!   sequence `b` holds queries `cu_seqlens_q[b]..cu_seqlens_q[b+1]` and keys
+//!   `cu_seqlens_k[b]..cu_seqlens_k[b+1]`;
+//! - sequences are independent: the mask (causal bottom-right), window and ALiBi distances
+//!   are those of each sequence's own lengths; zero-length sequences are legal (a query that
+//!   sees no key gives `o = 0`, `lse = -inf`);
+//! - `o` packed like q; `lse` `[heads_q, total_q]` (natural log).
+//!
+//! Each sequence runs as a batch-1 [`AttnProblem`] on the chosen backend (the GPU kernels do
+//! not take packed batches yet: on the GPU this is one launch per sequence).
+
+use crate::backend::{BackendChoice, forward as dense_forward};
+use crate::dtype::Element;
+use crate::error::{AttnError, Result};
+use crate::mask::Mask;
+use crate::reference::{self, RowPrecision};
+use crate::scores::{Alibi, ScoreMods};
+use crate::shape::{AttnProblem, AttnShape, check_scale};
+
+/// A packed variable-length batch (see the module docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct VarlenProblem {
+    /// Query offsets, `batch + 1` entries.
+    pub cu_seqlens_q: Vec<i32>,
+    /// Key offsets, `batch + 1` entries.
+    pub cu_seqlens_k: Vec<i32>,
+    /// Query heads.
+    pub heads_q: usize,
+    /// Key/value heads (divides `heads_q`).
+    pub heads_kv: usize,
+    /// Channels per head.
+    pub head_dim: usize,
+    /// Causal or not, per sequence.
+    pub mask: Mask,
+    /// Multiplies `q k^T`; default `1/sqrt(head_dim)`.
+    pub softmax_scale: f32,
+    /// Window, softcap, ALiBi (per-batch slopes: one row per sequence).
+    pub scores: ScoreMods,
+}
+
+/// The result of a varlen call: `o` packed `[total_q, heads_q, head_dim]`, `lse`
+/// `[heads_q, total_q]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VarlenOutput<T> {
+    /// Output, packed like q.
+    pub o: Vec<T>,
+    /// Log-sum-exp per (head, packed query).
+    pub lse: Vec<f32>,
+}
+
+impl VarlenProblem {
+    /// Checks the offsets and sizes.
+    ///
+    /// # Errors
+    /// [`AttnError::InvalidInput`] naming what is wrong: offsets of different counts, empty,
+    /// not starting at 0, decreasing or negative; [`AttnError::ZeroDim`] and
+    /// [`AttnError::HeadsNotMultiple`] as for dense problems.
+    pub fn new(
+        cu_seqlens_q: Vec<i32>,
+        cu_seqlens_k: Vec<i32>,
+        heads_q: usize,
+        heads_kv: usize,
+        head_dim: usize,
+    ) -> Result<Self> {
+        let p = VarlenProblem {
+            cu_seqlens_q,
+            cu_seqlens_k,
+            heads_q,
+            heads_kv,
+            head_dim,
+            mask: Mask::None,
+            softmax_scale: 1.0 / (head_dim.max(1) as f32).sqrt(),
+            scores: ScoreMods::default(),
+        };
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// Sets the mask.
+    pub fn with_mask(mut self, mask: Mask) -> Self {
+        self.mask = mask;
+        self
+    }
+
+    /// Sets `softmax_scale`.
+    ///
+    /// # Errors
+    /// As [`AttnProblem::with_scale`].
+    pub fn with_scale(mut self, scale: f32) -> Result<Self> {
+        self.softmax_scale = check_scale(scale)?;
+        Ok(self)
+    }
+
+    /// Sets the score modifiers (ALiBi slopes `[heads_q]` or `[batch, heads_q]`).
+    ///
+    /// # Errors
+    /// Those of [`ScoreMods::validate`].
+    pub fn with_scores(mut self, scores: ScoreMods) -> Result<Self> {
+        scores.validate(self.batch(), self.heads_q)?;
+        self.scores = scores;
+        Ok(self)
+    }
+
+    /// Sequences in the batch.
+    pub fn batch(&self) -> usize {
+        self.cu_seqlens_q.len().saturating_sub(1)
+    }
+
+    /// Packed queries.
+    pub fn total_q(&self) -> usize {
+        self.cu_seqlens_q.last().map_or(0, |&x| x as usize)
+    }
+
+    /// Packed keys.
+    pub fn total_k(&self) -> usize {
+        self.cu_seqlens_k.last().map_or(0, |&x| x as usize)
+    }
+
+    /// The longest query sequence (`max_seqlen_q`).
+    pub fn max_seqlen_q(&self) -> usize {
+        lengths(&self.cu_seqlens_q).max().unwrap_or(0)
+    }
+
+    /// The longest key sequence (`max_seqlen_k`).
+    pub fn max_seqlen_k(&self) -> usize {
+        lengths(&self.cu_seqlens_k).max().unwrap_or(0)
+    }
+
+    /// Validates offsets, sizes, scale and modifiers.
+    ///
+    /// # Errors
+    /// See [`Self::new`], [`Self::with_scale`], [`Self::with_scores`].
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: String| Err(AttnError::InvalidInput { what });
+        for (name, cu) in [
+            ("cu_seqlens_q", &self.cu_seqlens_q),
+            ("cu_seqlens_k", &self.cu_seqlens_k),
+        ] {
+            if cu.len() < 2 {
+                return bad(format!(
+                    "{name} has {} entries: it needs batch + 1 >= 2 (offsets starting at 0)",
+                    cu.len()
+                ));
+            }
+            if cu[0] != 0 {
+                return bad(format!("{name}[0] = {}: the offsets start at 0", cu[0]));
+            }
+            if let Some(w) = cu.windows(2).position(|w| w[1] < w[0]) {
+                return bad(format!(
+                    "{name} decreases at entry {}: {} then {} (offsets are cumulative lengths)",
+                    w + 1,
+                    cu[w],
+                    cu[w + 1]
+                ));
+            }
+        }
+        if self.cu_seqlens_q.len() != self.cu_seqlens_k.len() {
+            return bad(format!(
+                "cu_seqlens_q has {} entries and cu_seqlens_k {}: both are batch + 1",
+                self.cu_seqlens_q.len(),
+                self.cu_seqlens_k.len()
+            ));
+        }
+        // Sizes, heads and head_dim by the dense rules (lengths of 1 stand for any).
+        AttnShape {
+            batch: 1,
+            seqlen_q: 1,
+            seqlen_k: 1,
+            heads_q: self.heads_q,
+            heads_kv: self.heads_kv,
+            head_dim: self.head_dim,
+        }
+        .validate()?;
+        check_scale(self.softmax_scale)?;
+        self.scores.validate(self.batch(), self.heads_q)
+    }
+
+    /// Sequence `b` as a dense batch-1 problem, with its offsets `(q0, k0)`; `None` when it
+    /// has no query or no key (handled without a backend).
+    fn sequence(&self, b: usize) -> Result<Option<(AttnProblem, usize, usize)>> {
+        let (q0, q1) = (
+            self.cu_seqlens_q[b] as usize,
+            self.cu_seqlens_q[b + 1] as usize,
+        );
+        let (k0, k1) = (
+            self.cu_seqlens_k[b] as usize,
+            self.cu_seqlens_k[b + 1] as usize,
+        );
+        if q1 == q0 || k1 == k0 {
+            return Ok(None);
+        }
+        let shape = AttnShape {
+            batch: 1,
+            seqlen_q: q1 - q0,
+            seqlen_k: k1 - k0,
+            heads_q: self.heads_q,
+            heads_kv: self.heads_kv,
+            head_dim: self.head_dim,
+        };
+        let alibi = self.scores.alibi.as_ref().map(|a| Alibi {
+            slopes: (0..self.heads_q)
+                .map(|h| a.slope(b, h, self.heads_q))
+                .collect(),
+            per_batch: false,
+        });
+        let scores = ScoreMods {
+            alibi,
+            ..self.scores.clone()
+        };
+        let p = AttnProblem::new(shape)?
+            .with_mask(self.mask)
+            .with_scale(self.softmax_scale)?
+            .with_scores(scores)?;
+        Ok(Some((p, q0, k0)))
+    }
+
+    fn check_lengths(&self, q: usize, k: usize, v: usize) -> Result<()> {
+        let (row_q, row_k) = (self.heads_q * self.head_dim, self.heads_kv * self.head_dim);
+        for (tensor, len, required) in [
+            ("q", q, self.total_q() * row_q),
+            ("k", k, self.total_k() * row_k),
+            ("v", v, self.total_k() * row_k),
+        ] {
+            if len < required {
+                return Err(AttnError::BufferTooShort {
+                    tensor,
+                    len,
+                    required,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn lengths(cu: &[i32]) -> impl Iterator<Item = usize> + '_ {
+    cu.windows(2).map(|w| (w[1] - w[0]) as usize)
+}
+
+/// Runs a packed batch on `choice`'s backend, sequence by sequence.
+///
+/// # Errors
+/// Validation errors before any work ([`VarlenProblem::validate`],
+/// [`AttnError::BufferTooShort`]); then those of [`crate::forward`] for a sequence.
+pub fn forward<T: Element>(
+    choice: BackendChoice,
+    p: &VarlenProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+) -> Result<VarlenOutput<T>> {
+    p.validate()?;
+    p.check_lengths(q.len(), k.len(), v.len())?;
+    let (hq, d, total) = (p.heads_q, p.head_dim, p.total_q());
+    let (row_q, row_k) = (hq * d, p.heads_kv * d);
+    let mut out = VarlenOutput {
+        o: vec![T::from_f32(0.0); total * row_q],
+        lse: vec![f32::NEG_INFINITY; hq * total],
+    };
+    for b in 0..p.batch() {
+        let Some((sp, q0, k0)) = p.sequence(b)? else {
+            continue; // no query, or no key: o = 0, lse = -inf as initialised
+        };
+        let (sq, sk) = (sp.shape.seqlen_q, sp.shape.seqlen_k);
+        let f = dense_forward(
+            choice,
+            &sp,
+            &q[q0 * row_q..(q0 + sq) * row_q],
+            &k[k0 * row_k..(k0 + sk) * row_k],
+            &v[k0 * row_k..(k0 + sk) * row_k],
+        )?;
+        out.o[q0 * row_q..(q0 + sq) * row_q].copy_from_slice(&f.o);
+        for h in 0..hq {
+            out.lse[h * total + q0..h * total + q0 + sq]
+                .copy_from_slice(&f.lse[h * sq..(h + 1) * sq]);
+        }
+    }
+    Ok(out)
+}
+
+/// The exact result of a packed batch in f64: `o` packed, `lse` `[heads_q, total_q]`, and
+/// each row's precision in `lse`'s layout (see [`reference::Reference`]).
+///
+/// # Errors
+/// As [`forward`] (before any work).
+pub fn reference<T: Element>(
+    p: &VarlenProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+) -> Result<reference::Reference> {
+    p.validate()?;
+    p.check_lengths(q.len(), k.len(), v.len())?;
+    let (hq, d, total) = (p.heads_q, p.head_dim, p.total_q());
+    let (row_q, row_k) = (hq * d, p.heads_kv * d);
+    let mut out = reference::Reference {
+        o: vec![0.0; total * row_q],
+        lse: vec![f64::NEG_INFINITY; hq * total],
+        precision: vec![RowPrecision::default(); hq * total],
+    };
+    for b in 0..p.batch() {
+        let Some((sp, q0, k0)) = p.sequence(b)? else {
+            continue;
+        };
+        let (sq, sk) = (sp.shape.seqlen_q, sp.shape.seqlen_k);
+        let r = reference::attention(
+            &sp,
+            &q[q0 * row_q..(q0 + sq) * row_q],
+            &k[k0 * row_k..(k0 + sk) * row_k],
+            &v[k0 * row_k..(k0 + sk) * row_k],
+        )?;
+        out.o[q0 * row_q..(q0 + sq) * row_q].copy_from_slice(&r.o);
+        for h in 0..hq {
+            let at = h * total + q0;
+            out.lse[at..at + sq].copy_from_slice(&r.lse[h * sq..(h + 1) * sq]);
+            out.precision[at..at + sq].copy_from_slice(&r.precision[h * sq..(h + 1) * sq]);
+        }
+    }
+    Ok(out)
+}
+
+/// [`crate::compare::diff_reference`] for packed results: `o` against the oracle's packed
+/// `o`, `lse` against its `[heads_q, total_q]` lse, each row forgiven what its precision
+/// explains, `o`'s max-abs judged per row.
+pub fn diff_reference<T: Element>(
+    p: &VarlenProblem,
+    out: &VarlenOutput<T>,
+    r: &reference::Reference,
+) -> (crate::compare::Diff, crate::compare::Diff) {
+    use crate::compare::{allowances, diff_within};
+    let (hq, d, total) = (p.heads_q, p.head_dim.max(1), p.total_q());
+    // o element n is packed query n / d / hq, head (n / d) % hq; its lse index h * total + i.
+    let lse_at = |n: usize| ((n / d) % hq) * total + n / d / hq;
+    let allow = |k: usize| allowances(&r.precision[k], r.lse[k]);
+    let scales: Vec<f64> =
+        r.o.chunks(d)
+            .map(|row| {
+                row.iter()
+                    .filter(|x| x.is_finite())
+                    .fold(1.0f64, |a, x| a.max(x.abs()))
+            })
+            .collect();
+    let od = diff_within(
+        out.o.iter().map(|x| x.to_f64()),
+        &r.o,
+        (0..r.o.len()).map(|n| (allow(lse_at(n)).0, scales[n / d])),
+    );
+    let ld = diff_within(
+        out.lse.iter().map(|&x| f64::from(x)),
+        &r.lse,
+        (0..r.lse.len()).map(|k| (allow(k).1, 0.0)),
+    );
+    (od, ld)
+}
