@@ -232,21 +232,37 @@ where
         let (h, i, b) = (r % hq, (r / hq) % sq, r / hq / sq);
         (b * hq + h) * sq + i
     };
+    diff_rows(o, lse, r, d, row_of)
+}
+
+/// `max(1, max |x|)` over a row's finite values: the scale its max-abs error is judged on.
+pub fn row_scale(row: &[f64]) -> f64 {
+    row.iter()
+        .filter(|x| x.is_finite())
+        .fold(1.0f64, |a, x| a.max(x.abs()))
+}
+
+/// The diffs of [`diff_reference`] for any layout: `o` rows of `d` consecutive elements,
+/// `row_of(n)` the lse (and precision) index of `o` element `n`.
+pub fn diff_rows<O, L>(
+    o: O,
+    lse: L,
+    r: &Reference,
+    d: usize,
+    row_of: impl Fn(usize) -> usize,
+) -> (Diff, Diff)
+where
+    O: IntoIterator<Item = f64>,
+    L: IntoIterator<Item = f64>,
+{
+    let d = d.max(1);
     let allow = |k: usize| {
         r.precision
             .get(k)
             .map(|pr| allowances(pr, r.lse[k]))
             .unwrap_or((0.0, 0.0))
     };
-    // max(1, max |ref|) of each o row (rows are d consecutive elements).
-    let scales: Vec<f64> =
-        r.o.chunks(d)
-            .map(|row| {
-                row.iter()
-                    .filter(|x| x.is_finite())
-                    .fold(1.0f64, |a, x| a.max(x.abs()))
-            })
-            .collect();
+    let scales: Vec<f64> = r.o.chunks(d).map(row_scale).collect();
     let od = diff_within(
         o,
         &r.o,

@@ -331,28 +331,13 @@ pub fn diff_reference<T: Element>(
     out: &VarlenOutput<T>,
     r: &reference::Reference,
 ) -> (crate::compare::Diff, crate::compare::Diff) {
-    use crate::compare::{allowances, diff_within};
     let (hq, d, total) = (p.heads_q, p.head_dim.max(1), p.total_q());
     // o element n is packed query n / d / hq, head (n / d) % hq; its lse index h * total + i.
-    let lse_at = |n: usize| ((n / d) % hq) * total + n / d / hq;
-    let allow = |k: usize| allowances(&r.precision[k], r.lse[k]);
-    let scales: Vec<f64> =
-        r.o.chunks(d)
-            .map(|row| {
-                row.iter()
-                    .filter(|x| x.is_finite())
-                    .fold(1.0f64, |a, x| a.max(x.abs()))
-            })
-            .collect();
-    let od = diff_within(
+    crate::compare::diff_rows(
         out.o.iter().map(|x| x.to_f64()),
-        &r.o,
-        (0..r.o.len()).map(|n| (allow(lse_at(n)).0, scales[n / d])),
-    );
-    let ld = diff_within(
         out.lse.iter().map(|&x| f64::from(x)),
-        &r.lse,
-        (0..r.lse.len()).map(|k| (allow(k).1, 0.0)),
-    );
-    (od, ld)
+        r,
+        d,
+        |n| ((n / d) % hq) * total + n / d / hq,
+    )
 }

@@ -11,7 +11,7 @@
 //! - with [`Inputs::Constant`] inputs `o` must equal `v` exactly.
 
 use super::cases::{Case, Inputs, Tensor};
-use crate::compare::{Diff, Tolerance, allowances, diff_within, random_inputs};
+use crate::compare::{Diff, Tolerance, allowances, diff_within, random_inputs, row_scale};
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::reference::{self, RowPrecision};
@@ -161,10 +161,7 @@ pub fn judge(case: &Case, oracle: &Oracle, o: &[f64], lse: &[f32], tol: &Toleran
         got_l.push(l);
         ref_l.push(*exact_l);
         let (a_o, a_l) = allowances(precision, *exact_l);
-        let scale = exact_o
-            .iter()
-            .filter(|x| x.is_finite())
-            .fold(1.0f64, |a, x| a.max(x.abs()));
+        let scale = row_scale(exact_o);
         allow_o.extend(std::iter::repeat_n((a_o, scale), d));
         allow_l.push((a_l, 0.0));
     }
