@@ -352,10 +352,17 @@ impl AttnProblem {
 
     /// Floating-point operations of the forward pass: `4 * head_dim` per visible (query, key)
     /// pair (2 for `q k^T`, 2 for `p v`), over every batch and query head. For a causal square
-    /// problem this is about half of `4 * b * h * s^2 * d`.
+    /// problem this is about half of `4 * b * h * s^2 * d`; a sliding window counts only the
+    /// pairs it lets through (one pass over the query rows).
     pub fn flops(&self) -> f64 {
         let s = &self.shape;
-        let pairs = self.mask.visible_pairs(s.seqlen_q, s.seqlen_k) as f64;
+        let pairs = if self.scores.window.is_unbounded() {
+            self.mask.visible_pairs(s.seqlen_q, s.seqlen_k) as f64
+        } else {
+            (0..s.seqlen_q)
+                .map(|i| self.key_range(i).len() as f64)
+                .sum()
+        };
         4.0 * s.batch as f64 * s.heads_q as f64 * s.head_dim as f64 * pairs
     }
 }

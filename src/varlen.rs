@@ -219,12 +219,23 @@ impl VarlenProblem {
     }
 
     fn check_lengths(&self, q: usize, k: usize, v: usize) -> Result<()> {
-        let (row_q, row_k) = (self.heads_q * self.head_dim, self.heads_kv * self.head_dim);
-        for (tensor, len, required) in [
-            ("q", q, self.total_q() * row_q),
-            ("k", k, self.total_k() * row_k),
-            ("v", v, self.total_k() * row_k),
-        ] {
+        let size = |tensor: &str, total: usize, heads: usize| {
+            [total, heads, self.head_dim]
+                .iter()
+                .try_fold(1usize, |a, &x| a.checked_mul(x))
+                .filter(|&n| n <= i64::MAX as usize)
+                .ok_or_else(|| AttnError::Overflow {
+                    what: format!(
+                        "the element count of {tensor} ({total} x {heads} x {})",
+                        self.head_dim
+                    ),
+                })
+        };
+        let (nq, nk) = (
+            size("q", self.total_q(), self.heads_q)?,
+            size("k", self.total_k(), self.heads_kv)?,
+        );
+        for (tensor, len, required) in [("q", q, nq), ("k", k, nk), ("v", v, nk)] {
             if len < required {
                 return Err(AttnError::BufferTooShort {
                     tensor,

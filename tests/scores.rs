@@ -280,6 +280,11 @@ fn invalid_modifiers_and_the_gpu_path() {
         ));
     }
     assert!(Window::from_fa(-2, 0).is_err() && Window::from_fa(0, -3).is_err());
+    // FLOPs count the pairs a window lets through (new-user trial: it counted the causal ones).
+    let sq = problem(1, 77, 77, 1, 1, 8, Mask::Causal);
+    let diag = sq.clone().with_scores(mods(0, 0, None, None)).unwrap();
+    assert_eq!(diag.flops(), 4.0 * 8.0 * 77.0);
+    assert_eq!(sq.flops(), 4.0 * 8.0 * (77.0 * 78.0 / 2.0));
     // The GPU kernels refuse what they lack, with a typed error; Auto runs the CPU and says why.
     let w = p.clone().with_scores(mods(4, 0, None, None)).unwrap();
     let e = check_gpu_problem(&w, KernelKind::Wgmma).unwrap_err();

@@ -137,6 +137,22 @@ fn invalid_offsets_are_typed_errors() {
         matches!(e, AttnError::BufferTooShort { tensor: "q", .. }),
         "{e}"
     );
+    // Sizes whose element count does not fit (new-user trial: it wrapped and then panicked).
+    let huge = VarlenProblem::new(
+        vec![0, 1, 1 << 30],
+        vec![0, 1, 1 << 30],
+        1 << 34,
+        1 << 34,
+        1,
+    )
+    .unwrap();
+    let z = vec![0f32; 10];
+    let e = forward(BackendChoice::Cpu, &huge, &z, &z, &z).unwrap_err();
+    assert!(matches!(e, AttnError::Overflow { .. }), "{e}");
+    assert!(matches!(
+        reference(&huge, &z, &z, &z).unwrap_err(),
+        AttnError::Overflow { .. }
+    ));
     let slopes = ScoreMods {
         alibi: Some(Alibi {
             slopes: vec![0.5; 3],
