@@ -223,15 +223,15 @@ impl Workspace {
                 for r in 0..br {
                     let row = &mut self.s[r * BC..r * BC + bc];
                     for (c, x) in row.iter_mut().enumerate().take(n[r]).skip(a[r]) {
-                        *x = modified_score(
-                            &p.scores,
-                            *x,
-                            slope,
+                        // The one rule of crate::scores (in f64, then rounded back).
+                        *x = p.scores.score(
+                            f64::from(*x),
+                            f64::from(slope),
                             i0 + r,
                             j0 + c,
                             sh.seqlen_q,
                             sh.seqlen_k,
-                        );
+                        ) as f32;
                     }
                 }
             }
@@ -429,29 +429,6 @@ impl Tile<'_> {
             }
         }
     }
-}
-
-/// The score of (query `i`, key `j`) from the scaled dot product `x` in f32: soft-capped, then
-/// ALiBi-biased ([`crate::scores`], whose f64 rule the oracle applies).
-#[inline]
-fn modified_score(
-    mods: &crate::scores::ScoreMods,
-    x: f32,
-    slope: f32,
-    i: usize,
-    j: usize,
-    seqlen_q: usize,
-    seqlen_k: usize,
-) -> f32 {
-    let x = match mods.softcap {
-        Some(c) => c * (x / c).tanh(),
-        None => x,
-    };
-    if slope == 0.0 {
-        return x;
-    }
-    let dist = (i as i64 + seqlen_k as i64 - seqlen_q as i64 - j as i64).unsigned_abs() as f32;
-    x - slope * dist
 }
 
 /// Widens one row of `T` into f32 (vectorised conversions for f16/bf16).
