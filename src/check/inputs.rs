@@ -11,7 +11,7 @@
 //! - with [`Inputs::Constant`] inputs `o` must equal `v` exactly.
 
 use super::cases::{Case, Inputs, Tensor};
-use crate::compare::{Diff, Tolerance, allowances, diff_within, random_inputs, row_scale};
+use crate::compare::{Diff, Tolerance, diff, diff_rows, random_inputs};
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::reference::{self, RowPrecision};
@@ -124,10 +124,13 @@ pub fn judge(case: &Case, oracle: &Oracle, o: &[f64], lse: &[f32], tol: &Toleran
     let p: &AttnProblem = &case.problem;
     let s = p.shape;
     let d = s.head_dim;
-    let (mut got_o, mut ref_o, mut got_l, mut ref_l) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    // What each row's f32 precision forgives (compare::allowances).
-    let (mut allow_o, mut allow_l) = (Vec::new(), Vec::new());
+    let (mut got_o, mut got_l) = (Vec::new(), Vec::new());
+    // The compared rows of the oracle, with each row's precision (compare::diff_rows).
+    let mut exact = reference::Reference {
+        o: Vec::new(),
+        lse: Vec::new(),
+        precision: Vec::new(),
+    };
     let mut problems = Vec::new();
     let mut missing_nan = 0usize;
     let mut spilled = 0usize;
@@ -157,19 +160,30 @@ pub fn judge(case: &Case, oracle: &Oracle, o: &[f64], lse: &[f32], tol: &Toleran
             }
         }
         got_o.extend_from_slice(row);
-        ref_o.extend_from_slice(exact_o);
         got_l.push(l);
-        ref_l.push(*exact_l);
-        let (a_o, a_l) = allowances(precision, *exact_l);
-        let scale = row_scale(exact_o);
-        allow_o.extend(std::iter::repeat_n((a_o, scale), d));
-        allow_l.push((a_l, 0.0));
+        exact.o.extend_from_slice(exact_o);
+        exact.lse.push(*exact_l);
+        exact.precision.push(*precision);
     }
     if missing_nan > 0 {
         problems.push(format!("{missing_nan} rows that read a non-finite input came out finite (a NaN/Inf was dropped)"));
     }
-    let od = diff_within(got_o.iter().copied(), &ref_o, allow_o);
-    let ld = diff_within(got_l.iter().copied(), &ref_l, allow_l);
+    let (ref_o, ref_l) = (&exact.o, &exact.lse);
+    let (od, ld) = if let Inputs::Constant(_) = case.inputs {
+        // Judged exactly below: no precision allowance (its logits are ~1e11).
+        (
+            diff(got_o.iter().copied(), ref_o),
+            diff(got_l.iter().copied(), ref_l),
+        )
+    } else {
+        diff_rows(
+            got_o.iter().copied(),
+            got_l.iter().copied(),
+            &exact,
+            d,
+            |n| n / d.max(1),
+        )
+    };
     if let Inputs::Constant(_) = case.inputs {
         // Scores near 1e11 are rounded to f32 (ulp ~ 1e4), so lse is judged relative to its
         // size; o must be v exactly.
@@ -180,7 +194,7 @@ pub fn judge(case: &Case, oracle: &Oracle, o: &[f64], lse: &[f32], tol: &Toleran
         }
         let worst_rel = got_l
             .iter()
-            .zip(&ref_l)
+            .zip(ref_l)
             .map(|(g, r)| ((g - r) / r).abs())
             .fold(0.0f64, f64::max);
         if !ld.is_clean() || worst_rel.is_nan() || worst_rel > 1e-6 {
@@ -198,5 +212,55 @@ pub fn judge(case: &Case, oracle: &Oracle, o: &[f64], lse: &[f32], tol: &Toleran
         lse: ld,
         problems,
         notes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::cases::cases;
+    use crate::dtype::DType;
+    use half::f16;
+
+    /// The verdict on the exact answer passes, on a perturbed one fails, for ordinary inputs
+    /// and for the constant huge-logit inputs (whose o must equal v exactly: no precision
+    /// allowance may hide an error there).
+    #[test]
+    fn judge_catches_errors() {
+        let all = cases(true);
+        let pick = |f: &dyn Fn(&Case) -> bool| {
+            all.iter()
+                .find(|c| c.dtype == DType::F16 && f(c))
+                .expect("case")
+                .clone()
+        };
+        let random =
+            pick(&|c| matches!(c.inputs, Inputs::Random) && c.problem.shape.seqlen_q == 17);
+        let constant =
+            pick(&|c| matches!(c.inputs, Inputs::Constant(_)) && c.problem.shape.seqlen_q > 1);
+        for case in [random, constant] {
+            let (q, k, v) = make_inputs::<f16>(&case, 3);
+            let or = oracle(&case, &q, &k, &v).unwrap();
+            let s = case.problem.shape;
+            let d = s.head_dim;
+            let mut o = vec![0.0f64; s.batch * s.seqlen_q * s.heads_q * d];
+            let mut lse = vec![0.0f32; s.lse_len()];
+            for ((b, i, h), eo, el, _) in &or.rows {
+                let at = ((b * s.seqlen_q + i) * s.heads_q + h) * d;
+                o[at..at + d].copy_from_slice(eo);
+                lse[(b * s.heads_q + h) * s.seqlen_q + i] = *el as f32;
+            }
+            let tol = Tolerance::for_dtype(case.dtype);
+            let ok = judge(&case, &or, &o, &lse, &tol);
+            assert!(ok.problems.is_empty(), "{}: {:?}", case.label, ok.problems);
+            let mut off = o.clone();
+            off[d + 1] += 0.05 * off[d + 1].abs().max(1.0);
+            let bad = judge(&case, &or, &off, &lse, &tol);
+            assert!(
+                !bad.problems.is_empty(),
+                "{}: an error of 5 % passed",
+                case.label
+            );
+        }
     }
 }
