@@ -252,11 +252,61 @@ fn lengths(cu: &[i32]) -> impl Iterator<Item = usize> + '_ {
     cu.windows(2).map(|w| (w[1] - w[0]) as usize)
 }
 
+/// Where one sequence's dense result goes in the packed output.
+struct Placed {
+    q0: usize,
+    sq: usize,
+}
+
+impl Placed {
+    /// Copies a dense `[1, sq, heads, d]` o into the packed o (rows of `row` elements).
+    fn o<X: Copy>(&self, packed: &mut [X], dense: &[X], row: usize) {
+        packed[self.q0 * row..(self.q0 + self.sq) * row].copy_from_slice(dense);
+    }
+
+    /// Scatters a dense `[1, heads, sq]` per-row value into the packed `[heads, total]`.
+    fn rows<X: Copy>(&self, packed: &mut [X], dense: &[X], heads: usize, total: usize) {
+        for h in 0..heads {
+            let at = h * total + self.q0;
+            packed[at..at + self.sq].copy_from_slice(&dense[h * self.sq..(h + 1) * self.sq]);
+        }
+    }
+}
+
+/// Runs `f` on every sequence that has queries and keys, with its dense batch-1 problem and
+/// its q, k, v slices; `place` stores each result. The caller validated `p` and the buffers.
+fn per_sequence<T: Element, R>(
+    p: &VarlenProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    f: impl Fn(&AttnProblem, &[T], &[T], &[T]) -> Result<R>,
+    mut place: impl FnMut(&Placed, R),
+) -> Result<()> {
+    let (row_q, row_k) = (p.heads_q * p.head_dim, p.heads_kv * p.head_dim);
+    for b in 0..p.batch() {
+        // No query, or no key: the caller's initial o = 0, lse = -inf stand.
+        let Some((sp, q0, k0)) = p.sequence(b)? else {
+            continue;
+        };
+        let (sq, sk) = (sp.shape.seqlen_q, sp.shape.seqlen_k);
+        let r = f(
+            &sp,
+            &q[q0 * row_q..(q0 + sq) * row_q],
+            &k[k0 * row_k..(k0 + sk) * row_k],
+            &v[k0 * row_k..(k0 + sk) * row_k],
+        )?;
+        place(&Placed { q0, sq }, r);
+    }
+    Ok(())
+}
+
 /// Runs a packed batch on `choice`'s backend, sequence by sequence.
 ///
 /// # Errors
 /// Validation errors before any work ([`VarlenProblem::validate`],
-/// [`AttnError::BufferTooShort`]); then those of [`crate::forward`] for a sequence.
+/// [`AttnError::BufferTooShort`], [`AttnError::Overflow`]); then those of [`crate::forward`]
+/// for a sequence.
 pub fn forward<T: Element>(
     choice: BackendChoice,
     p: &VarlenProblem,
@@ -266,30 +316,22 @@ pub fn forward<T: Element>(
 ) -> Result<VarlenOutput<T>> {
     p.validate()?;
     p.check_lengths(q.len(), k.len(), v.len())?;
-    let (hq, d, total) = (p.heads_q, p.head_dim, p.total_q());
-    let (row_q, row_k) = (hq * d, p.heads_kv * d);
+    let (hq, total, row) = (p.heads_q, p.total_q(), p.heads_q * p.head_dim);
     let mut out = VarlenOutput {
-        o: vec![T::from_f32(0.0); total * row_q],
+        o: vec![T::from_f32(0.0); total * row],
         lse: vec![f32::NEG_INFINITY; hq * total],
     };
-    for b in 0..p.batch() {
-        let Some((sp, q0, k0)) = p.sequence(b)? else {
-            continue; // no query, or no key: o = 0, lse = -inf as initialised
-        };
-        let (sq, sk) = (sp.shape.seqlen_q, sp.shape.seqlen_k);
-        let f = dense_forward(
-            choice,
-            &sp,
-            &q[q0 * row_q..(q0 + sq) * row_q],
-            &k[k0 * row_k..(k0 + sk) * row_k],
-            &v[k0 * row_k..(k0 + sk) * row_k],
-        )?;
-        out.o[q0 * row_q..(q0 + sq) * row_q].copy_from_slice(&f.o);
-        for h in 0..hq {
-            out.lse[h * total + q0..h * total + q0 + sq]
-                .copy_from_slice(&f.lse[h * sq..(h + 1) * sq]);
-        }
-    }
+    per_sequence(
+        p,
+        q,
+        k,
+        v,
+        |sp, q, k, v| dense_forward(choice, sp, q, k, v),
+        |at, f| {
+            at.o(&mut out.o, &f.o, row);
+            at.rows(&mut out.lse, &f.lse, hq, total);
+        },
+    )?;
     Ok(out)
 }
 
@@ -306,31 +348,17 @@ pub fn reference<T: Element>(
 ) -> Result<reference::Reference> {
     p.validate()?;
     p.check_lengths(q.len(), k.len(), v.len())?;
-    let (hq, d, total) = (p.heads_q, p.head_dim, p.total_q());
-    let (row_q, row_k) = (hq * d, p.heads_kv * d);
+    let (hq, total, row) = (p.heads_q, p.total_q(), p.heads_q * p.head_dim);
     let mut out = reference::Reference {
-        o: vec![0.0; total * row_q],
+        o: vec![0.0; total * row],
         lse: vec![f64::NEG_INFINITY; hq * total],
         precision: vec![RowPrecision::default(); hq * total],
     };
-    for b in 0..p.batch() {
-        let Some((sp, q0, k0)) = p.sequence(b)? else {
-            continue;
-        };
-        let (sq, sk) = (sp.shape.seqlen_q, sp.shape.seqlen_k);
-        let r = reference::attention(
-            &sp,
-            &q[q0 * row_q..(q0 + sq) * row_q],
-            &k[k0 * row_k..(k0 + sk) * row_k],
-            &v[k0 * row_k..(k0 + sk) * row_k],
-        )?;
-        out.o[q0 * row_q..(q0 + sq) * row_q].copy_from_slice(&r.o);
-        for h in 0..hq {
-            let at = h * total + q0;
-            out.lse[at..at + sq].copy_from_slice(&r.lse[h * sq..(h + 1) * sq]);
-            out.precision[at..at + sq].copy_from_slice(&r.precision[h * sq..(h + 1) * sq]);
-        }
-    }
+    per_sequence(p, q, k, v, reference::attention, |at, r| {
+        at.o(&mut out.o, &r.o, row);
+        at.rows(&mut out.lse, &r.lse, hq, total);
+        at.rows(&mut out.precision, &r.precision, hq, total);
+    })?;
     Ok(out)
 }
 
