@@ -16,6 +16,18 @@
 #ifndef HEAD_MAJOR
 #define HEAD_MAJOR 0
 #endif
+// Score modifiers (FlashAttention-2's semantics, src/scores.rs states them for the host): a
+// sliding window (IS_LOCAL), logit soft-capping (HAS_SOFTCAP), ALiBi (HAS_ALIBI). Kernels
+// compiled without them carry none of their code.
+#ifndef IS_LOCAL
+#define IS_LOCAL 0
+#endif
+#ifndef HAS_SOFTCAP
+#define HAS_SOFTCAP 0
+#endif
+#ifndef HAS_ALIBI
+#define HAS_ALIBI 0
+#endif
 
 constexpr int D = HEAD_DIM;
 static_assert(D % 8 == 0 && D >= 8 && D <= 256, "HEAD_DIM must be a multiple of 8, at most 256");
@@ -33,8 +45,15 @@ struct Params {
     int seqlen_q, seqlen_k;
     int heads_q, group;    // group = heads_q / heads_kv
     int batch, num_m_blocks;
-    float scale_log2;      // softmax_scale * log2(e): exp(x*scale) = 2^(x*scale_log2)
+    float scale_log2;      // softmax_scale * log2(e): exp(x*scale) = 2^(x*scale_log2);
+                           // HAS_SOFTCAP: softcap * log2(e) (s is tanh(q.k * softcap_pre) then)
+    int window_left;       // IS_LOCAL: keys visible before the diagonal (unbounded: 2^30)
+    int window_right;      // IS_LOCAL: keys visible after it (unbounded: 2^30; causal: 0)
+    float softcap_pre;     // HAS_SOFTCAP: 2 log2(e) softmax_scale / softcap (tanh_exp2's unit)
+    float alibi_unit;      // HAS_ALIBI: log2(e) / scale_log2, a natural-log bias in S's units
     int pad_;
+    const float *alibi;    // HAS_ALIBI: slopes, slope of (b, h) at alibi[b * alibi_sb + h]
+    i64 alibi_sb;          // 0 for slopes per head, heads_q for slopes per (batch, head)
 };
 
 // ---- 16-bit elements (f16 or bf16 by IS_BF16) ----
@@ -82,6 +101,70 @@ FA_DEVICE int visible_keys(i64 i, i64 diag, int seqlen_k) {
 FA_DEVICE int row_limit(i64 i, i64 diag, int seqlen_k) {
     const i64 lim = i + 1 + diag;
     return (int)(lim < -(1ll << 30) ? -(1ll << 30) : (lim > seqlen_k ? seqlen_k : lim));
+}
+
+// ---- key range of a row under the causal mask and the window ----
+// Row i sees keys [key_lo(i), key_hi(i)): i + diag - left <= j <= i + diag + right, with
+// diag = seqlen_k - seqlen_q and right = 0 when causal. Both are clamped to [-2^30, seqlen_k],
+// so that a block's value plus a row offset (< 2^10) keeps its meaning (a per-row hi still
+// needs min(.., seqlen_k)).
+FA_DEVICE int clamp_keys(i64 x, int seqlen_k) {
+    return (int)(x < -(1ll << 30) ? -(1ll << 30) : (x > seqlen_k ? (i64)seqlen_k : x));
+}
+FA_DEVICE int key_hi(const Params &p, i64 i) {
+    if (!IS_CAUSAL && !IS_LOCAL) return p.seqlen_k;
+    const i64 right = IS_CAUSAL ? 0 : p.window_right;
+    return clamp_keys(i + (i64)p.seqlen_k - p.seqlen_q + 1 + right, p.seqlen_k);
+}
+FA_DEVICE int key_lo(const Params &p, i64 i) {
+    if (!IS_LOCAL) return -(1 << 30);
+    return clamp_keys(i + (i64)p.seqlen_k - p.seqlen_q - p.window_left, p.seqlen_k);
+}
+
+// The key tiles of BC keys a block of `rows` query rows from row0 needs, [begin, end), and
+// those inside them that no row of the block needs masked, [inner_begin, inner_end): every
+// tile outside the window of every row is skipped, so the work shrinks with the window.
+struct KeyTiles {
+    int begin, end, inner_begin, inner_end;
+};
+FA_DEVICE KeyTiles key_tiles_of(const Params &p, int row0, int rows, int bc) {
+    const int lo_first = max(key_lo(p, row0), 0), lo_last = max(key_lo(p, (i64)row0 + rows - 1), 0);
+    const int hi_first = max(key_hi(p, row0), 0), hi_last = max(key_hi(p, (i64)row0 + rows - 1), 0);
+    KeyTiles t;
+    t.begin = lo_first / bc;
+    t.end = max((hi_last + bc - 1) / bc, t.begin);
+    t.inner_begin = min(max((lo_last + bc - 1) / bc, t.begin), t.end);
+    t.inner_end = max(min(hi_first / bc, t.end), t.inner_begin);
+    return t;
+}
+
+// ---- score modifiers and the key range on the S values of one row held by a lane ----
+// A lane holds columns c = 8*nt + e (nt < NT8, e < 2) of a row, counted from the key of its
+// first column (the C-fragment layout of mma.m16n8k16 and of wgmma's accumulators alike).
+// `lo`/`hi` are the row's key range and `center` its diagonal (i + diag), all relative to that
+// first key; `coef` is slope * alibi_unit. Soft-capping and ALiBi change every tile; the key
+// range is applied where MASKED. The order is src/scores.rs's: tanh cap, bias, mask.
+template <int NT8, bool MASKED, class At>
+FA_DEVICE void score_row(const Params &p, At &&at, int lo, int hi, int center, float coef) {
+    // The distance |center - c| as center_f - c in f32 (c is a constant after unrolling): one
+    // conversion per row instead of one per element (exact below 2^24 keys, and beyond that
+    // off by less than the bias's own f32 rounding).
+    const float center_f = (float)center;
+#pragma unroll
+    for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            float &x = at(nt, e);
+            const int c = 8 * nt + e;
+            if (HAS_SOFTCAP) x = tanh_exp2(x * p.softcap_pre);
+            if (HAS_ALIBI) x -= coef * fabsf(center_f - (float)c);
+            if (MASKED && (c < lo || c >= hi)) x = neg_inf();
+        }
+}
+// The ALiBi coefficient of (batch b, head h) in S's units (0 without ALiBi).
+FA_DEVICE float alibi_coef(const Params &p, int b, int h) {
+    if (!HAS_ALIBI) return 0.f;
+    return p.alibi[(i64)b * p.alibi_sb + h] * p.alibi_unit;
 }
 
 // ---- which (query block, head, batch) this block owns ----

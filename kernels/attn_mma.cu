@@ -10,7 +10,8 @@
 //   RESCALE_SLACK (how far a row max may rise before O is rescaled; 0 = always),
 //   PIPE_FRAGS (double-buffer the S = Q K^T fragments in registers), HEAD_MAJOR (block order,
 //   see attn_common.cuh), SMEM_EPILOGUE (write O through shared memory in 16-byte pieces),
-//   MIN_BLOCKS (blocks per SM that the register allocation must allow).
+//   MIN_BLOCKS (blocks per SM that the register allocation must allow); and the score
+//   modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP, HAS_ALIBI).
 #include "ptx.cuh"
 #include "attn_common.cuh"
 
@@ -118,31 +119,29 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
     const u16 *kb = p.k + b * p.k_sb + hk * p.k_sh;
     const u16 *vb = p.v + b * p.v_sb + hk * p.v_sh;
     const int row0 = m_block * BR;
-    // Causal, bottom-right: row i sees keys j < i + 1 + (seqlen_k - seqlen_q).
-    const i64 diag = (i64)p.seqlen_k - p.seqlen_q;
 
-    // Keys seen by the block's last row: tiles past them are skipped.
-    const int n_end = visible_keys((i64)row0 + BR - 1, diag, p.seqlen_k);
-    const int n_blocks = (n_end + BC - 1) / BC;
-    // Keys visible to the block's first row, which sees the fewest: row r of the block sees
-    // min(lim_block + r, seqlen_k) (the clamp below -2^30 keeps fully masked rows masked).
-    // Block-uniform, so ptxas can keep it in a uniform register.
-    const int lim_block = IS_CAUSAL ? row_limit(row0, diag, p.seqlen_k) : p.seqlen_k;
+    // The key tiles the block's rows see (attn_common.cuh): tiles before the window's start
+    // and past the last row's keys are skipped.
+    const KeyTiles kt = key_tiles_of(p, row0, BR, BC);
+    const float coef = alibi_coef(p, b, h); // 0 without ALiBi
+    const int n_begin = kt.begin, n_blocks = kt.end;
 
     // ---- prologue: Q, and the first K/V tile ----
     // kg, vg: this thread's chunk of the next K/V tile to load (used when FAST_LOADS).
-    const u16 *kg = kb + (i64)(tid / CH) * p.k_ss + (tid % CH) * 8;
-    const u16 *vg = vb + (i64)(tid / CH) * p.v_ss + (tid % CH) * 8;
+    // Tile j sits in stage j % 2, from the first tile of the window on.
+    const u16 *kg = kb + ((i64)n_begin * BC + tid / CH) * p.k_ss + (tid % CH) * 8;
+    const u16 *vg = vb + ((i64)n_begin * BC + tid / CH) * p.v_ss + (tid % CH) * 8;
     load_tile<BR>(sQ, qb, p.q_ss, row0, p.seqlen_q);
-    if (n_blocks > 0) {
+    if (n_blocks > n_begin) {
+        const u32 st = (u32)(n_begin & 1) * BC * RS * 2;
         if constexpr (FAST_LOADS) {
-            load_kv_tile(sK, kg, p.k, p.k_ss, p.seqlen_k);
-            load_kv_tile(sV, vg, p.v, p.v_ss, p.seqlen_k);
+            load_kv_tile(sK + st, kg, p.k, p.k_ss, p.seqlen_k - n_begin * BC);
+            load_kv_tile(sV + st, vg, p.v, p.v_ss, p.seqlen_k - n_begin * BC);
             kg += (i64)BC * p.k_ss;
             vg += (i64)BC * p.v_ss;
         } else {
-            load_tile<BC>(sK, kb, p.k_ss, 0, p.seqlen_k);
-            load_tile<BC>(sV, vb, p.v_ss, 0, p.seqlen_k);
+            load_tile<BC>(sK + st, kb, p.k_ss, n_begin * BC, p.seqlen_k);
+            load_tile<BC>(sV + st, vb, p.v_ss, n_begin * BC, p.seqlen_k);
         }
     }
     cp_async_commit();
@@ -185,7 +184,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
         const u32 cV = sV + (u32)(j & 1) * BC * RS * 2;
 
 #if Q_IN_REGS
-        if (j == 0) {
+        if (j == n_begin) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -278,29 +277,38 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
         }
 #endif
 
-        // Mask from C-fragment coordinates: element e of n-tile nt sits at
-        // row g + 8*(e/2), column 8*nt + 2t + (e%2). Only tiles that cross the sequence end or
-        // the causal diagonal of the block's rows pay for it.
+        // Score modifiers and mask from C-fragment coordinates (attn_common.cuh score_row):
+        // element e of n-tile nt sits at row g + 8*(e/2), column 8*nt + 2t + (e%2). Only tiles
+        // that cross the sequence end, the causal diagonal or the window's edges of the
+        // block's rows pay for the mask; the lane's coordinates are re-read here (fresh %tid)
+        // so that nothing of it stays live through the other tiles.
         const int n0 = j * BC;
-        // A tile needs the mask iff it reaches past the keys of the block's first row: that
-        // covers both the sequence end and the diagonal. The lane's coordinates are re-read
-        // here (fresh %tid) so that nothing of the mask stays live through the other tiles.
-        if (decltype(masked)::value && n0 + BC > lim_block) {
+        constexpr bool MODS = HAS_SOFTCAP || HAS_ALIBI;
+        // Row r of the block sees keys [lo_block + r, min(lim_block + r, seqlen_k)) (causal and
+        // window; the clamp below -2^30 keeps fully masked rows masked). Block-uniform, and
+        // recomputed per tile from the parameters rather than held through the loop.
+        const int lim_block = key_hi(p, row0);
+        const int lo_block = key_lo(p, row0);
+
+        const bool mask_tile = decltype(masked)::value && (n0 + BC > lim_block || (IS_LOCAL && n0 < lo_block + BR - 1));
+        if (MODS || mask_tile) {
             const int mtid = (int)fresh_tid_x(), mg = (mtid % 32) / 4, mtq = mtid % 4;
-            const int wlim = lim_block + (mtid / 32) * WM; // this warp's first row
+            const int woff = (mtid / 32) * WM; // this warp's first row in the block
+            const int col0 = n0 + 2 * mtq;     // this lane's first key in the tile
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
-                    // keys this row sees, counted from this lane's first column in the tile
-                    int lim = p.seqlen_k;
-                    if (IS_CAUSAL) lim = min(wlim + mt * 16 + mg + 8 * r, lim);
-                    lim -= n0 + 2 * mtq;
-#pragma unroll
-                    for (int nt = 0; nt < NS; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e)
-                            if (nt * 8 + e >= lim) s[mt][nt][2 * r + e] = neg_inf();
+                    const int off = woff + mt * 16 + mg + 8 * r; // the row in the block
+                    // keys this row sees, counted from this lane's first key
+                    const int hi = ((IS_CAUSAL || IS_LOCAL) ? min(lim_block + off, p.seqlen_k) : p.seqlen_k) - col0;
+                    const int lo = IS_LOCAL ? lo_block + off - col0 : -(1 << 30);
+                    const int center = row0 + off + (p.seqlen_k - p.seqlen_q) - col0;
+                    auto at = [&](int nt, int e) -> float & { return s[mt][nt][2 * r + e]; };
+                    if (mask_tile)
+                        score_row<NS, true>(p, at, lo, hi, center, coef);
+                    else
+                        score_row<NS, false>(p, at, lo, hi, center, coef);
                 }
         }
 
@@ -383,10 +391,12 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
             }
         }
     };
-    // Tiles wholly below the block's first row limit need no mask for any row of the block.
-    const int n_unmasked = lim_block > 0 ? min(lim_block / BC, n_blocks) : 0;
-    int j = 0;
-    for (; j < n_unmasked; ++j) tile_step(j, Bool<false>());
+    // Tiles inside every row's key range need no mask for any row of the block; the window's
+    // first tiles and the tiles at the diagonal or the sequence end do.
+    int j = n_begin;
+    if (IS_LOCAL)
+        for (; j < kt.inner_begin; ++j) tile_step(j, Bool<true>());
+    for (; j < kt.inner_end; ++j) tile_step(j, Bool<false>());
     for (; j < n_blocks; ++j) tile_step(j, Bool<true>());
     cp_async_wait<0>();
 

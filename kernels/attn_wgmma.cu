@@ -39,7 +39,8 @@
 // 256; channels past the real head_dim are zero-filled by TMA and never stored), BC (keys per
 // tile, a multiple of 16), STAGES (K/V ring depth), PINGPONG, RESCALE_SLACK (as attn_mma),
 // IS_BF16, IS_CAUSAL, HEAD_MAJOR, DYNAMIC, SMEM_LIMIT (decides where O is staged), CONSUMERS
-// (consumer warpgroups), CONSUMER_REGS / PRODUCER_REGS (setmaxnreg targets).
+// (consumer warpgroups), CONSUMER_REGS / PRODUCER_REGS (setmaxnreg targets), and the score
+// modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP, HAS_ALIBI).
 #include "ptx.cuh"
 #include "attn_common.cuh"
 #include "hopper.cuh"
@@ -158,12 +159,10 @@ FA_DEVICE u64 k_desc(u32 sk, int kk) { return desc_kmajor_sw128(sk, kk, SUB_KV);
 // V (B, MN-major): keys 16kk..16kk+15 of a stage, all DP channels.
 FA_DEVICE u64 v_desc(u32 sv, int kk) { return desc_mnmajor_sw128(sv, kk, SUB_KV); }
 
-// Key tiles a block of query rows starting at row0 needs: up to the keys its last row sees.
-// Every consumer runs all of them (pingpong needs the same count of turns on every side).
-FA_DEVICE int key_tiles(const Params &p, int row0) {
-    const i64 diag = (i64)p.seqlen_k - p.seqlen_q;
-    return (visible_keys((i64)row0 + BR - 1, diag, p.seqlen_k) + BC - 1) / BC;
-}
+// Key tiles a block of query rows starting at row0 needs (attn_common.cuh): from the window's
+// start to the keys its last row sees. Every consumer runs all of them (pingpong needs the
+// same count of turns on every side).
+FA_DEVICE KeyTiles key_tiles(const Params &p, int row0) { return key_tiles_of(p, row0, BR, BC); }
 
 // Persistent: block b runs tile b first, then, with DYNAMIC, whichever tile an atomic counter
 // hands out next (FA3's scheduler: blocks that drew short causal tiles take more), else b +
@@ -223,8 +222,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                 mbar_arrive_expect_tx(sm.q_full(), Q_BYTES);
 #pragma unroll
                 for (int j = 0; j < NSUB; ++j) tma_load_4d(sm.q + j * SUB_Q, w.tq, sm.q_full(), 64 * j, row0, bc.h, bc.b);
-                const int n_blocks = key_tiles(p, row0);
-                for (int n = 0; n < n_blocks; ++n) {
+                const KeyTiles kt = key_tiles(p, row0);
+                for (int n = kt.begin; n < kt.end; ++n) {
                     // This use of the stage waits for the consumers' release of the previous one
                     // (whose phase had the other parity).
                     if (wrapped) mbar_wait(sm.k_empty(stage), use_parity ^ 1);
@@ -276,12 +275,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         const int tile = (int)ld_shared_u32(sm.tile_slot(round));
         if (tile < 0) break;
         mbar_wait(sm.q_full(), round & 1);
-        const int row0 = block_coords(p, (unsigned)tile).m_block * BR;
-        const int n_blocks = key_tiles(p, row0);
+        const BlockCoords tc = block_coords(p, (unsigned)tile);
+        const int row0 = tc.m_block * BR;
+        const float coef = alibi_coef(p, tc.b, tc.h);
+        const KeyTiles kt = key_tiles(p, row0);
+        // Tiles run: n_blocks of them from kt.begin (relative index n below, tile nb + n).
+        const int nb = kt.begin, n_blocks = kt.end - kt.begin;
         // The first row of this lane's accumulator rows (g and g + 8 follow).
         const int wrow = row0 + cons * 64 + warp * 16 + g;
-        // Keys visible to the block's first row: tiles wholly below it need no mask.
-        const int lim_block = IS_CAUSAL ? row_limit(row0, diag, p.seqlen_k) : p.seqlen_k;
 
 #if PINGPONG
         // Consumer 0 takes the first turn of each tile; each passes the turn to the next in the
@@ -329,21 +330,31 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                 for (int i = 0; i < NO; ++i) o[i] *= alpha[(i / 2) % 2];
             }
         };
-        // Mask and online softmax of key tile n in s[]; leaves p = 2^(s*scale - m) in s[] and
-        // the rescale factor of O in alpha[].
+        // Score modifiers, mask and online softmax of key tile n (absolute index) in s[];
+        // leaves p = 2^(s*scale - m) in s[] and the rescale factor of O in alpha[]. Only the
+        // tiles outside [kt.inner_begin, kt.inner_end) pay for the mask.
         auto softmax = [&](int n) {
             const int n0 = n * BC;
-            if (n0 + BC > lim_block) {
+            constexpr bool MODS = HAS_SOFTCAP || HAS_ALIBI;
+            const bool mask_tile = n < kt.inner_begin || n >= kt.inner_end;
+            if (MODS || mask_tile) {
+                // Row r of the block sees keys [lo_block + r, min(lim_block + r, seqlen_k)),
+                // recomputed per tile from the parameters rather than held in registers.
+                const int lim_block = key_hi(p, row0);
+                const int lo_block = key_lo(p, row0);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    int lim = p.seqlen_k;
-                    if (IS_CAUSAL) lim = min(lim, wrow + 8 * h + 1 + diag);
-                    lim -= n0 + 2 * t; // keys this row sees, counted from the lane's first column
-#pragma unroll
-                    for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e)
-                            if (nt * 8 + e >= lim) s[4 * nt + 2 * h + e] = neg_inf();
+                    const int off = wrow + 8 * h - row0; // the row in the block
+                    const int col0 = n0 + 2 * t;         // the lane's first key in the tile
+                    // keys this row sees, counted from the lane's first key
+                    const int hi = ((IS_CAUSAL || IS_LOCAL) ? min(lim_block + off, p.seqlen_k) : p.seqlen_k) - col0;
+                    const int lo = IS_LOCAL ? lo_block + off - col0 : -(1 << 30);
+                    const int center = wrow + 8 * h + diag - col0;
+                    auto at = [&](int nt, int e) -> float & { return s[4 * nt + 2 * h + e]; };
+                    if (mask_tile)
+                        score_row<BC / 8, true>(p, at, lo, hi, center, coef);
+                    else
+                        score_row<BC / 8, false>(p, at, lo, hi, center, coef);
                 }
             }
             moved = false;
@@ -406,7 +417,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             wgmma_wait<0>();
             fence_regs(s);
             release(sm.k_empty(stage_of(0)));
-            softmax(0);
+            softmax(nb);
             pack_p();
             // ---- main loop: S_n with P_{n-1} V_{n-1} in flight
             for (int n = 1; n < n_blocks; ++n) {
@@ -420,7 +431,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                 wgmma_wait<1>(); // S_n done
                 fence_regs(s);
                 release(sm.k_empty(stage_of(n)));
-                softmax(n);
+                softmax(nb + n);
                 wgmma_wait<0>(); // P_{n-1} V_{n-1} done
                 fence_regs(o);
                 release(sm.v_empty(stage_of(n - 1)));

@@ -38,8 +38,8 @@ pub struct Reference {
 /// ([`crate::compare::Tolerance`] turns these into per-row allowances).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct RowPrecision {
-    /// `max_j sum_c |q_c k_jc| * scale` over the keys the row sees (0 when it sees none);
-    /// non-finite products are skipped (NaN rows are judged by position).
+    /// `max_j (sum_c |q_c k_jc| * scale + |alibi bias_j|)` over the keys the row sees (0 when
+    /// it sees none); non-finite products are skipped (NaN rows are judged by position).
     pub logits: f64,
     /// `max |v_jc|` over the keys the row sees (finite values; 0 when it sees none).
     pub v_max: f64,
@@ -258,7 +258,8 @@ fn row(
                     .map(|(x, y)| (x * y).abs())
                     .filter(|x| x.is_finite())
                     .sum();
-                rule.scaled(a)
+                // Plus the ALiBi bias (score of 0): a kernel rounds their sum in f32.
+                rule.scaled(a) + rule.score(0.0, j).abs()
             })
             .fold(0.0, finite_max),
         v_max: vf[keys.start * d..keys.end * d]

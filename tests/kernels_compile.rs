@@ -147,6 +147,59 @@ fn jobs() -> Vec<Job> {
             }
         }
     }
+    // The score modifiers (window, softcap, ALiBi), one at a time, window with softcap, and all three, on
+    // the kernels that claim them, for sm_90 (mma) and sm_90a (wgmma), f16: the launchers'
+    // choices (mma at most two blocks per SM and Bc 32 with ALiBi above d64, wgmma two
+    // consumers with softcap or ALiBi).
+    for (d, causal) in [
+        (64, false),
+        (64, true),
+        (128, false),
+        (128, true),
+        (256, true),
+    ] {
+        for (name, mods) in score_mod_variants() {
+            let shape = flashattn::AttnShape::new(1, 4096, 2, d);
+            let mask = if causal {
+                flashattn::Mask::Causal
+            } else {
+                flashattn::Mask::None
+            };
+            let p = flashattn::AttnProblem::new(shape)
+                .unwrap()
+                .with_mask(mask)
+                .with_scores(mods)
+                .unwrap();
+            let mt = MmaTile::default_for((9, 0), d).for_score_mods(d, p.scores.alibi.is_some());
+            let mut defines = mt.defines(DType::F16, d, causal);
+            defines.extend(flashattn::cuda::score_defines(&p));
+            out.push(Job {
+                source: KernelSource::AttnMma,
+                arch: "sm_90",
+                d,
+                dtype: DType::F16,
+                causal,
+                defines,
+                functions: &["attn_mma"],
+                smem: mt.smem_bytes(d),
+                tile: format!("{mt} {name}"),
+                roles: None,
+            });
+            let t = flashattn::cuda::wgmma::tile_for(&p).unwrap().unwrap();
+            out.push(Job {
+                source: KernelSource::AttnWgmma,
+                arch: "sm_90a",
+                d,
+                dtype: DType::F16,
+                causal,
+                defines: t.problem_defines(DType::F16, &p),
+                functions: &["attn_wgmma"],
+                smem: t.smem_bytes(),
+                tile: format!("Br{}xBc{} {name}", t.br(), t.bc),
+                roles: Some((t.registers().1, t.registers().0)),
+            });
+        }
+    }
     for dtype in DTYPES {
         for fault in [false, true] {
             let input = flashattn::layout::Input16::from_dtype(dtype).expect("16-bit");
@@ -165,6 +218,51 @@ fn jobs() -> Vec<Job> {
         }
     }
     out
+}
+
+/// The modifier sets compiled: each alone, a window with softcap, and all three.
+fn score_mod_variants() -> Vec<(&'static str, flashattn::scores::ScoreMods)> {
+    use flashattn::scores::{Alibi, ScoreMods, Window};
+    let window = Window::from_fa(256, 0).unwrap();
+    vec![
+        (
+            "window",
+            ScoreMods {
+                window,
+                ..ScoreMods::default()
+            },
+        ),
+        (
+            "softcap",
+            ScoreMods {
+                softcap: Some(30.0),
+                ..ScoreMods::default()
+            },
+        ),
+        (
+            "alibi",
+            ScoreMods {
+                alibi: Some(Alibi::geometric(2)),
+                ..ScoreMods::default()
+            },
+        ),
+        (
+            "window+softcap",
+            ScoreMods {
+                window,
+                softcap: Some(30.0),
+                ..ScoreMods::default()
+            },
+        ),
+        (
+            "window+softcap+alibi",
+            ScoreMods {
+                window,
+                softcap: Some(30.0),
+                alibi: Some(Alibi::geometric(2)),
+            },
+        ),
+    ]
 }
 
 /// What one compile gave: per-function stats, or the error.

@@ -285,16 +285,25 @@ fn invalid_modifiers_and_the_gpu_path() {
     let diag = sq.clone().with_scores(mods(0, 0, None, None)).unwrap();
     assert_eq!(diag.flops(), 4.0 * 8.0 * 77.0);
     assert_eq!(sq.flops(), 4.0 * 8.0 * (77.0 * 78.0 / 2.0));
-    // The GPU kernels refuse what they lack, with a typed error; Auto runs the CPU and says why.
-    let w = p.clone().with_scores(mods(4, 0, None, None)).unwrap();
-    let e = check_gpu_problem(&w, KernelKind::Wgmma).unwrap_err();
-    assert!(matches!(e, AttnError::UnsupportedFeature { .. }), "{e}");
-    assert!(check_gpu_problem(&p, KernelKind::Mma).is_ok());
+    // mma and wgmma take every modifier; naive and simt refuse them with a typed error that
+    // names the kernels that have them. Without a GPU, Auto runs the CPU and says why.
+    let w = p.clone().with_scores(mods(4, 0, Some(30.0), None)).unwrap();
+    for kernel in [KernelKind::Mma, KernelKind::Wgmma] {
+        assert!(check_gpu_problem(&w, kernel).is_ok());
+    }
+    for kernel in [KernelKind::Naive, KernelKind::Simt] {
+        let e = check_gpu_problem(&w, kernel).unwrap_err();
+        assert!(matches!(e, AttnError::UnsupportedFeature { .. }), "{e}");
+        assert!(e.to_string().contains("mma"), "{e}");
+        assert!(check_gpu_problem(&p, kernel).is_ok());
+    }
     let (q, k, v) = random_inputs::<f16>(&w, 3);
     let f = flashattn::forward(BackendChoice::Auto, &w, &q, &k, &v).unwrap();
-    assert!(
-        matches!(f.backend, flashattn::Backend::Cpu { .. }),
-        "{}",
-        f.reason
-    );
+    if flashattn::cuda::shared_gpu().is_err() {
+        assert!(
+            matches!(f.backend, flashattn::Backend::Cpu { .. }),
+            "{}",
+            f.reason
+        );
+    }
 }

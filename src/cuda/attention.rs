@@ -18,11 +18,12 @@ pub const MAX_SEQLEN: usize = 1 << 30;
 /// read and write any strides; the kernels themselves need the stride rule below.
 ///
 /// # Errors
-/// [`AttnError::UnsupportedFeature`] for a window, softcap or ALiBi (not in the kernels yet);
+/// [`AttnError::UnsupportedFeature`] for a window, softcap or ALiBi on `naive` or `simt` (the
+/// `mma` and `wgmma` kernels have them: attn_common.cuh);
 /// [`AttnError::InvalidStrides`] (head_dim a multiple of 8 and a stride not a multiple of 8
 /// elements: rows are moved in 16-byte pieces), [`AttnError::TooLarge`] (seqlen over 2^30,
 /// or more than 2^31-1 blocks).
-pub fn check_gpu_problem(p: &AttnProblem, _kernel: KernelKind) -> Result<()> {
+pub fn check_gpu_problem(p: &AttnProblem, kernel: KernelKind) -> Result<()> {
     p.validate()?;
     let s = &p.shape;
     let m = &p.scores;
@@ -31,12 +32,13 @@ pub fn check_gpu_problem(p: &AttnProblem, _kernel: KernelKind) -> Result<()> {
         (m.softcap.is_some(), "softcap"),
         (m.alibi.is_some(), "ALiBi"),
     ];
-    if let Some((_, f)) = features.iter().find(|(on, _)| *on) {
+    if !kernel.has_score_mods()
+        && let Some((_, f)) = features.iter().find(|(on, _)| *on)
+    {
         return Err(AttnError::UnsupportedFeature {
             feature: (*f).into(),
-            backend: "the CUDA kernels".into(),
-            hint: "use the CPU backend (BackendChoice::Cpu, or Auto, which falls back to it)"
-                .into(),
+            backend: format!("the {kernel} kernel"),
+            hint: "use --kernel mma or wgmma (or auto), or the CPU backend".into(),
         });
     }
     let padded = !s.head_dim.is_multiple_of(8);
@@ -152,6 +154,17 @@ where
     for (name, ptr) in [("q", qp), ("k", kp), ("v", vp), ("o", op)] {
         check_alignment(name, ptr)?;
     }
+    // ALiBi slopes go to the device with the call (stream-ordered: the copy precedes the
+    // launch, and the buffer's free follows it on the same stream).
+    let slopes = match &p.scores.alibi {
+        Some(a) => Some(
+            stream
+                .clone_htod(&a.slopes)
+                .map_err(cuda_err("copying the ALiBi slopes to the device"))?,
+        ),
+        None => None,
+    };
+    let alibi = slopes.as_ref().map(|d| d.device_ptr(stream));
     let launch = Launch {
         problem: p,
         dtype: T::DTYPE,
@@ -160,6 +173,7 @@ where
         v: vp,
         o: op,
         lse: lp,
+        alibi: alibi.as_ref().map_or(0, |(ptr, _)| *ptr),
     };
     match kernel {
         KernelKind::Wgmma => super::wgmma::launch(gpu, &launch),

@@ -41,6 +41,12 @@ impl KernelKind {
         KernelKind::Wgmma,
     ];
 
+    /// Whether the kernel applies a sliding window, softcap and ALiBi
+    /// ([`crate::scores::ScoreMods`]): `mma` and `wgmma` do; `naive` and `simt` refuse them.
+    pub fn has_score_mods(self) -> bool {
+        matches!(self, KernelKind::Mma | KernelKind::Wgmma)
+    }
+
     /// Name used on the command line and in tables.
     pub fn name(self) -> &'static str {
         match self {
@@ -93,6 +99,9 @@ pub struct Launch<'a> {
     pub o: u64,
     /// Device address of lse (f32).
     pub lse: u64,
+    /// Device address of the ALiBi slopes (f32, laid out as [`crate::scores::Alibi`]), 0
+    /// when the problem has none.
+    pub alibi: u64,
 }
 
 /// Kernel parameters of attn_mma.cu's `Params` (same field order and types).
@@ -115,7 +124,13 @@ pub(crate) struct FlashParams {
     pub batch: i32,
     pub num_m_blocks: i32,
     pub scale_log2: f32,
+    pub window_left: i32,
+    pub window_right: i32,
+    pub softcap_pre: f32,
+    pub alibi_unit: f32,
     pub pad: i32,
+    pub alibi: u64,
+    pub alibi_sb: i64,
 }
 // SAFETY: plain old data with C layout, mirrored field by field in the kernel.
 unsafe impl DeviceRepr for FlashParams {}
@@ -125,6 +140,19 @@ impl FlashParams {
         let p = l.problem;
         let s = &p.shape;
         let st = |x: crate::shape::Strides| [x.batch as i64, x.seq as i64, x.head as i64];
+        let m = &p.scores;
+        // exp(x * scale) = 2^(x * scale_log2). With a softcap c the kernel's S is
+        // tanh(q.k * scale / c) and the score c * S, so the factor becomes c * log2(e).
+        let scale_log2 = match m.softcap {
+            Some(c) => c * std::f32::consts::LOG2_E,
+            None => p.softmax_scale * std::f32::consts::LOG2_E,
+        };
+        // An unbounded window side as 2^30 keys (more than any sequence the kernels take).
+        let side = |x: Option<usize>| {
+            x.map_or(UNBOUNDED_WINDOW, |w| {
+                w.min(UNBOUNDED_WINDOW as usize) as i32
+            })
+        };
         FlashParams {
             q: l.q,
             k: l.k,
@@ -141,10 +169,41 @@ impl FlashParams {
             group: s.group_size() as i32,
             batch: s.batch as i32,
             num_m_blocks: s.seqlen_q.div_ceil(br as usize) as i32,
-            scale_log2: p.softmax_scale * std::f32::consts::LOG2_E,
+            scale_log2,
+            window_left: side(m.window.left),
+            window_right: side(m.window.right),
+            // tanh(s * scale / c) as tanh_exp2(s * 2 log2(e) * scale / c) (ptx.cuh).
+            softcap_pre: m.softcap.map_or(0.0, |c| {
+                2.0 * std::f32::consts::LOG2_E * p.softmax_scale / c
+            }),
+            alibi_unit: std::f32::consts::LOG2_E / scale_log2,
             pad: 0,
+            alibi: l.alibi,
+            alibi_sb: match &m.alibi {
+                Some(a) if a.per_batch => s.heads_q as i64,
+                _ => 0,
+            },
         }
     }
+}
+
+/// An unbounded window side, as the kernels take it (attn_common.cuh `Params`).
+const UNBOUNDED_WINDOW: i32 = 1 << 30;
+
+/// NVRTC defines of the problem's score modifiers (attn_common.cuh): `IS_LOCAL` for a sliding
+/// window, `HAS_SOFTCAP`, `HAS_ALIBI`; none for a plain problem, so that its kernels stay the
+/// same specialisation as before the modifiers existed.
+pub fn score_defines(p: &AttnProblem) -> Vec<(String, String)> {
+    let m = &p.scores;
+    [
+        ("IS_LOCAL", !m.window.is_unbounded()),
+        ("HAS_SOFTCAP", m.softcap.is_some()),
+        ("HAS_ALIBI", m.alibi.is_some()),
+    ]
+    .into_iter()
+    .filter(|(_, on)| *on)
+    .map(|(name, _)| (name.to_string(), "1".to_string()))
+    .collect()
 }
 
 /// What a launch did: the kernel that ran (and why that one), its tile, and the compiler's

@@ -2,7 +2,7 @@
 //! shapes per (arch, head_dim) and the tile-spec language of `--tile`.
 
 use super::device::Gpu;
-use super::launch::{FlashKernel, KernelKind, Launch, LaunchInfo, launch_flash};
+use super::launch::{FlashKernel, KernelKind, Launch, LaunchInfo, launch_flash, score_defines};
 use super::sources::KernelSource;
 use crate::dtype::DType;
 use crate::error::{AttnError, Result};
@@ -178,6 +178,22 @@ impl MmaTile {
         s
     }
 
+    /// The tile for a problem with score modifiers (measured with ptxas): at most two blocks
+    /// per SM, since three (168 registers) spill with a window, softcap and ALiBi at d64; and
+    /// with ALiBi above d64, Bc 32 instead of 64 (Bc 64 spills 8 bytes at d128 causal).
+    pub fn for_score_mods(self, head_dim: usize, alibi: bool) -> Self {
+        let bc = if alibi && head_dim > 64 {
+            self.bc.min(32)
+        } else {
+            self.bc
+        };
+        MmaTile {
+            min_blocks: self.min_blocks.min(2),
+            bc,
+            ..self
+        }
+    }
+
     /// NVRTC defines for this tile.
     pub fn defines(&self, dtype: DType, head_dim: usize, causal: bool) -> Vec<(String, String)> {
         let mut d = vec![
@@ -249,12 +265,21 @@ pub(crate) fn mma_kernel(
     tile: Option<MmaTile>,
 ) -> FlashKernel {
     let d = p.shape.head_dim;
-    let tile = tile.unwrap_or_else(|| MmaTile::default_for(gpu.info().compute_capability, d));
+    let tile = tile.unwrap_or_else(|| {
+        let t = MmaTile::default_for(gpu.info().compute_capability, d);
+        if p.scores.is_plain() {
+            t
+        } else {
+            t.for_score_mods(d, p.scores.alibi.is_some())
+        }
+    });
+    let mut defines = tile.defines(dtype, d, p.mask.is_causal());
+    defines.extend(score_defines(p));
     FlashKernel {
         kernel: KernelKind::Mma,
         source: KernelSource::AttnMma,
         function: "attn_mma",
-        defines: tile.defines(dtype, d, p.mask.is_causal()),
+        defines,
         br: tile.br(),
         nwarps: tile.nwarps,
         smem: tile.smem_bytes(d),

@@ -25,7 +25,7 @@ pub mod tma;
 pub mod wgmma;
 
 pub use attention::{HostRun, forward_device, forward_host};
-pub use launch::{GpuElement, KernelKind, LaunchInfo};
+pub use launch::{GpuElement, KernelKind, LaunchInfo, score_defines};
 pub use mma::MmaTile;
 pub use wgmma::WgmmaTile;
 pub mod host;

@@ -60,7 +60,8 @@ pub fn padded_problem(p: &AttnProblem) -> Result<AttnProblem> {
     };
     AttnProblem::new(shape)?
         .with_mask(p.mask)
-        .with_scale(p.softmax_scale)
+        .with_scale(p.softmax_scale)?
+        .with_scores(p.scores.clone())
 }
 
 /// Device pointers of one call (validated by the caller against `p`).

@@ -7,7 +7,7 @@
 
 use super::device::{DeviceInfo, Gpu, cuda_err};
 use super::launch::{
-    FlashParams, KernelKind, Launch, LaunchInfo, launch_context, set_dynamic_smem,
+    FlashParams, KernelKind, Launch, LaunchInfo, launch_context, score_defines, set_dynamic_smem,
 };
 use super::sources::KernelSource;
 use super::tma::{TiledMap, TmaMap};
@@ -209,6 +209,14 @@ impl WgmmaTile {
         self.core_bytes() + self.q_bytes() + self.slack_bytes() <= SMEM_LIMIT
     }
 
+    /// NVRTC defines for this tile on a problem: [`Self::defines`] and the problem's score
+    /// modifiers.
+    pub fn problem_defines(&self, dtype: DType, p: &AttnProblem) -> Vec<(String, String)> {
+        let mut d = self.defines(dtype, p.mask.is_causal());
+        d.extend(score_defines(p));
+        d
+    }
+
     /// NVRTC defines for this tile.
     pub fn defines(&self, dtype: DType, causal: bool) -> Vec<(String, String)> {
         let b = |x: bool| u8::from(x).to_string();
@@ -254,10 +262,17 @@ impl fmt::Display for WgmmaTile {
 /// # Errors
 /// A malformed override.
 pub fn tile_for(p: &AttnProblem) -> Result<Option<WgmmaTile>> {
-    let Some(t) = WgmmaTile::default_for(p.shape.head_dim, p.shape.seqlen_k, p.mask.is_causal())
+    let Some(mut t) =
+        WgmmaTile::default_for(p.shape.head_dim, p.shape.seqlen_k, p.mask.is_causal())
     else {
         return Ok(None);
     };
+    if p.scores.softcap.is_some() || p.scores.alibi.is_some() {
+        // Three d64 consumers have 160 registers each: softcap spills there (ptxas), two
+        // consumers with pingpong do not.
+        t.consumers = 2;
+        t.pingpong = true;
+    }
     match std::env::var(TILE_ENV) {
         Ok(spec) if !spec.trim().is_empty() => t.with_spec(&spec).map(Some),
         _ => Ok(Some(t)),
@@ -378,11 +393,10 @@ pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
         Err(why) => return hand_on(format!("the copy engine cannot describe {why}")),
     };
     let p = l.problem;
-    let causal = p.mask.is_causal();
     let k = gpu.kernel(
         KernelSource::AttnWgmma,
         "attn_wgmma",
-        &tile.defines(l.dtype, causal),
+        &tile.problem_defines(l.dtype, p),
     )?;
     let ctx = launch_context("attn_wgmma", p);
     let smem = tile.smem_bytes();
@@ -461,7 +475,7 @@ pub fn prepare(gpu: &Gpu, p: &AttnProblem, dtype: DType) -> Result<bool> {
     gpu.kernel(
         KernelSource::AttnWgmma,
         "attn_wgmma",
-        &tile.defines(dtype, p.mask.is_causal()),
+        &tile.problem_defines(dtype, p),
     )?;
     Ok(true)
 }
@@ -472,9 +486,9 @@ mod tests {
 
     #[test]
     fn params_layout_matches_the_kernel() {
-        // 4 maps of 128 bytes, Params (168 bytes), the counter (16), rounded up to 64 bytes.
-        assert_eq!(std::mem::size_of::<FlashParams>(), 168);
-        assert_eq!(std::mem::size_of::<WgmmaParams>(), 704);
+        // 4 maps of 128 bytes, Params (200 bytes), the counter (16), rounded up to 64 bytes.
+        assert_eq!(std::mem::size_of::<FlashParams>(), 200);
+        assert_eq!(std::mem::size_of::<WgmmaParams>(), 768);
         assert_eq!(std::mem::align_of::<WgmmaParams>(), 64);
     }
 
