@@ -5,6 +5,7 @@
 
 use crate::dtype::DType;
 use crate::mask::Mask;
+use crate::scores::{Alibi, ScoreMods, Window};
 use crate::shape::{AttnProblem, AttnShape, Strides};
 use serde::Serialize;
 
@@ -39,6 +40,9 @@ pub enum Inputs {
     },
     /// Random v; q and k as a field report built them ([`super::field`]).
     Field(super::field::FieldInput),
+    /// Random, with q and k multiplied by this factor: scaled logits reach about
+    /// `4 * factor^2` (soft-capping cases with logits near +-1e4).
+    Scaled(f32),
 }
 
 /// One problem of the sweep (run by every selected kernel).
@@ -94,7 +98,13 @@ impl Sweep {
         inputs: Inputs,
         rows: Option<Vec<usize>>,
     ) {
-        let label = format!("{dtype} {} {}{}", p.shape, p.mask.name(), what);
+        let label = format!(
+            "{dtype} {} {}{}{}",
+            p.shape,
+            p.mask.name(),
+            describe_scores(&p.scores),
+            what
+        );
         self.0.push(Case {
             label,
             dtype,
@@ -231,6 +241,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
         }
         tile_edges(&mut sw, dtype, quick);
         edge_cases(&mut sw, dtype, quick);
+        score_mod_cases(&mut sw, dtype, quick);
     }
     sw.0
 }
@@ -266,6 +277,221 @@ fn tile_edges(sw: &mut Sweep, dtype: DType, quick: bool) {
                 sw.push(dtype, problem(shape(2, sq, sk, 3, 1, d), mask), " edge");
             }
         }
+    }
+}
+
+/// The score modifiers of a label: ` window(L,R)`, ` softcapC`, ` alibi` (empty when plain).
+pub fn describe_scores(m: &ScoreMods) -> String {
+    let mut out = String::new();
+    if !m.window.is_unbounded() {
+        let side = |x: Option<usize>| x.map_or("-1".to_string(), |w| w.to_string());
+        out += &format!(" window({},{})", side(m.window.left), side(m.window.right));
+    }
+    if let Some(c) = m.softcap {
+        out += &format!(" softcap{c}");
+    }
+    if let Some(a) = &m.alibi {
+        out += if a.per_batch { " alibi[b,h]" } else { " alibi" };
+    }
+    out
+}
+
+/// Sliding windows, soft-capping and ALiBi, alone and together, on the kernels that claim them
+/// (mma, wgmma): window 0; windows ending inside a key tile and on its edges (Bc 32-128);
+/// seqlen_q != seqlen_k with rows that see no key; softcap 30 and 50 with logits near +-1e4;
+/// ALiBi with causal seqlen_q != seqlen_k, per (batch, head), and inside a window; GQA/MQA,
+/// decoding with GQA 8:1; head dims 64 to 256; odd lengths.
+fn score_mod_cases(sw: &mut Sweep, dtype: DType, quick: bool) {
+    let w = |l: i64, r: i64| Window::from_fa(l, r).expect("valid window");
+    let plain = ScoreMods::default();
+    let windowed = |l, r| ScoreMods {
+        window: w(l, r),
+        ..ScoreMods::default()
+    };
+    let geometric = |heads| Some(Alibi::geometric(heads));
+    use Mask::{Causal, None as Full};
+    // (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, mask, modifiers, inputs)
+    let mut list: Vec<(AttnShape, Mask, ScoreMods, Inputs)> = vec![
+        (
+            shape(1, 65, 65, 2, 2, 64),
+            Full,
+            windowed(0, 0),
+            Inputs::Random,
+        ),
+        (
+            shape(1, 300, 300, 4, 2, 64),
+            Causal,
+            windowed(63, -1),
+            Inputs::Random,
+        ),
+        (
+            shape(1, 300, 300, 4, 2, 128),
+            Causal,
+            windowed(128, -1),
+            Inputs::Random,
+        ),
+        (
+            shape(2, 257, 257, 2, 1, 64),
+            Full,
+            windowed(64, 64),
+            Inputs::Random,
+        ),
+        (
+            shape(1, 300, 1000, 2, 2, 128),
+            Full,
+            windowed(127, 5),
+            Inputs::Random,
+        ),
+        (
+            shape(1, 300, 100, 2, 2, 64),
+            Full,
+            windowed(10, 10),
+            Inputs::Random,
+        ),
+        (
+            shape(1, 1000, 300, 2, 2, 64),
+            Causal,
+            windowed(100, -1),
+            Inputs::Random,
+        ),
+        (
+            shape(1, 333, 333, 2, 1, 256),
+            Full,
+            windowed(-1, 17),
+            Inputs::Random,
+        ),
+        (
+            shape(1, 1, 1000, 8, 1, 128),
+            Causal,
+            windowed(256, -1),
+            Inputs::Random,
+        ),
+        (
+            shape(1, 257, 257, 2, 2, 64),
+            Full,
+            ScoreMods {
+                softcap: Some(30.0),
+                ..plain.clone()
+            },
+            Inputs::Scaled(50.0),
+        ),
+        (
+            shape(1, 257, 257, 2, 2, 128),
+            Causal,
+            ScoreMods {
+                softcap: Some(50.0),
+                ..plain.clone()
+            },
+            Inputs::Scaled(50.0),
+        ),
+        (
+            shape(1, 129, 129, 2, 1, 64),
+            Causal,
+            ScoreMods {
+                softcap: Some(50.0),
+                ..plain.clone()
+            },
+            Inputs::Random,
+        ),
+        (
+            shape(1, 200, 333, 4, 2, 64),
+            Causal,
+            ScoreMods {
+                alibi: geometric(4),
+                ..plain.clone()
+            },
+            Inputs::Random,
+        ),
+        (
+            shape(1, 333, 200, 4, 2, 128),
+            Causal,
+            ScoreMods {
+                alibi: geometric(4),
+                ..plain.clone()
+            },
+            Inputs::Random,
+        ),
+        (
+            shape(2, 150, 150, 3, 1, 96),
+            Full,
+            ScoreMods {
+                alibi: Some(Alibi {
+                    slopes: vec![0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625],
+                    per_batch: true,
+                }),
+                ..plain.clone()
+            },
+            Inputs::Random,
+        ),
+        (
+            shape(1, 129, 129, 8, 8, 64),
+            Causal,
+            ScoreMods {
+                window: w(50, -1),
+                alibi: geometric(8),
+                ..plain.clone()
+            },
+            Inputs::Random,
+        ),
+        (
+            shape(1, 301, 301, 4, 1, 128),
+            Full,
+            ScoreMods {
+                window: w(100, 20),
+                softcap: Some(30.0),
+                alibi: geometric(4),
+            },
+            Inputs::Scaled(20.0),
+        ),
+        (
+            shape(1, 199, 211, 2, 2, 256),
+            Causal,
+            ScoreMods {
+                window: w(70, -1),
+                softcap: Some(50.0),
+                alibi: geometric(2),
+            },
+            Inputs::Random,
+        ),
+    ];
+    if !quick {
+        // Many key tiles skipped on both sides of the window; odd head_dim (padded copies).
+        list.push((
+            shape(1, 2055, 2055, 2, 2, 64),
+            Causal,
+            windowed(255, -1),
+            Inputs::Random,
+        ));
+        list.push((
+            shape(1, 1500, 1500, 2, 1, 128),
+            Full,
+            windowed(300, 300),
+            Inputs::Random,
+        ));
+        list.push((
+            shape(1, 97, 97, 2, 2, 77),
+            Causal,
+            ScoreMods {
+                window: w(20, -1),
+                softcap: Some(30.0),
+                alibi: geometric(2),
+            },
+            Inputs::Random,
+        ));
+        for (l, r) in [(31, 0), (32, 0), (127, 0), (128, 0)] {
+            list.push((
+                shape(1, 333, 333, 2, 2, 64),
+                Causal,
+                windowed(l, r),
+                Inputs::Random,
+            ));
+        }
+    }
+    for (sh, mask, mods, inputs) in list {
+        let p = problem(sh, mask)
+            .with_scores(mods)
+            .expect("sweep modifiers are valid");
+        sw.push_with(dtype, p, "", inputs, None);
     }
 }
 

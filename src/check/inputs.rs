@@ -47,6 +47,11 @@ pub fn make_inputs<T: Element>(case: &Case, seed: u64) -> (Vec<T>, Vec<T>, Vec<T
             }
         }
         Inputs::Field(f) => f.fill(p, &mut q, &mut k, &mut v),
+        Inputs::Scaled(factor) => {
+            for x in q.iter_mut().chain(k.iter_mut()) {
+                *x = T::from_f32(x.to_f32() * factor);
+            }
+        }
     }
     (q, k, v)
 }
