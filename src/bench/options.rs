@@ -88,6 +88,17 @@ pub struct BenchOptions {
     /// Skip writing the plots (bench.json and bench.txt are still written).
     #[arg(long = "no-plot")]
     pub no_plot: bool,
+    /// Sliding window `LEFT,RIGHT` (FlashAttention-2's `window_size`, -1 = unbounded) on every
+    /// case; TFLOP/s count the visible pairs only. The peers (SDPA) have no window and are
+    /// skipped for these cases.
+    #[arg(long, value_name = "LEFT,RIGHT", allow_hyphen_values = true)]
+    pub window: Option<String>,
+    /// Logit soft-cap `C` on every case (`C * tanh(s / C)`, Gemma 2 uses 50); no peers.
+    #[arg(long, value_name = "C", allow_hyphen_values = true)]
+    pub softcap: Option<f32>,
+    /// ALiBi with the standard geometric slopes on every case; no peers.
+    #[arg(long)]
+    pub alibi: bool,
 }
 
 /// `flashattn bench-plot`: redraw the plots from a bench.json.
@@ -213,15 +224,27 @@ impl BenchOptions {
                 available: "naive, simt, mma, wgmma (or --tiles)".into(),
             });
         }
+        let window = match &self.window {
+            Some(w) => Some(sweep::parse_window(w)?),
+            None => None,
+        };
+        let mut cases = sweep::cases(
+            &dtypes,
+            &head_dims,
+            &causal,
+            &seqlens,
+            self.tokens,
+            self.hidden,
+        )?;
+        for c in &mut cases {
+            c.window = window;
+            c.softcap = self.softcap;
+            c.alibi = self.alibi;
+            // Invalid modifier values (softcap <= 0, not finite) fail here, before any launch.
+            c.problem()?;
+        }
         Ok(Sweep {
-            cases: sweep::cases(
-                &dtypes,
-                &head_dims,
-                &causal,
-                &seqlens,
-                self.tokens,
-                self.hidden,
-            )?,
+            cases,
             lines,
             iters: self.iters as usize,
             warmup: self.warmup as usize,

@@ -46,9 +46,12 @@ impl PeerRequest {
             warmup: report.method.warmup,
             warmup_ms: report.method.warmup_ms,
             peers: PEERS.iter().map(|s| s.to_string()).collect(),
+            // SDPA's fused backends have no window, softcap or ALiBi: those cases have no
+            // peer lines.
             cases: report
                 .cases
                 .iter()
+                .filter(|c| !c.case.has_score_mods())
                 .map(|c| PeerCase {
                     id: c.id.clone(),
                     case: c.case.clone(),

@@ -6,6 +6,7 @@
 
 use crate::cuda::{KernelKind, MmaTile};
 use crate::error::{AttnError, Result};
+use crate::scores::{Alibi, ScoreMods, Window};
 use crate::{AttnProblem, AttnShape, DType, Mask};
 use serde::{Deserialize, Serialize};
 
@@ -19,7 +20,7 @@ pub const DEFAULT_SEQLENS: [usize; 6] = [512, 1024, 2048, 4096, 8192, 16384];
 pub const DEFAULT_HEAD_DIMS: [usize; 2] = [64, 128];
 
 /// One measured configuration: self-attention `[batch, seqlen, heads, head_dim]`, dense.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Case {
     /// `f16` or `bf16`.
     pub dtype: String,
@@ -33,6 +34,15 @@ pub struct Case {
     pub head_dim: usize,
     /// Causal mask (square, so top-left and bottom-right alignment agree).
     pub causal: bool,
+    /// Sliding window `[left, right]` (FlashAttention-2's `window_size`, -1 = unbounded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<[i64; 2]>,
+    /// Logit soft-cap `c` (`c * tanh(s / c)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub softcap: Option<f32>,
+    /// ALiBi with the standard geometric slopes ([`Alibi::geometric`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub alibi: bool,
 }
 
 impl Case {
@@ -67,13 +77,25 @@ impl Case {
             heads: hidden / head_dim,
             head_dim,
             causal,
+            window: None,
+            softcap: None,
+            alibi: false,
         })
     }
 
-    /// Stable identifier, e.g. `f16-d64-causal-s4096-b4-h32`.
+    /// Stable identifier, e.g. `f16-d64-causal-s4096-b4-h32` (and `-w4096_0` with a window).
     pub fn id(&self) -> String {
+        let mut mods = self
+            .window
+            .map_or(String::new(), |[l, r]| format!("-w{l}_{r}"));
+        if let Some(c) = self.softcap {
+            mods += &format!("-softcap{c}");
+        }
+        if self.alibi {
+            mods += "-alibi";
+        }
         format!(
-            "{}-d{}-{}-s{}-b{}-h{}",
+            "{}-d{}-{}-s{}-b{}-h{}{mods}",
             self.dtype,
             self.head_dim,
             self.mask().name(),
@@ -111,13 +133,30 @@ impl Case {
     /// # Errors
     /// Shape validation errors.
     pub fn problem(&self) -> Result<AttnProblem> {
-        Ok(AttnProblem::new(AttnShape::new(
+        let p = AttnProblem::new(AttnShape::new(
             self.batch,
             self.seqlen,
             self.heads,
             self.head_dim,
         ))?
-        .with_mask(self.mask()))
+        .with_mask(self.mask());
+        if !self.has_score_mods() {
+            return Ok(p);
+        }
+        let window = match self.window {
+            Some([l, r]) => Window::from_fa(l, r)?,
+            None => Window::default(),
+        };
+        p.with_scores(ScoreMods {
+            window,
+            softcap: self.softcap,
+            alibi: self.alibi.then(|| Alibi::geometric(self.heads)),
+        })
+    }
+
+    /// Whether the case has a window, softcap or ALiBi (which SDPA's fused backends lack).
+    pub fn has_score_mods(&self) -> bool {
+        self.window.is_some() || self.softcap.is_some() || self.alibi
     }
 
     /// FLOPs by [`AttnProblem::flops`] (visible pairs only).
@@ -185,6 +224,21 @@ pub struct Sweep {
     pub warmup: usize,
     /// Then untimed launches until this many milliseconds have passed.
     pub warmup_ms: u64,
+}
+
+/// Parses `LEFT,RIGHT` (integers, -1 = unbounded) into a window.
+///
+/// # Errors
+/// [`AttnError::InvalidInput`] naming the expected form, or a side below -1.
+pub fn parse_window(w: &str) -> Result<[i64; 2]> {
+    let bad = || AttnError::InvalidInput {
+        what: format!("--window {w}: expected LEFT,RIGHT (integers, -1 = unbounded), e.g. 4096,0"),
+    };
+    let (l, r) = w.split_once(',').ok_or_else(bad)?;
+    let l: i64 = l.trim().parse().map_err(|_| bad())?;
+    let r: i64 = r.trim().parse().map_err(|_| bad())?;
+    Window::from_fa(l, r)?;
+    Ok([l, r])
 }
 
 /// Cases of the cross product, in table order.

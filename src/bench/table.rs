@@ -108,6 +108,17 @@ fn header(report: &BenchReport) -> String {
     if let Some(e) = &report.gpu_error {
         let _ = write!(h, "\nour kernels did not run: {e}");
     }
+    // Score modifiers (the same on every case of a run): FLOPs count the pairs they let
+    // through; SDPA's fused backends lack them.
+    if let Some(c) = report.cases.iter().find(|c| c.case.has_score_mods()) {
+        let mods = crate::check::cases::describe_scores(
+            &c.case.problem().map(|p| p.scores).unwrap_or_default(),
+        );
+        let _ = write!(
+            h,
+            "\nscore modifiers:{mods} (FLOPs count the visible pairs; no peer has them)"
+        );
+    }
     let p = &report.peers;
     if p.requested && p.available {
         let _ = write!(
