@@ -28,6 +28,12 @@
 #ifndef HAS_ALIBI
 #define HAS_ALIBI 0
 #endif
+// Packed variable-length batches (FlashAttention-2's varlen; src/varlen.rs): batch entry b is
+// the sequence of rows cu_seqlens_q[b].. of q and o and cu_seqlens_k[b].. of k and v, with its
+// own lengths; lse is [heads_q, total_q].
+#ifndef IS_VARLEN
+#define IS_VARLEN 0
+#endif
 
 constexpr int D = HEAD_DIM;
 static_assert(D % 8 == 0 && D >= 8 && D <= 256, "HEAD_DIM must be a multiple of 8, at most 256");
@@ -51,10 +57,37 @@ struct Params {
     int window_right;      // IS_LOCAL: keys visible after it (unbounded: 2^30; causal: 0)
     float softcap_pre;     // HAS_SOFTCAP: 2 log2(e) softmax_scale / softcap (tanh_exp2's unit)
     float alibi_unit;      // HAS_ALIBI: log2(e) / scale_log2, a natural-log bias in S's units
-    int pad_;
+    int total_q;           // IS_VARLEN: packed query rows (lse is [heads_q, total_q])
     const float *alibi;    // HAS_ALIBI: slopes, slope of (b, h) at alibi[b * alibi_sb + h]
     i64 alibi_sb;          // 0 for slopes per head, heads_q for slopes per (batch, head)
+    const int *cu_seqlens_q; // IS_VARLEN: batch + 1 query offsets (seqlen_q is the longest)
+    const int *cu_seqlens_k; // IS_VARLEN: batch + 1 key offsets (seqlen_k is the longest)
+    i64 lse_sh;            // lse elements between heads: seqlen_q, or total_q when one sequence
+                           // of a packed batch is launched alone (its lse in [heads_q, total_q])
 };
+
+// Element offsets of batch entry b in q, o, k and v, and its first packed query row. With
+// IS_VARLEN it also sets p.seqlen_q / p.seqlen_k to the sequence's own lengths (the grid
+// covers the longest; blocks past a shorter sequence's end have nothing to do).
+struct SeqOffsets {
+    i64 q, o, k, v;
+    int q0;
+};
+FA_DEVICE SeqOffsets sequence_offsets(Params &p, int b) {
+#if IS_VARLEN
+    const int q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
+    p.seqlen_q = p.cu_seqlens_q[b + 1] - q0;
+    p.seqlen_k = p.cu_seqlens_k[b + 1] - k0;
+    return SeqOffsets{q0 * p.q_ss, q0 * p.o_ss, k0 * p.k_ss, k0 * p.v_ss, q0};
+#else
+    return SeqOffsets{b * p.q_sb, b * p.o_sb, b * p.k_sb, b * p.v_sb, 0};
+#endif
+}
+// Where the lse of (b, h) starts: dense [batch, heads_q, seqlen_q] (heads lse_sh apart),
+// varlen [heads_q, total_q].
+FA_DEVICE i64 lse_offset(const Params &p, int b, int h, int q0) {
+    return IS_VARLEN ? (i64)h * p.total_q + q0 : (i64)b * p.heads_q * p.seqlen_q + h * p.lse_sh;
+}
 
 // ---- 16-bit elements (f16 or bf16 by IS_BF16) ----
 FA_DEVICE float to_f32(u16 x) {

@@ -104,7 +104,7 @@ template <bool B> struct Bool {
     static constexpr bool value = B;
 };
 
-extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Params p) {
+extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Params p_in) {
     extern __shared__ __align__(16) u16 smem[];
     const u32 sQ = smem_u32(smem);
     const u32 sK = sQ + BR * RS * 2;          // two stages of BC rows
@@ -113,12 +113,16 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
     // derived where used (mask, epilogue) from fresh reads of %tid; see below.
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
 
-    const BlockCoords bc = block_coords(p);
+    const BlockCoords bc = block_coords(p_in);
     const int m_block = bc.m_block, h = bc.h, b = bc.b, hk = bc.hk;
-    const u16 *qb = p.q + b * p.q_sb + h * p.q_sh;
-    const u16 *kb = p.k + b * p.k_sb + hk * p.k_sh;
-    const u16 *vb = p.v + b * p.v_sb + hk * p.v_sh;
+    // The block's sequence (its own lengths with IS_VARLEN).
+    Params p = p_in;
+    const SeqOffsets so = sequence_offsets(p, b);
     const int row0 = m_block * BR;
+    if (IS_VARLEN && row0 >= p.seqlen_q) return; // block-uniform, before any barrier
+    const u16 *qb = p.q + so.q + h * p.q_sh;
+    const u16 *kb = p.k + so.k + hk * p.k_sh;
+    const u16 *vb = p.v + so.v + hk * p.v_sh;
 
     // The key tiles the block's rows see (attn_common.cuh): tiles before the window's start
     // and past the last row's keys are skipped.
@@ -406,10 +410,12 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
     // blocks per SM).
     const int etid = (int)fresh_tid_x(), ewarp = etid / 32, elane = etid % 32;
     const int eg = elane / 4, et = elane % 4;
-    const BlockCoords ec = block_coords(p, fresh_ctaid_x());
+    const BlockCoords ec = block_coords(p_in, fresh_ctaid_x());
     const int ewrow0 = ec.m_block * BR + ewarp * WM;
-    u16 *ob = p.o + ec.b * p.o_sb + ec.h * p.o_sh;
-    float *lse = p.lse + ((i64)ec.b * p.heads_q + ec.h) * p.seqlen_q;
+    Params pe = p_in;
+    const SeqOffsets eo = sequence_offsets(pe, ec.b);
+    u16 *ob = p.o + eo.o + ec.h * p.o_sh;
+    float *lse = p.lse + lse_offset(p_in, ec.b, ec.h, eo.q0);
 #if SMEM_EPILOGUE
     // Stage this warp's rows of O in shared memory (its own slice of the Q tile, free once
     // every warp is past the loop), then write whole 16-byte pieces of each row: coalesced
@@ -433,9 +439,9 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
             for (int nd = 0; nd < ND; ++nd)
                 st_shared_u32(sO + (u32)(rl * RS + nd * 8 + 2 * et) * 2,
                               pack2(acc_o[mt][nd][2 * r] * inv, acc_o[mt][nd][2 * r + 1] * inv));
-            if (row >= p.seqlen_q) continue;
+            if (row >= pe.seqlen_q) continue;
 #else
-            if (row >= p.seqlen_q) continue;
+            if (row >= pe.seqlen_q) continue;
             u16 *orow = ob + (i64)row * p.o_ss;
 #pragma unroll
             for (int nd = 0; nd < ND; ++nd) {
@@ -453,7 +459,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
     for (int i = elane; i < WM * CH; i += 32) {
         const int rl = i / CH, c = i % CH;
         const int row = ewrow0 + rl;
-        if (row < p.seqlen_q && c * 8 < D) {
+        if (row < pe.seqlen_q && c * 8 < D) {
             u32 x0, x1, x2, x3;
             ld_shared_v4(x0, x1, x2, x3, sO + (u32)(rl * RS + c * 8) * 2);
             st_global_v4(ob + (i64)row * p.o_ss + c * 8, x0, x1, x2, x3);

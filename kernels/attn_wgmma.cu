@@ -50,6 +50,7 @@
 #define WG_AB "f16"
 #endif
 #include "wgmma_ops.cuh"
+static_assert(!IS_VARLEN, "packed variable-length batches run on attn_mma (TMA boxes cross sequence ends)");
 
 #ifndef BC
 #define BC 128
@@ -455,7 +456,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         // The tile's coordinates are recomputed here rather than held through the loop.
         const BlockCoords bc = block_coords(p, (unsigned)tile);
         float inv[2];
-        float *lse = p.lse + ((i64)bc.b * p.heads_q + bc.h) * p.seqlen_q;
+        float *lse = p.lse + lse_offset(p, bc.b, bc.h, 0);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float l = row_sum[h];

@@ -10,8 +10,9 @@
 //!   sees no key gives `o = 0`, `lse = -inf`);
 //! - `o` packed like q; `lse` `[heads_q, total_q]` (natural log).
 //!
-//! Each sequence runs as a batch-1 [`AttnProblem`] on the chosen backend (the GPU kernels do
-//! not take packed batches yet: on the GPU this is one launch per sequence).
+//! On the GPU the whole batch is one `attn_mma` launch ([`crate::cuda::varlen`]); the CPU
+//! backend, and the GPU for head dims that are not a multiple of 8, run each sequence as a
+//! batch-1 [`AttnProblem`].
 
 use crate::backend::{BackendChoice, forward as dense_forward};
 use crate::dtype::Element;
@@ -181,7 +182,7 @@ impl VarlenProblem {
 
     /// Sequence `b` as a dense batch-1 problem, with its offsets `(q0, k0)`; `None` when it
     /// has no query or no key (handled without a backend).
-    fn sequence(&self, b: usize) -> Result<Option<(AttnProblem, usize, usize)>> {
+    pub(crate) fn sequence(&self, b: usize) -> Result<Option<(AttnProblem, usize, usize)>> {
         let (q0, q1) = (
             self.cu_seqlens_q[b] as usize,
             self.cu_seqlens_q[b + 1] as usize,
@@ -301,12 +302,14 @@ fn per_sequence<T: Element, R>(
     Ok(())
 }
 
-/// Runs a packed batch on `choice`'s backend, sequence by sequence.
+/// Runs a packed batch on `choice`'s backend: on the GPU in one launch when the packed kernel
+/// takes it, otherwise sequence by sequence (`Auto` falling back to the CPU as
+/// [`crate::forward`] does).
 ///
 /// # Errors
 /// Validation errors before any work ([`VarlenProblem::validate`],
-/// [`AttnError::BufferTooShort`], [`AttnError::Overflow`]); then those of [`crate::forward`]
-/// for a sequence.
+/// [`AttnError::BufferTooShort`], [`AttnError::Overflow`]); a kernel or launch failure; then
+/// those of [`crate::forward`] for a sequence.
 pub fn forward<T: Element>(
     choice: BackendChoice,
     p: &VarlenProblem,
@@ -316,6 +319,22 @@ pub fn forward<T: Element>(
 ) -> Result<VarlenOutput<T>> {
     p.validate()?;
     p.check_lengths(q.len(), k.len(), v.len())?;
+    if choice != BackendChoice::Cpu {
+        match crate::cuda::try_host_varlen(p, q, k, v) {
+            Ok((o, lse, _, _)) => return Ok(VarlenOutput { o, lse }),
+            // What the packed kernel cannot take goes sequence by sequence below (padded
+            // head dims on the GPU; Auto's CPU fallback; Cuda's own error without a GPU).
+            Err(
+                AttnError::BackendUnavailable { .. }
+                | AttnError::DTypeMismatch { .. }
+                | AttnError::UnsupportedHeadDim { .. }
+                | AttnError::UnsupportedFeature { .. }
+                | AttnError::InvalidStrides { .. }
+                | AttnError::TooLarge { .. },
+            ) => {}
+            Err(e) => return Err(e),
+        }
+    }
     let (hq, total, row) = (p.heads_q, p.total_q(), p.heads_q * p.head_dim);
     let mut out = VarlenOutput {
         o: vec![T::from_f32(0.0); total * row],

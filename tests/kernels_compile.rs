@@ -103,6 +103,30 @@ fn jobs() -> Vec<Job> {
             }
         }
     }
+    // Packed variable-length batches (IS_VARLEN) on attn_mma, every arch, with the tile the
+    // varlen launcher takes (at most two blocks per SM).
+    for &arch in CI_ARCHS.iter() {
+        let cc = parse_cc(arch);
+        for d in [40, 64, 128, 256] {
+            for causal in [false, true] {
+                let mt = MmaTile::default_for(cc, d).with_headroom(d, false);
+                let mut defines = mt.defines(DType::BF16, d, causal);
+                defines.push(("IS_VARLEN".into(), "1".into()));
+                out.push(Job {
+                    source: KernelSource::AttnMma,
+                    arch,
+                    d,
+                    dtype: DType::BF16,
+                    causal,
+                    defines,
+                    functions: &["attn_mma"],
+                    smem: mt.smem_bytes(d),
+                    tile: format!("{mt} varlen"),
+                    roles: None,
+                });
+            }
+        }
+    }
     // The head_dim padding copies (head dims that are not a multiple of 8), every arch.
     for &arch in CI_ARCHS.iter() {
         out.push(Job {
@@ -170,7 +194,7 @@ fn jobs() -> Vec<Job> {
                 .with_mask(mask)
                 .with_scores(mods)
                 .unwrap();
-            let mt = MmaTile::default_for((9, 0), d).for_score_mods(d, p.scores.alibi.is_some());
+            let mt = MmaTile::default_for((9, 0), d).with_headroom(d, p.scores.alibi.is_some());
             let mut defines = mt.defines(DType::F16, d, causal);
             defines.extend(flashattn::cuda::score_defines(&p));
             out.push(Job {

@@ -174,6 +174,8 @@ where
         o: op,
         lse: lp,
         alibi: alibi.as_ref().map_or(0, |(ptr, _)| *ptr),
+        varlen: None,
+        lse_head_stride: None,
     };
     match kernel {
         KernelKind::Wgmma => super::wgmma::launch(gpu, &launch),
@@ -206,9 +208,9 @@ pub fn prepare(
             if super::wgmma::prepare(gpu, p, dtype)? {
                 return Ok(());
             }
-            super::mma::mma_kernel(gpu, dtype, p, None)
+            super::mma::mma_kernel(gpu, dtype, p, None, false)
         }
-        KernelKind::Mma => super::mma::mma_kernel(gpu, dtype, p, tile),
+        KernelKind::Mma => super::mma::mma_kernel(gpu, dtype, p, tile, false),
         KernelKind::Simt => super::simt::flash_kernel(dtype, p),
         KernelKind::Naive => {
             let defines = super::naive::defines(dtype, p.shape.head_dim, p.mask.is_causal());

@@ -93,3 +93,41 @@ pub fn try_host_forward<T: Element>(
         ),
     })
 }
+
+/// Runs a packed variable-length batch on the GPU in one launch ([`super::varlen`]): `o`
+/// packed, `lse` `[heads_q, total_q]`, the backend description and why that kernel ran.
+///
+/// # Errors
+/// As [`try_host_forward`], and those of [`super::varlen::forward_host`].
+pub fn try_host_varlen<T: Element>(
+    p: &crate::varlen::VarlenProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+) -> Result<(Vec<T>, Vec<f32>, Backend, String)> {
+    let gpu = shared_gpu()?;
+    let kernel = KernelKind::Wgmma;
+    let with_backend = |(o, lse, info): (Vec<T>, Vec<f32>, super::LaunchInfo)| {
+        let b = Backend::Cuda {
+            device: gpu.info().name.clone(),
+            kernel: format!("attn_{}", info.kernel),
+        };
+        (o, lse, b, info.why)
+    };
+    if let (Some(q), Some(k), Some(v)) = (same::<T, f16>(q), same::<T, f16>(k), same::<T, f16>(v)) {
+        let (o, lse, info) = super::varlen::forward_host(gpu, kernel, p, q, k, v)?;
+        return Ok(with_backend((back(o), lse, info)));
+    }
+    if let (Some(q), Some(k), Some(v)) =
+        (same::<T, bf16>(q), same::<T, bf16>(k), same::<T, bf16>(v))
+    {
+        let (o, lse, info) = super::varlen::forward_host(gpu, kernel, p, q, k, v)?;
+        return Ok(with_backend((back(o), lse, info)));
+    }
+    Err(AttnError::DTypeMismatch {
+        what: format!(
+            "the CUDA kernels take f16 or bf16 inputs, got {}: convert the inputs or use the CPU backend",
+            T::DTYPE
+        ),
+    })
+}

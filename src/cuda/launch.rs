@@ -102,6 +102,23 @@ pub struct Launch<'a> {
     /// Device address of the ALiBi slopes (f32, laid out as [`crate::scores::Alibi`]), 0
     /// when the problem has none.
     pub alibi: u64,
+    /// A packed variable-length batch ([`crate::varlen`]): `problem` is then its envelope
+    /// (batch = sequences, seqlen = the longest).
+    pub varlen: Option<PackedBatch>,
+    /// Elements between the lse of consecutive heads when not `seqlen_q` (one sequence of a
+    /// packed batch launched alone writes into the batch's `[heads_q, total_q]` lse).
+    pub lse_head_stride: Option<usize>,
+}
+
+/// Device side of a packed variable-length batch (attn_common.cuh `IS_VARLEN`).
+#[derive(Debug, Clone, Copy)]
+pub struct PackedBatch {
+    /// Device address of `cu_seqlens_q` (i32, batch + 1).
+    pub cu_seqlens_q: u64,
+    /// Device address of `cu_seqlens_k` (i32, batch + 1).
+    pub cu_seqlens_k: u64,
+    /// Packed query rows (lse is `[heads_q, total_q]`).
+    pub total_q: usize,
 }
 
 /// Kernel parameters of attn_mma.cu's `Params` (same field order and types).
@@ -128,9 +145,12 @@ pub(crate) struct FlashParams {
     pub window_right: i32,
     pub softcap_pre: f32,
     pub alibi_unit: f32,
-    pub pad: i32,
+    pub total_q: i32,
     pub alibi: u64,
     pub alibi_sb: i64,
+    pub cu_seqlens_q: u64,
+    pub cu_seqlens_k: u64,
+    pub lse_sh: i64,
 }
 // SAFETY: plain old data with C layout, mirrored field by field in the kernel.
 unsafe impl DeviceRepr for FlashParams {}
@@ -177,12 +197,15 @@ impl FlashParams {
                 2.0 * std::f32::consts::LOG2_E * p.softmax_scale / c
             }),
             alibi_unit: std::f32::consts::LOG2_E / scale_log2,
-            pad: 0,
+            total_q: l.varlen.map_or(0, |v| v.total_q as i32),
             alibi: l.alibi,
             alibi_sb: match &m.alibi {
                 Some(a) if a.per_batch => s.heads_q as i64,
                 _ => 0,
             },
+            cu_seqlens_q: l.varlen.map_or(0, |v| v.cu_seqlens_q),
+            cu_seqlens_k: l.varlen.map_or(0, |v| v.cu_seqlens_k),
+            lse_sh: l.lse_head_stride.unwrap_or(s.seqlen_q) as i64,
         }
     }
 }

@@ -178,10 +178,11 @@ impl MmaTile {
         s
     }
 
-    /// The tile for a problem with score modifiers (measured with ptxas): at most two blocks
-    /// per SM, since three (168 registers) spill with a window, softcap and ALiBi at d64; and
-    /// with ALiBi above d64, Bc 32 instead of 64 (Bc 64 spills 8 bytes at d128 causal).
-    pub fn for_score_mods(self, head_dim: usize, alibi: bool) -> Self {
+    /// The tile when the kernel carries score modifiers or a packed variable-length batch
+    /// (measured with ptxas): at most two blocks per SM, since three (168 registers) spill
+    /// with a window, softcap and ALiBi at d64 and with packed batches; and with ALiBi above
+    /// d64, Bc 32 instead of 64 (Bc 64 spills 8 bytes at d128 causal).
+    pub fn with_headroom(self, head_dim: usize, alibi: bool) -> Self {
         let bc = if alibi && head_dim > 64 {
             self.bc.min(32)
         } else {
@@ -254,7 +255,8 @@ impl fmt::Display for MmaTile {
 /// [`AttnError::TooLarge`] when the tile's shared memory exceeds the device's limit;
 /// [`AttnError::Compile`]/[`AttnError::Cuda`] with the kernel name and shape.
 pub fn launch(gpu: &Gpu, l: &Launch, tile: Option<MmaTile>) -> Result<LaunchInfo> {
-    launch_flash(gpu, l, mma_kernel(gpu, l.dtype, l.problem, tile))
+    let packed = l.varlen.is_some();
+    launch_flash(gpu, l, mma_kernel(gpu, l.dtype, l.problem, tile, packed))
 }
 
 /// attn_mma specialised for this problem: `tile`, or the arch's default.
@@ -263,18 +265,22 @@ pub(crate) fn mma_kernel(
     dtype: DType,
     p: &AttnProblem,
     tile: Option<MmaTile>,
+    packed: bool,
 ) -> FlashKernel {
     let d = p.shape.head_dim;
     let tile = tile.unwrap_or_else(|| {
         let t = MmaTile::default_for(gpu.info().compute_capability, d);
-        if p.scores.is_plain() {
+        if p.scores.is_plain() && !packed {
             t
         } else {
-            t.for_score_mods(d, p.scores.alibi.is_some())
+            t.with_headroom(d, p.scores.alibi.is_some())
         }
     });
     let mut defines = tile.defines(dtype, d, p.mask.is_causal());
     defines.extend(score_defines(p));
+    if packed {
+        defines.push(("IS_VARLEN".into(), "1".into()));
+    }
     FlashKernel {
         kernel: KernelKind::Mma,
         source: KernelSource::AttnMma,

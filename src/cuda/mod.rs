@@ -22,6 +22,7 @@ pub mod naive;
 pub mod pad;
 pub mod simt;
 pub mod tma;
+pub mod varlen;
 pub mod wgmma;
 
 pub use attention::{HostRun, forward_device, forward_host};
@@ -29,4 +30,4 @@ pub use launch::{GpuElement, KernelKind, LaunchInfo, score_defines};
 pub use mma::MmaTile;
 pub use wgmma::WgmmaTile;
 pub mod host;
-pub use host::{shared_gpu, try_host_forward};
+pub use host::{shared_gpu, try_host_forward, try_host_varlen};

@@ -1,0 +1,356 @@
+//! Packed variable-length batches on the GPU ([`crate::varlen`]'s semantics): one `attn_mma`
+//! launch over every sequence (attn_common.cuh `IS_VARLEN`), instead of one launch per
+//! sequence. The grid covers the longest sequence; each block reads its sequence's offsets and
+//! lengths from `cu_seqlens_q`/`cu_seqlens_k` and skips what lies past its end.
+//!
+//! `attn_wgmma` does not take packed batches yet: its TMA boxes would cross a sequence's end
+//! (the copy engine zero-fills only at the end of the whole tensor). Where it serves (sm_90),
+//! a call that asks for it runs each sequence as its own `attn_wgmma` launch instead, writing
+//! into the packed o and lse in place, for batches of up to [`PER_SEQUENCE_MAX`] sequences:
+//! measured on the H200 (run 38), 8 x 2k and a ragged mix of 64..8k ran 1.3-1.6x faster that
+//! way than as one packed `attn_mma` launch. Larger batches (where per-launch costs add up)
+//! and other GPUs take the packed `attn_mma` launch. The [`LaunchInfo`] says which ran.
+
+use super::attention::check_gpu_problem;
+use super::device::{Gpu, cuda_err};
+use super::launch::{GpuElement, KernelKind, Launch, LaunchInfo, PackedBatch};
+use crate::error::{AttnError, Result};
+use crate::shape::{AttnProblem, AttnShape, Strides};
+use crate::varlen::VarlenProblem;
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, sys};
+
+/// Largest batch that [`forward_device`] runs as one `attn_wgmma` launch per sequence.
+pub const PER_SEQUENCE_MAX: usize = 64;
+
+/// The dense problem a packed batch is launched as: batch = sequences, seqlen_q / seqlen_k =
+/// the longest (at least 1), rows `heads * head_dim` apart (the kernel offsets each sequence
+/// by its `cu_seqlens` and ignores the batch strides), and the batch's mask, scale and
+/// modifiers.
+///
+/// # Errors
+/// [`AttnError::UnsupportedHeadDim`] for a head_dim that is not a multiple of 8 (the packed
+/// kernel loads rows in 16-byte pieces; [`crate::varlen::forward`] then runs the sequences one
+/// by one through padded copies); the validation errors of the problem.
+pub fn envelope(p: &VarlenProblem) -> Result<AttnProblem> {
+    p.validate()?;
+    if !p.head_dim.is_multiple_of(8) {
+        return Err(AttnError::UnsupportedHeadDim {
+            head_dim: p.head_dim,
+            backend: "attn_mma (packed variable-length batches)".into(),
+            supported: "multiples of 8 (other head dims run sequence by sequence)".into(),
+        });
+    }
+    let shape = AttnShape {
+        batch: p.batch(),
+        seqlen_q: p.max_seqlen_q().max(1),
+        seqlen_k: p.max_seqlen_k().max(1),
+        heads_q: p.heads_q,
+        heads_kv: p.heads_kv,
+        head_dim: p.head_dim,
+    };
+    // Rows `heads * head_dim` apart. The kernel places each sequence by its offsets and
+    // ignores the batch strides; they are set as if every sequence had a slot of the longest
+    // length, so that the envelope passes the rule that o's positions never overlap.
+    let packed = |heads: usize, rows: usize| Strides {
+        batch: rows * heads * p.head_dim,
+        seq: heads * p.head_dim,
+        head: p.head_dim,
+    };
+    let sq = packed(p.heads_q, shape.seqlen_q);
+    let sk = packed(p.heads_kv, shape.seqlen_k);
+    AttnProblem::new(shape)?
+        .with_mask(p.mask)
+        .with_scale(p.softmax_scale)?
+        .with_scores(p.scores.clone())?
+        .with_strides(sq, sk, sk, sq)
+}
+
+/// Runs a packed batch on device buffers: `q` `[total_q, heads_q, head_dim]`, `k`/`v`
+/// `[total_k, heads_kv, head_dim]`, `o` like q, `lse` `[heads_q, total_q]` f32, all dense.
+/// Asynchronous on `gpu.stream()` (the offsets and slopes are copied to the device first).
+/// Rows of sequences that see no key get o = 0 and lse = -inf; sequences without queries write
+/// nothing.
+///
+/// # Errors
+/// Those of [`envelope`] and [`check_gpu_problem`]; [`AttnError::BufferTooShort`];
+/// [`AttnError::InvalidStrides`] for a base address not 16-byte aligned;
+/// [`AttnError::Compile`]/[`AttnError::Cuda`].
+#[allow(clippy::too_many_arguments)]
+pub fn forward_device<T, Q, K, V, O, L>(
+    gpu: &Gpu,
+    kernel: KernelKind,
+    p: &VarlenProblem,
+    q: &Q,
+    k: &K,
+    v: &V,
+    o: &mut O,
+    lse: &mut L,
+) -> Result<LaunchInfo>
+where
+    T: GpuElement,
+    Q: DevicePtr<T>,
+    K: DevicePtr<T>,
+    V: DevicePtr<T>,
+    O: DevicePtrMut<T>,
+    L: DevicePtrMut<f32>,
+{
+    let env = envelope(p)?;
+    check_gpu_problem(&env, KernelKind::Mma)?;
+    check_buffers(p, [q.len(), k.len(), v.len(), o.len(), lse.len()])?;
+    let total_q = p.total_q();
+    if total_q == 0 {
+        return Ok(nothing_launched());
+    }
+    let stream = gpu.stream();
+    let (qp, _gq) = q.device_ptr(stream);
+    let (kp, _gk) = k.device_ptr(stream);
+    let (vp, _gv) = v.device_ptr(stream);
+    let (op, _go) = o.device_ptr_mut(stream);
+    let (lp, _gl) = lse.device_ptr_mut(stream);
+    for (name, ptr) in [("q", qp), ("k", kp), ("v", vp), ("o", op)] {
+        if !ptr.is_multiple_of(16) {
+            return Err(AttnError::InvalidStrides {
+                tensor: name,
+                reason: format!(
+                    "device address {ptr:#x} is not 16-byte aligned; the kernels load 16-byte pieces: pass a buffer that starts on a 16-byte boundary"
+                ),
+            });
+        }
+    }
+    // Stream-ordered copies: they precede the launch, and the buffers' frees follow it.
+    let up = |x: &[i32], what: &str| -> Result<CudaSlice<i32>> {
+        stream
+            .clone_htod(x)
+            .map_err(cuda_err(format!("copying {what} to the device")))
+    };
+    let cu_q = up(&p.cu_seqlens_q, "cu_seqlens_q")?;
+    let cu_k = up(&p.cu_seqlens_k, "cu_seqlens_k")?;
+    let slopes = match &p.scores.alibi {
+        Some(a) => Some(
+            stream
+                .clone_htod(&a.slopes)
+                .map_err(cuda_err("copying the ALiBi slopes to the device"))?,
+        ),
+        None => None,
+    };
+    let (cq, _gcq) = cu_q.device_ptr(stream);
+    let (ck, _gck) = cu_k.device_ptr(stream);
+    let alibi = slopes.as_ref().map(|d| d.device_ptr(stream));
+    let alibi_ptr = alibi.as_ref().map_or(0, |(ptr, _)| *ptr);
+    if kernel == KernelKind::Wgmma
+        && p.batch() <= PER_SEQUENCE_MAX
+        && super::wgmma::unsupported(gpu.info(), &env).is_none()
+    {
+        let ptrs = [qp, kp, vp, op, lp, alibi_ptr];
+        return per_sequence(gpu, p, T::DTYPE, ptrs);
+    }
+    let launch = Launch {
+        problem: &env,
+        dtype: T::DTYPE,
+        q: qp,
+        k: kp,
+        v: vp,
+        o: op,
+        lse: lp,
+        alibi: alibi_ptr,
+        varlen: Some(PackedBatch {
+            cu_seqlens_q: cq,
+            cu_seqlens_k: ck,
+            total_q,
+        }),
+        lse_head_stride: None,
+    };
+    let mut info = super::mma::launch(gpu, &launch, None)?;
+    info.why = match kernel {
+        KernelKind::Mma => "asked for (packed variable-length batch)".into(),
+        other => format!(
+            "{other} does not take packed variable-length batches (TMA boxes would cross sequence ends): attn_mma ran"
+        ),
+    };
+    Ok(info)
+}
+
+/// One `attn_wgmma` launch per sequence (see the module docs), each on its slice of the
+/// packed q, k, v and o, and its lse written in place (heads `total_q` apart); rows of a
+/// sequence without keys are set here (o = 0, lse = -inf). `ptrs`: q, k, v, o, lse and the
+/// ALiBi slopes (0 without), validated by the caller.
+fn per_sequence(
+    gpu: &Gpu,
+    p: &VarlenProblem,
+    dtype: crate::DType,
+    [qp, kp, vp, op, lp, alibi]: [u64; 6],
+) -> Result<LaunchInfo> {
+    let stream = gpu.stream();
+    let (row_q, row_k) = (
+        (p.heads_q * p.head_dim) as u64 * 2,
+        (p.heads_kv * p.head_dim) as u64 * 2,
+    );
+    let total_q = p.total_q();
+    let mut last = None;
+    for b in 0..p.batch() {
+        let (q0, q1) = (p.cu_seqlens_q[b] as u64, p.cu_seqlens_q[b + 1] as u64);
+        let k0 = p.cu_seqlens_k[b] as u64;
+        let Some((sp, _, _)) = p.sequence(b)? else {
+            // No keys (or no queries): o = 0 and lse = -inf on its rows.
+            let sq = (q1 - q0) as usize;
+            if sq > 0 {
+                // SAFETY: the rows lie inside o and lse (checked by the caller), on this
+                // stream, ordered with the launches.
+                unsafe {
+                    sys::cuMemsetD16Async(
+                        op + q0 * row_q,
+                        0,
+                        sq * p.heads_q * p.head_dim,
+                        stream.cu_stream(),
+                    )
+                    .result()
+                    .map_err(cuda_err("zeroing o of a sequence without keys"))?;
+                    for h in 0..p.heads_q as u64 {
+                        sys::cuMemsetD32Async(
+                            lp + (h * total_q as u64 + q0) * 4,
+                            f32::NEG_INFINITY.to_bits(),
+                            sq,
+                            stream.cu_stream(),
+                        )
+                        .result()
+                        .map_err(cuda_err("setting lse of a sequence without keys"))?;
+                    }
+                }
+            }
+            continue;
+        };
+        let slopes = match &p.scores.alibi {
+            Some(a) if a.per_batch => alibi + (b * p.heads_q * 4) as u64,
+            _ => alibi,
+        };
+        let launch = Launch {
+            problem: &sp,
+            dtype,
+            q: qp + q0 * row_q,
+            k: kp + k0 * row_k,
+            v: vp + k0 * row_k,
+            o: op + q0 * row_q,
+            lse: lp + q0 * 4,
+            alibi: slopes,
+            varlen: None,
+            lse_head_stride: Some(total_q),
+        };
+        last = Some(super::wgmma::launch(gpu, &launch)?);
+    }
+    let mut info = last.unwrap_or_else(nothing_launched);
+    info.why = format!(
+        "{} sequences, one attn_{} launch each (wgmma does not take packed batches yet; at most {PER_SEQUENCE_MAX} sequences run this way)",
+        p.batch(),
+        info.kernel
+    );
+    Ok(info)
+}
+
+/// Checks the buffer lengths (q, k, v, o, lse) against the packed sizes, and the row counts
+/// against the kernel's 32-bit offsets.
+fn check_buffers(p: &VarlenProblem, lens: [usize; 5]) -> Result<()> {
+    let (total_q, total_k) = (p.total_q(), p.total_k());
+    if total_q > i32::MAX as usize || total_k > i32::MAX as usize {
+        return Err(AttnError::TooLarge {
+            kernel: "attn_mma",
+            reason: "more than 2^31-1 packed rows: split the batch".into(),
+        });
+    }
+    let (nq, nk) = (
+        total_q * p.heads_q * p.head_dim,
+        total_k * p.heads_kv * p.head_dim,
+    );
+    let required = [nq, nk, nk, nq, p.heads_q * total_q];
+    for ((tensor, len), required) in ["q", "k", "v", "o", "lse"]
+        .into_iter()
+        .zip(lens)
+        .zip(required)
+    {
+        if len < required {
+            return Err(AttnError::BufferTooShort {
+                tensor,
+                len,
+                required,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What a call with no query rows reports: nothing to compute or write.
+fn nothing_launched() -> LaunchInfo {
+    LaunchInfo {
+        kernel: KernelKind::Mma,
+        why: "no query rows: nothing launched".into(),
+        config: None,
+        registers: 0,
+        spill_bytes: 0,
+        smem_bytes: 0,
+    }
+}
+
+/// Host-memory convenience of [`forward_device`]: copies in, runs, copies `o` (packed) and
+/// `lse` (`[heads_q, total_q]`) back.
+///
+/// # Errors
+/// As [`forward_device`], plus allocation and copy failures as [`AttnError::Cuda`].
+pub fn forward_host<T: GpuElement>(
+    gpu: &Gpu,
+    kernel: KernelKind,
+    p: &VarlenProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+) -> Result<(Vec<T>, Vec<f32>, LaunchInfo)> {
+    let env = envelope(p)?;
+    check_gpu_problem(&env, KernelKind::Mma)?;
+    let (nq, nl) = (
+        p.total_q() * p.heads_q * p.head_dim,
+        p.heads_q * p.total_q(),
+    );
+    check_buffers(p, [q.len(), k.len(), v.len(), nq, nl])?;
+    if p.total_q() == 0 {
+        return Ok((Vec::new(), Vec::new(), nothing_launched()));
+    }
+    let stream = gpu.stream();
+    let up = |x: &[T], what: &str| {
+        stream
+            .clone_htod(x)
+            .map_err(cuda_err(format!("copying {what} to the device")))
+    };
+    let (dq, dk, dv) = (up(q, "q")?, up(k, "k")?, up(v, "v")?);
+    let mut d_o: CudaSlice<T> = stream
+        .alloc_zeros(p.total_q() * p.heads_q * p.head_dim)
+        .map_err(cuda_err("allocating o"))?;
+    let mut d_lse: CudaSlice<f32> = stream
+        .alloc_zeros(p.heads_q * p.total_q())
+        .map_err(cuda_err("allocating lse"))?;
+    let info = forward_device(gpu, kernel, p, &dq, &dk, &dv, &mut d_o, &mut d_lse)?;
+    let o = stream
+        .clone_dtoh(&d_o)
+        .map_err(cuda_err("varlen launch: copying o back"))?;
+    let lse = stream
+        .clone_dtoh(&d_lse)
+        .map_err(cuda_err("varlen launch: copying lse back"))?;
+    Ok((o, lse, info))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_check_batch_has_a_valid_envelope() {
+        for c in crate::check::varlen::cases() {
+            let env = envelope(&c.problem).unwrap();
+            check_gpu_problem(&env, KernelKind::Mma).unwrap();
+            assert_eq!(env.shape.batch, c.problem.batch());
+            assert_eq!(env.shape.seqlen_q, c.problem.max_seqlen_q().max(1));
+        }
+        let odd = VarlenProblem::new(vec![0, 3], vec![0, 3], 1, 1, 36).unwrap();
+        assert!(matches!(
+            envelope(&odd),
+            Err(AttnError::UnsupportedHeadDim { .. })
+        ));
+    }
+}
