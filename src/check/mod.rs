@@ -12,6 +12,7 @@ pub mod bad_input;
 pub mod cases;
 pub mod field;
 pub mod inputs;
+pub mod varlen;
 
 pub use cases::{Case, Inputs, Tensor, cases};
 
@@ -24,9 +25,9 @@ use half::{bf16, f16};
 use serde::Serialize;
 
 /// Elements past the end of `o` and `lse` that must stay poisoned.
-const GUARD: usize = 256;
+pub(crate) const GUARD: usize = 256;
 /// NaN in both f16 and bf16 (all exponent and mantissa bits set).
-const POISON16: u16 = 0xFFFF;
+pub(crate) const POISON16: u16 = 0xFFFF;
 
 /// The outcome of one (case, kernel).
 #[derive(Debug, Clone, Serialize)]
@@ -100,20 +101,25 @@ pub fn run(gpu: &Gpu, opts: &CheckOptions, mut print: impl FnMut(&str)) -> Resul
             DType::F32 => continue,
         };
         for x in r {
-            print(&format!(
-                "[{}] {:6} {:<48} o rel-L2 {:.2e} max-abs {:.2e} | lse max-abs {:.2e}{}",
-                if x.passed { "PASS" } else { "FAIL" },
-                x.kernel,
-                x.label,
-                x.o_rel_l2,
-                x.o_max_abs,
-                x.lse_max_abs,
-                if x.message.is_empty() {
-                    String::new()
-                } else {
-                    format!(" | {}", x.message)
-                }
-            ));
+            print(&result_line(&x));
+            results.push(x);
+        }
+    }
+    // Packed variable-length batches: one launch over every sequence.
+    let packed: Vec<varlen::VarlenCase> = varlen::cases()
+        .into_iter()
+        .filter(|c| {
+            opts.filter
+                .as_ref()
+                .is_none_or(|f| c.label.contains(f.as_str()))
+        })
+        .collect();
+    for (i, case) in packed.iter().enumerate() {
+        let seed = opts
+            .seed
+            .wrapping_add((selected.len() + i) as u64 * 0x9E37_79B9);
+        for x in varlen::run_case(gpu, case, &opts.kernels, seed)? {
+            print(&result_line(&x));
             results.push(x);
         }
     }
@@ -255,7 +261,25 @@ fn run_case<T: GpuElement>(
     Ok(out)
 }
 
-fn to_bits<T: GpuElement>(x: T) -> u16 {
+/// One printed line of a result.
+fn result_line(x: &CaseResult) -> String {
+    format!(
+        "[{}] {:6} {:<48} o rel-L2 {:.2e} max-abs {:.2e} | lse max-abs {:.2e}{}",
+        if x.passed { "PASS" } else { "FAIL" },
+        x.kernel,
+        x.label,
+        x.o_rel_l2,
+        x.o_max_abs,
+        x.lse_max_abs,
+        if x.message.is_empty() {
+            String::new()
+        } else {
+            format!(" | {}", x.message)
+        }
+    )
+}
+
+pub(crate) fn to_bits<T: GpuElement>(x: T) -> u16 {
     // SAFETY: T is f16 or bf16, both 16-bit plain data.
     unsafe { std::mem::transmute_copy::<T, u16>(&x) }
 }
