@@ -254,10 +254,9 @@ fn time_line<T: GpuElement>(
     inputs: &mut Inputs<T>,
     sets: usize,
     iters: usize,
-    (warmup, warmup_ms): (usize, u64),
+    warmup: (usize, u64),
 ) -> Result<LineResult> {
     let stream = gpu.stream();
-    let ctx = gpu.context();
     let what = format!(
         "{} on {}",
         line.name,
@@ -267,17 +266,62 @@ fn time_line<T: GpuElement>(
         sets: bufs, o, lse, ..
     } = inputs;
     let n = sets.clamp(1, bufs.len());
-    let mut launch = |i: usize| {
+    let timed = time_launches(gpu, &what, iters, warmup, |i| {
         let [q, k, v] = &bufs[i % n];
         forward_device(gpu, line.kernel, line.tile, p, q, k, v, o, lse)
-    };
+    })?;
+    let (times, info, (free0, free1, free2)) = (timed.times, timed.info, timed.free);
+    let timing = stats::summarize(&times, p.flops()).ok_or_else(|| AttnError::Cuda {
+        context: what.clone(),
+        message: "no valid event times".into(),
+    })?;
+    let host = stream
+        .clone_dtoh(&lse.slice(0..p.shape.lse_len()))
+        .map_err(cuda_err(format!("{what}: copying lse back")))?;
+    let mut r = LineResult::timed(&line.name, Source::Ours, timing);
+    r.tile = info.config.clone();
+    if info.kernel != line.kernel {
+        r.ran = Some(format!("{} ({})", info.kernel, info.why));
+    }
+    r.registers = Some(info.registers);
+    r.spill_bytes = Some(info.spill_bytes);
+    r.smem_bytes = Some(info.smem_bytes);
+    r.extra_mem_bytes = Some((free0 - free1.min(free2)).max(0));
+    r.extra_mem_method = Some(EXTRA_MEM_METHOD.into());
+    r.output_finite = Some(host.iter().all(|x| x.is_finite()));
+    Ok(r)
+}
+
+/// What [`time_launches`] measured.
+pub(crate) struct Timed {
+    /// Milliseconds of each timed launch (CUDA events).
+    pub times: Vec<f64>,
+    /// What the memory launch reported.
+    pub info: crate::cuda::LaunchInfo,
+    /// Free device memory before, right after and after the memory launch (bytes).
+    pub free: (i64, i64, i64),
+}
+
+/// The timing method of every line: `warmup` untimed launches, then launches until
+/// `warmup_ms` have passed (steady clocks; peers.py does the same), one launch with the free
+/// memory read around it, then `iters` launches each between two CUDA events (one untimed
+/// launch in flight first, so that the GPU is busy while the first timed one is queued).
+/// `launch(i)` runs call `i` (rotating input sets is the caller's business).
+pub(crate) fn time_launches(
+    gpu: &Gpu,
+    what: &str,
+    iters: usize,
+    (warmup, warmup_ms): (usize, u64),
+    mut launch: impl FnMut(usize) -> Result<crate::cuda::LaunchInfo>,
+) -> Result<Timed> {
+    let stream = gpu.stream();
+    let ctx = gpu.context();
     for i in 0..warmup.max(1) {
         launch(i)?;
     }
     stream
         .synchronize()
         .map_err(cuda_err(format!("{what}: warm-up")))?;
-    // Steady clocks: keep the GPU busy for warmup_ms before timing (peers.py does the same).
     let t0 = std::time::Instant::now();
     while t0.elapsed() < std::time::Duration::from_millis(warmup_ms) {
         for i in 0..8 {
@@ -307,7 +351,6 @@ fn time_line<T: GpuElement>(
             ctx.new_event(flag).map_err(cuda_err("creating an event"))?,
         ));
     }
-    // One untimed launch in flight, so the GPU is busy while the first timed one is queued.
     launch(1)?;
     for (i, (start, end)) in events.iter().enumerate() {
         start
@@ -327,23 +370,9 @@ fn time_line<T: GpuElement>(
                 .map_err(cuda_err("reading event times"))? as f64,
         );
     }
-    let timing = stats::summarize(&times, p.flops()).ok_or_else(|| AttnError::Cuda {
-        context: what.clone(),
-        message: "no valid event times".into(),
-    })?;
-    let host = stream
-        .clone_dtoh(&lse.slice(0..p.shape.lse_len()))
-        .map_err(cuda_err(format!("{what}: copying lse back")))?;
-    let mut r = LineResult::timed(&line.name, Source::Ours, timing);
-    r.tile = info.config.clone();
-    if info.kernel != line.kernel {
-        r.ran = Some(format!("{} ({})", info.kernel, info.why));
-    }
-    r.registers = Some(info.registers);
-    r.spill_bytes = Some(info.spill_bytes);
-    r.smem_bytes = Some(info.smem_bytes);
-    r.extra_mem_bytes = Some((free0 - free1.min(free2)).max(0));
-    r.extra_mem_method = Some(EXTRA_MEM_METHOD.into());
-    r.output_finite = Some(host.iter().all(|x| x.is_finite()));
-    Ok(r)
+    Ok(Timed {
+        times,
+        info,
+        free: (free0, free1, free2),
+    })
 }

@@ -8,7 +8,7 @@
 //! - [`peers`]: runs `bench/peers.py` and merges its JSON.
 //! - [`report`]: the record written as bench.json; [`table`]: the text table;
 //!   [`plot`]: SVG and PNG figures (built-in font: no system fonts needed).
-//! - [`mod@run`]: the whole command ([`run()`]).
+//! - [`mod@run`]: the whole command ([`run()`]); [`varlen`]: `--varlen`, packed batches.
 
 pub mod gpu;
 pub mod options;
@@ -19,6 +19,7 @@ pub mod run;
 pub mod stats;
 pub mod sweep;
 pub mod table;
+pub mod varlen;
 
 pub use options::{BenchOptions, CausalChoice, DTypeChoice, PlotOptions};
 pub use report::{BenchReport, CaseReport, LineResult, Source};

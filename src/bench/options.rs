@@ -99,6 +99,13 @@ pub struct BenchOptions {
     /// ALiBi with the standard geometric slopes on every case; no peers.
     #[arg(long)]
     pub alibi: bool,
+    /// Packed variable-length batch instead of the sweep: `NxL` (e.g. 8x2k), `ragged`
+    /// (16384 tokens in sequences of 64 to 8192) or lengths like `2k,512,77`; timed as the
+    /// library runs it, as one packed mma launch, through the dense API one sequence at a time
+    /// (mma, wgmma) and, for a uniform mix, as one dense batch; for each --head-dim, mask and
+    /// dtype. Writes bench-varlen.json and .txt.
+    #[arg(long, value_name = "MIX")]
+    pub varlen: Option<String>,
 }
 
 /// `flashattn bench-plot`: redraw the plots from a bench.json.
