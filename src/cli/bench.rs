@@ -10,6 +10,11 @@ use std::path::Path;
 /// # Errors
 /// Bad options only; failing cases, peers and plots are reported, not returned.
 pub fn run(opts: &BenchOptions) -> Result<i32> {
+    if let Some(spec) = &opts.varlen {
+        let mix = bench::varlen::parse_mix(spec)?;
+        print!("{}", bench::varlen::run(opts, &mix)?);
+        return Ok(0);
+    }
     let out = bench::run(opts)?;
     for n in &out.notes {
         eprintln!("note: {n}");
