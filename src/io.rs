@@ -248,6 +248,45 @@ impl SafeFile {
         Ok((data, info.shape.clone()))
     }
 
+    /// Reads an i32 tensor (offsets such as `P.cu_seqlens_q`), with its shape.
+    ///
+    /// # Errors
+    /// [`AttnError::SafeTensors`] when missing or inconsistent; [`AttnError::DTypeMismatch`]
+    /// when it is not stored as I32.
+    pub fn read_i32(&self, name: &str) -> Result<(Vec<i32>, Vec<usize>)> {
+        let info = self.tensor_info(name)?;
+        if info.dtype != Dtype::I32 {
+            return Err(AttnError::DTypeMismatch {
+                what: format!(
+                    "{}: tensor '{name}' is {:?}; offsets must be stored as I32",
+                    self.path, info.dtype
+                ),
+            });
+        }
+        let (start, end) = info.data_offsets;
+        let base = 8 + self.header_len;
+        let bytes = self
+            .bytes
+            .get(base + start..base + end)
+            .ok_or_else(|| st_err(&self.path, format!("tensor '{name}' lies outside the file")))?;
+        let n = info.shape.iter().try_fold(1usize, |a, &x| a.checked_mul(x));
+        if n.and_then(|n| n.checked_mul(4)) != Some(bytes.len()) {
+            return Err(st_err(
+                &self.path,
+                format!(
+                    "tensor '{name}': shape {:?} does not match its {} bytes",
+                    info.shape,
+                    bytes.len()
+                ),
+            ));
+        }
+        let data = bytes
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Ok((data, info.shape.clone()))
+    }
+
     /// Like [`Self::read`] but the stored type must be `T` (no conversion).
     ///
     /// # Errors

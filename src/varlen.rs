@@ -44,13 +44,15 @@ pub struct VarlenProblem {
 }
 
 /// The result of a varlen call: `o` packed `[total_q, heads_q, head_dim]`, `lse`
-/// `[heads_q, total_q]`.
+/// `[heads_q, total_q]`, and where it ran.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VarlenOutput<T> {
     /// Output, packed like q.
     pub o: Vec<T>,
     /// Log-sum-exp per (head, packed query).
     pub lse: Vec<f32>,
+    /// The backend and kernel that ran, and why (empty where not recorded).
+    pub ran: String,
 }
 
 impl VarlenProblem {
@@ -319,19 +321,26 @@ pub fn forward<T: Element>(
 ) -> Result<VarlenOutput<T>> {
     p.validate()?;
     p.check_lengths(q.len(), k.len(), v.len())?;
+    let mut why = "asked for".to_string();
     if choice != BackendChoice::Cpu {
         match crate::cuda::try_host_varlen(p, q, k, v) {
-            Ok((o, lse, _, _)) => return Ok(VarlenOutput { o, lse }),
+            Ok((o, lse, backend, why)) => {
+                return Ok(VarlenOutput {
+                    o,
+                    lse,
+                    ran: format!("{backend}: {why}"),
+                });
+            }
             // What the packed kernel cannot take goes sequence by sequence below (padded
             // head dims on the GPU; Auto's CPU fallback; Cuda's own error without a GPU).
             Err(
-                AttnError::BackendUnavailable { .. }
+                e @ (AttnError::BackendUnavailable { .. }
                 | AttnError::DTypeMismatch { .. }
                 | AttnError::UnsupportedHeadDim { .. }
                 | AttnError::UnsupportedFeature { .. }
                 | AttnError::InvalidStrides { .. }
-                | AttnError::TooLarge { .. },
-            ) => {}
+                | AttnError::TooLarge { .. }),
+            ) => why = format!("the packed GPU path cannot run this: {e}"),
             Err(e) => return Err(e),
         }
     }
@@ -339,6 +348,7 @@ pub fn forward<T: Element>(
     let mut out = VarlenOutput {
         o: vec![T::from_f32(0.0); total * row],
         lse: vec![f32::NEG_INFINITY; hq * total],
+        ran: format!("sequence by sequence, backend choice {choice:?} ({why})"),
     };
     per_sequence(
         p,

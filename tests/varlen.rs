@@ -217,3 +217,136 @@ fn each_sequence_is_its_own_problem() {
         (q0, k0) = (q0 + sq, k0 + sk);
     }
 }
+
+/// Writes a packed safetensors file: `cu_seqlens_q`/`_k` (I32), q/k/v (F16) and optionally
+/// slopes, under prefix `layer0`.
+fn packed_file(path: &std::path::Path, lq: &[i32], lk: &[i32], hq: usize, hkv: usize, d: usize) {
+    use safetensors::tensor::{Dtype, TensorView};
+    let (cq, ck) = (cu(lq), cu(lk));
+    let (tq, tk) = (*cq.last().unwrap() as usize, *ck.last().unwrap() as usize);
+    let half_bytes = |n: usize, seed: u64| -> Vec<u8> {
+        random_vec::<f16>(n, seed)
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect()
+    };
+    let i32_bytes = |x: &[i32]| -> Vec<u8> { x.iter().flat_map(|v| v.to_le_bytes()).collect() };
+    let data = [
+        (
+            "layer0.cu_seqlens_q",
+            Dtype::I32,
+            vec![cq.len()],
+            i32_bytes(&cq),
+        ),
+        (
+            "layer0.cu_seqlens_k",
+            Dtype::I32,
+            vec![ck.len()],
+            i32_bytes(&ck),
+        ),
+        (
+            "layer0.q",
+            Dtype::F16,
+            vec![tq, hq, d],
+            half_bytes(tq * hq * d, 1),
+        ),
+        (
+            "layer0.k",
+            Dtype::F16,
+            vec![tk, hkv, d],
+            half_bytes(tk * hkv * d, 2),
+        ),
+        (
+            "layer0.v",
+            Dtype::F16,
+            vec![tk, hkv, d],
+            half_bytes(tk * hkv * d, 3),
+        ),
+    ];
+    let views: Vec<(String, TensorView)> = data
+        .iter()
+        .map(|(n, t, s, b)| (n.to_string(), TensorView::new(*t, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, path).unwrap();
+}
+
+fn flashattn(args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flashattn"))
+        .args(args)
+        .output()
+        .unwrap();
+    let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+    (out.status.success(), text(out.stdout), text(out.stderr))
+}
+
+#[test]
+fn cli_run_reads_packed_files() {
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!(
+        "flashattn-packed-{}.safetensors",
+        std::process::id()
+    ));
+    packed_file(&path, &[5, 0, 17, 1], &[7, 3, 0, 40], 4, 2, 16);
+    let file = path.to_str().unwrap();
+    for extra in [
+        &[][..],
+        &["--causal"],
+        &["--causal", "--window", "8,0", "--softcap", "30", "--alibi"],
+    ] {
+        let mut args = vec!["run", "--backend", "cpu", "--input", file];
+        args.extend_from_slice(extra);
+        let (ok, stdout, stderr) = flashattn(&args);
+        assert!(
+            ok && stdout.contains("varlen batch 4 total_q 23 total_k 50")
+                && stdout.contains("vs f64 oracle")
+                && stdout.contains(" ok"),
+            "{extra:?}: {stdout}{stderr}"
+        );
+    }
+    let (ok, _, stderr) = flashattn(&["run", "--input", file, "--out", "/tmp/x.safetensors"]);
+    assert!(
+        !ok && stderr.contains("packed") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    // Offsets that do not end at the packed row count are refused with both numbers.
+    packed_file(&path, &[5, 0, 17, 1], &[7, 3, 0, 40], 4, 2, 16);
+    let bad = dir.join(format!(
+        "flashattn-packed-bad-{}.safetensors",
+        std::process::id()
+    ));
+    {
+        use safetensors::tensor::{Dtype, TensorView};
+        let cq: Vec<u8> = [0i32, 5, 9].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let q: Vec<u8> = vec![0u8; 10 * 2 * 8 * 2];
+        let views = vec![
+            (
+                "cu_seqlens_q".to_string(),
+                TensorView::new(Dtype::I32, vec![3], &cq).unwrap(),
+            ),
+            (
+                "cu_seqlens_k".to_string(),
+                TensorView::new(Dtype::I32, vec![3], &cq).unwrap(),
+            ),
+            (
+                "q".to_string(),
+                TensorView::new(Dtype::F16, vec![10, 2, 8], &q).unwrap(),
+            ),
+            (
+                "k".to_string(),
+                TensorView::new(Dtype::F16, vec![10, 2, 8], &q).unwrap(),
+            ),
+            (
+                "v".to_string(),
+                TensorView::new(Dtype::F16, vec![10, 2, 8], &q).unwrap(),
+            ),
+        ];
+        safetensors::serialize_to_file(views, None, &bad).unwrap();
+    }
+    let (ok, _, stderr) = flashattn(&["run", "--backend", "cpu", "--input", bad.to_str().unwrap()]);
+    assert!(
+        !ok && stderr.contains("ends at 9") && stderr.contains("10 rows"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&bad);
+}

@@ -259,6 +259,7 @@ fn run_typed<T: GpuElement>(
         let got = VarlenOutput {
             o: o[..nq].to_vec(),
             lse: lse[..n_lse].to_vec(),
+            ran: String::new(),
         };
         let (od, ld) = varlen::diff_reference(p, &got, &exact);
         result.o_rel_l2 = od.rel_l2;

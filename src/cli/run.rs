@@ -37,8 +37,10 @@ pub enum DTypeArg {
 /// Arguments of `flashattn run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// safetensors file with q, k, v (`P.q`, `P.k`, `P.v`, bshd); default: the MiniLM sample
-    /// data/minilm-L6-s77.safetensors of the repository.
+    /// safetensors file with q, k, v (`P.q`, `P.k`, `P.v`, bshd; or packed variable-length
+    /// layers: `P.cu_seqlens_q`, `P.cu_seqlens_k` i32 `[batch + 1]`, q `[total_q, heads_q,
+    /// head_dim]`, k/v `[total_k, heads_kv, head_dim]`, judged by the f64 oracle); default: the
+    /// MiniLM sample data/minilm-L6-s77.safetensors of the repository.
     #[arg(long, value_name = "FILE")]
     pub input: Option<PathBuf>,
     /// Run only this layer prefix (e.g. `layer3`); default: every layer in the file.
@@ -243,7 +245,116 @@ impl Ctx<'_> {
         })
     }
 
+    /// A packed variable-length layer (`P.cu_seqlens_q`, `P.cu_seqlens_k` i32 `[batch + 1]`,
+    /// q `[total_q, heads_q, head_dim]`, k/v `[total_k, heads_kv, head_dim]`), judged by the
+    /// f64 oracle.
+    fn packed_layer<T: Element>(&mut self, prefix: &str) -> Result<()> {
+        let name = |n: &str| flashattn::io::tensor_name(prefix, n);
+        if self.a.out.is_some() {
+            return Err(AttnError::InvalidInput {
+                what: format!(
+                    "--out with a packed (variable-length) layer '{prefix}': the output file holds bshd layers; run without --out"
+                ),
+            });
+        }
+        let (cu_q, _) = self.file.read_i32(&name("cu_seqlens_q"))?;
+        let cu_k_name = name("cu_seqlens_k");
+        if !self.file.has(&cu_k_name) {
+            return Err(AttnError::SafeTensors {
+                what: format!(
+                    "{}: {} is there but {cu_k_name} is not: a packed layer needs both offsets",
+                    self.file.path(),
+                    name("cu_seqlens_q")
+                ),
+            });
+        }
+        let (cu_k, _) = self.file.read_i32(&cu_k_name)?;
+        let (q, qs) = self.file.read::<T>(&name("q"))?;
+        let (k, ks) = self.file.read::<T>(&name("k"))?;
+        let (v, vs) = self.file.read::<T>(&name("v"))?;
+        let file_dtype = self.file.info(&name("q"))?.0;
+        let rows = |cu: &[i32]| cu.last().map_or(0, |&x| x.max(0) as usize);
+        if qs.len() != 3 || ks.len() != 3 || ks != vs || qs[2] != ks[2] {
+            return Err(AttnError::ShapeMismatch {
+                what: format!(
+                    "packed layer '{prefix}': q {qs:?}, k {ks:?}, v {vs:?}; expected q [total_q, heads_q, head_dim] and k, v [total_k, heads_kv, head_dim]"
+                ),
+            });
+        }
+        if rows(&cu_q) != qs[0] || rows(&cu_k) != ks[0] {
+            return Err(AttnError::ShapeMismatch {
+                what: format!(
+                    "packed layer '{prefix}': cu_seqlens_q ends at {} and cu_seqlens_k at {}, but q has {} rows and k {}; the offsets must end at the packed row counts",
+                    rows(&cu_q),
+                    rows(&cu_k),
+                    qs[0],
+                    ks[0]
+                ),
+            });
+        }
+        let (hq, hkv, d) = (qs[1], ks[1], qs[2]);
+        let mut p =
+            flashattn::varlen::VarlenProblem::new(cu_q, cu_k, hq, hkv, d)?.with_mask(self.mask);
+        let scale = match self.a.scale {
+            Some(s) => Some(s),
+            None => self.file.scale()?,
+        };
+        if let Some(scale) = scale {
+            p = p.with_scale(scale)?;
+        }
+        // The modifiers' shape rules need only the batch and the heads.
+        let envelope = flashattn::AttnShape {
+            batch: p.batch(),
+            seqlen_q: 1,
+            seqlen_k: 1,
+            heads_q: hq,
+            heads_kv: hkv,
+            head_dim: d,
+        };
+        p = p.with_scores(self.score_mods(prefix, &envelope)?)?;
+        let mut best = None;
+        for _ in 0..self.a.repeat {
+            let t0 = std::time::Instant::now();
+            let out = flashattn::varlen::forward(self.choice, &p, &q, &k, &v)?;
+            let secs = t0.elapsed().as_secs_f64();
+            if best.as_ref().is_none_or(|(s, _)| secs < *s) {
+                best = Some((secs, out));
+            }
+        }
+        let (secs, out) = best.ok_or_else(|| AttnError::InvalidInput {
+            what: "--repeat 0".into(),
+        })?;
+        if self.first {
+            println!("backend: {}", out.ran);
+            println!(
+                "dtype: {} (file: {file_dtype}), softmax_scale {}",
+                T::DTYPE,
+                p.softmax_scale
+            );
+            self.first = false;
+        }
+        let label = if prefix.is_empty() { "(top)" } else { prefix };
+        println!(
+            "{label}: varlen batch {} total_q {} total_k {} hq={hq} hkv={hkv} d={d}  {:.3} ms (wall, with copies)",
+            p.batch(),
+            p.total_q(),
+            p.total_k(),
+            secs * 1e3
+        );
+        let exact = flashattn::varlen::reference(&p, &q, &k, &v)?;
+        let (od, ld) = flashattn::varlen::diff_reference(&p, &out, &exact);
+        let tol = Tolerance::for_dtype(T::DTYPE);
+        self.verdict(label, "f64 oracle", tol.check(label, &od, &ld), &od, &ld);
+        Ok(())
+    }
+
     fn layer<T: Element>(&mut self, prefix: &str) -> Result<()> {
+        if self
+            .file
+            .has(&flashattn::io::tensor_name(prefix, "cu_seqlens_q"))
+        {
+            return self.packed_layer::<T>(prefix);
+        }
         let qkv = self.file.qkv::<T>(prefix)?;
         let s = qkv.shape;
         let mut p = AttnProblem::new(s)?.with_mask(self.mask);
