@@ -65,13 +65,16 @@ impl Alibi {
     /// The standard geometric slopes of Press et al. (2022) for `heads` heads: `2^(-8 k / n)`
     /// for `k = 1..=n` when `n = heads` is a power of two; otherwise those of the power of two
     /// below, then every other slope of the next power of two (the reference implementation).
+    /// No heads, no slopes.
     pub fn geometric(heads: usize) -> Self {
         fn pow2(n: usize) -> Vec<f32> {
             (1..=n)
                 .map(|k| 2f64.powf(-8.0 * k as f64 / n as f64) as f32)
                 .collect()
         }
-        let slopes = if heads.is_power_of_two() {
+        let slopes = if heads == 0 {
+            Vec::new()
+        } else if heads.is_power_of_two() {
             pow2(heads)
         } else {
             let low = 1usize << (usize::BITS - 1 - heads.leading_zeros());

@@ -347,6 +347,86 @@ fn cli_run_reads_packed_files() {
         !ok && stderr.contains("ends at 9") && stderr.contains("10 rows"),
         "{stderr}"
     );
+    // Offsets broken in other ways, mixed element types, one offset tensor missing: each
+    // named (new-user trial findings).
+    use safetensors::tensor::Dtype::{F16, F32, I32};
+    type Tensors = Vec<(
+        &'static str,
+        safetensors::tensor::Dtype,
+        Vec<usize>,
+        Vec<u8>,
+    )>;
+    let write = |tensors: &Tensors| {
+        let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+            .iter()
+            .map(|(n, t, sh, b)| {
+                let v = safetensors::tensor::TensorView::new(*t, sh.clone(), b).unwrap();
+                (n.to_string(), v)
+            })
+            .collect();
+        safetensors::serialize_to_file(views, None, &bad).unwrap();
+    };
+    let offs = |x: &[i32]| -> Vec<u8> { x.iter().flat_map(|v| v.to_le_bytes()).collect() };
+    let (q16, q32) = (vec![0u8; 10 * 2 * 8 * 2], vec![0u8; 10 * 2 * 8 * 4]);
+    let qkv = |q: (safetensors::tensor::Dtype, Vec<u8>)| -> Tensors {
+        vec![
+            ("q", q.0, vec![10, 2, 8], q.1),
+            ("k", F16, vec![10, 2, 8], q16.clone()),
+            ("v", F16, vec![10, 2, 8], q16.clone()),
+        ]
+    };
+    let with = |mut t: Tensors, extra: Tensors| {
+        t.extend(extra);
+        t
+    };
+    let cases: Vec<(Tensors, &str)> = vec![
+        (
+            with(
+                qkv((F16, q16.clone())),
+                vec![
+                    ("cu_seqlens_q", I32, vec![3], offs(&[0, 5, 3])),
+                    ("cu_seqlens_k", I32, vec![3], offs(&[0, 5, 10])),
+                ],
+            ),
+            "decreases at entry 2",
+        ),
+        (
+            with(
+                qkv((F32, q32)),
+                vec![
+                    ("cu_seqlens_q", I32, vec![3], offs(&[0, 5, 10])),
+                    ("cu_seqlens_k", I32, vec![3], offs(&[0, 5, 10])),
+                ],
+            ),
+            "one element type",
+        ),
+        (
+            with(
+                qkv((F16, q16.clone())),
+                vec![
+                    ("cu_seqlens_q", I32, vec![1, 3], offs(&[0, 5, 10])),
+                    ("cu_seqlens_k", I32, vec![3], offs(&[0, 5, 10])),
+                ],
+            ),
+            "1-D",
+        ),
+        (
+            with(
+                qkv((F16, q16.clone())),
+                vec![("cu_seqlens_k", I32, vec![3], offs(&[0, 5, 10]))],
+            ),
+            "cu_seqlens_q is not",
+        ),
+    ];
+    for (tensors, want) in &cases {
+        write(tensors);
+        let (ok, _, stderr) =
+            flashattn(&["run", "--backend", "cpu", "--input", bad.to_str().unwrap()]);
+        assert!(
+            !ok && stderr.contains(want) && !stderr.contains("panicked"),
+            "{want}: {stderr}"
+        );
+    }
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(&bad);
 }

@@ -115,6 +115,11 @@ fn measure(gpu: &Gpu, sweep: &Sweep, report: &mut BenchReport) {
 /// peers were not asked for (then nothing could be measured).
 pub fn run(opts: &BenchOptions) -> Result<BenchOutcome> {
     let sweep = opts.sweep()?;
+    if opts.peers && sweep.cases.iter().all(|c| c.has_score_mods()) {
+        return Err(crate::AttnError::InvalidInput {
+            what: "--peers with --window, --softcap or --alibi: SDPA's fused backends have none of them, so there is nothing to compare; drop --peers".into(),
+        });
+    }
     let mut report = new_report(&sweep);
     eprintln!(
         "flashattn bench: {} cases x {} lines ({}), {} timed launches each",

@@ -11,6 +11,7 @@ use super::stats;
 use crate::cuda::{Gpu, GpuElement, KernelKind, LaunchInfo, forward_device};
 use crate::error::{AttnError, Result};
 use crate::mask::Mask;
+use crate::scores::{Alibi, ScoreMods, Window};
 use crate::shape::{AttnProblem, AttnShape};
 use crate::varlen::VarlenProblem;
 use crate::{DType, compare::random_vec};
@@ -22,11 +23,18 @@ use std::fmt::Write as _;
 /// The ragged mix of the variable-length issue: 16384 tokens in sequences of 64 to 8192.
 pub const RAGGED: [usize; 11] = [8192, 3000, 2048, 1000, 700, 517, 300, 234, 200, 129, 64];
 
+/// Most sequences a mix may hold.
+pub const MAX_SEQUENCES: usize = 1 << 16;
+/// Most tokens a mix may hold (the offsets are i32; the bench allocates q, k, v and o of this
+/// many rows).
+pub const MAX_TOKENS: usize = 1 << 24;
+
 /// Parses a mix: `NxL` (N sequences of L), `ragged` ([`RAGGED`]), or a comma-separated list of
-/// lengths (`k` = 1024), e.g. `8x2k`, `ragged`, `2k,512,77`.
+/// lengths (`k` = 1024), e.g. `8x2k`, `ragged`, `2k,512,77`; at most [`MAX_SEQUENCES`]
+/// sequences and [`MAX_TOKENS`] tokens.
 ///
 /// # Errors
-/// [`AttnError::InvalidInput`] naming the expected forms.
+/// [`AttnError::InvalidInput`] naming the expected forms or the limit passed.
 pub fn parse_mix(spec: &str) -> Result<Vec<usize>> {
     let bad = || AttnError::InvalidInput {
         what: format!(
@@ -39,23 +47,34 @@ pub fn parse_mix(spec: &str) -> Result<Vec<usize>> {
             Some(n) => (n, 1024),
             None => (t, 1),
         };
-        match num.parse::<usize>() {
-            Ok(n) if n > 0 => Ok(n * mul),
+        match num.parse::<usize>().ok().and_then(|n| n.checked_mul(mul)) {
+            Some(n) if n > 0 => Ok(n),
             _ => Err(bad()),
         }
     };
     let spec_t = spec.trim();
-    if spec_t == "ragged" {
-        return Ok(RAGGED.to_vec());
-    }
-    if let Some((n, l)) = spec_t.split_once('x') {
+    let mix = if spec_t == "ragged" {
+        RAGGED.to_vec()
+    } else if let Some((n, l)) = spec_t.split_once(['x', 'X']) {
         let n: usize = n.trim().parse().map_err(|_| bad())?;
-        if n == 0 || n > 1 << 16 {
-            return Err(bad());
+        if n == 0 || n > MAX_SEQUENCES {
+            return Err(AttnError::InvalidInput {
+                what: format!("--varlen {spec}: 1 to {MAX_SEQUENCES} sequences"),
+            });
         }
-        return Ok(vec![len(l)?; n]);
+        vec![len(l)?; n]
+    } else {
+        spec_t.split(',').map(len).collect::<Result<Vec<_>>>()?
+    };
+    let tokens = mix.iter().try_fold(0usize, |a, &l| a.checked_add(l));
+    if mix.len() > MAX_SEQUENCES || tokens.is_none_or(|t| t > MAX_TOKENS) {
+        return Err(AttnError::InvalidInput {
+            what: format!(
+                "--varlen {spec}: at most {MAX_SEQUENCES} sequences and {MAX_TOKENS} tokens in all"
+            ),
+        });
     }
-    spec_t.split(',').map(len).collect()
+    Ok(mix)
 }
 
 /// One timed line of the varlen bench.
@@ -97,6 +116,28 @@ pub struct VarlenCaseResult {
 /// # Errors
 /// Setup and launch errors; [`AttnError::Io`] when the files cannot be written.
 pub fn run(opts: &BenchOptions, mix: &[usize]) -> Result<String> {
+    // What the sweep's options mean has no place in a varlen run: refuse rather than ignore.
+    for (given, name) in [
+        (opts.peers, "--peers"),
+        (!opts.kernels.is_empty(), "--kernels"),
+        (!opts.tiles.is_empty(), "--tiles"),
+        (
+            !opts.seqlen.is_empty(),
+            "--seqlen (the mix gives the lengths)",
+        ),
+        (
+            opts.tokens != super::sweep::DEFAULT_TOKENS,
+            "--tokens (the mix gives the tokens)",
+        ),
+    ] {
+        if given {
+            return Err(AttnError::InvalidInput {
+                what: format!(
+                    "--varlen with {name}: a varlen run times the library's paths on one mix; it takes --head-dim, --causal, --dtype, --hidden, --iters, --warmup, --warmup-ms, --out-dir, --device, --window, --softcap and --alibi"
+                ),
+            });
+        }
+    }
     let sweep = opts.sweep()?;
     let gpu = Gpu::new(opts.device)?;
     let mut shapes: Vec<(DType, usize, bool)> = Vec::new();
@@ -114,7 +155,11 @@ pub fn run(opts: &BenchOptions, mix: &[usize]) -> Result<String> {
         };
         results.push(r);
     }
-    let table = table(&gpu, mix, &results);
+    let mods = match sweep.cases.first() {
+        Some(c) => crate::check::cases::describe_scores(&c.problem()?.scores),
+        None => String::new(),
+    };
+    let table = table(&gpu, mix, &mods, &results);
     std::fs::create_dir_all(&opts.out_dir).map_err(|e| io_err(&opts.out_dir, e))?;
     let json = serde_json::to_string_pretty(&results).map_err(|e| AttnError::InvalidInput {
         what: format!("serialising the varlen results: {e}"),
@@ -129,15 +174,20 @@ pub fn run(opts: &BenchOptions, mix: &[usize]) -> Result<String> {
     Ok(table)
 }
 
-fn table(gpu: &Gpu, mix: &[usize], results: &[VarlenCaseResult]) -> String {
+fn table(gpu: &Gpu, mix: &[usize], mods: &str, results: &[VarlenCaseResult]) -> String {
     let mut out = format!(
-        "flashattn {} bench --varlen on {} {}: forward TFLOP/s over visible pairs (median, CUDA events); {} sequences, {} tokens, lengths {:?}\n",
+        "flashattn {} bench --varlen on {} {}: forward TFLOP/s over visible pairs (median, CUDA events); {} sequences, {} tokens, lengths {:?}{}\n",
         env!("CARGO_PKG_VERSION"),
         gpu.info().name,
         gpu.info().arch,
         mix.len(),
         mix.iter().sum::<usize>(),
-        mix
+        mix,
+        if mods.is_empty() {
+            String::new()
+        } else {
+            format!("; score modifiers:{mods}")
+        }
     );
     let names: Vec<String> = results
         .first()
@@ -186,7 +236,21 @@ fn case<T: GpuElement>(
             Some(*a)
         }))
         .collect();
-    let p = VarlenProblem::new(cu.clone(), cu, heads, heads, d)?.with_mask(mask);
+    // The sweep's modifiers (checked by opts.sweep()): window, softcap, geometric ALiBi.
+    let mods = ScoreMods {
+        window: match &opts.window {
+            Some(w) => {
+                let [l, r] = super::sweep::parse_window(w)?;
+                Window::from_fa(l, r)?
+            }
+            None => Window::default(),
+        },
+        softcap: opts.softcap,
+        alibi: opts.alibi.then(|| Alibi::geometric(heads)),
+    };
+    let p = VarlenProblem::new(cu.clone(), cu, heads, heads, d)?
+        .with_mask(mask)
+        .with_scores(mods.clone())?;
     let total = p.total_q();
     let n = total * heads * d;
     let stream = gpu.stream();
@@ -213,7 +277,9 @@ fn case<T: GpuElement>(
         })))
         .map(|(&l, start)| {
             Ok((
-                AttnProblem::new(AttnShape::new(1, l, heads, d))?.with_mask(mask),
+                AttnProblem::new(AttnShape::new(1, l, heads, d))?
+                    .with_mask(mask)
+                    .with_scores(mods.clone())?,
                 start,
             ))
         })
@@ -268,7 +334,9 @@ fn case<T: GpuElement>(
     }
     // A uniform mix is also one dense batch of the same shape.
     if mix.iter().all(|&l| l == mix[0]) {
-        let dp = AttnProblem::new(AttnShape::new(mix.len(), mix[0], heads, d))?.with_mask(mask);
+        let dp = AttnProblem::new(AttnShape::new(mix.len(), mix[0], heads, d))?
+            .with_mask(mask)
+            .with_scores(mods.clone())?;
         for kernel in [KernelKind::Mma, KernelKind::Wgmma] {
             let name = format!("dense {kernel}");
             let timed = time_launches(gpu, &name, iters, warm, |_| {
@@ -299,7 +367,21 @@ mod tests {
         let r = parse_mix("ragged").unwrap();
         assert_eq!(r.iter().sum::<usize>(), 16384);
         assert!(r.iter().all(|&l| (64..=8192).contains(&l)));
-        for bad in ["", "0x2k", "8x", "x2k", "2k,,3", "-1", "8x0", "abc"] {
+        assert_eq!(parse_mix("2X1K").unwrap(), vec![1024; 2]);
+        for bad in [
+            "",
+            "0x2k",
+            "8x",
+            "x2k",
+            "2k,,3",
+            "-1",
+            "8x0",
+            "abc",
+            "18014398509481984k",
+            "3000000000",
+            "65536x16k",
+            "65537x1",
+        ] {
             assert!(parse_mix(bad).is_err(), "{bad}");
         }
     }

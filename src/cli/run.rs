@@ -257,22 +257,50 @@ impl Ctx<'_> {
                 ),
             });
         }
-        let (cu_q, _) = self.file.read_i32(&name("cu_seqlens_q"))?;
-        let cu_k_name = name("cu_seqlens_k");
-        if !self.file.has(&cu_k_name) {
-            return Err(AttnError::SafeTensors {
+        for (have, missing) in [
+            ("cu_seqlens_q", "cu_seqlens_k"),
+            ("cu_seqlens_k", "cu_seqlens_q"),
+        ] {
+            if self.file.has(&name(have)) && !self.file.has(&name(missing)) {
+                return Err(AttnError::SafeTensors {
+                    what: format!(
+                        "{}: {} is there but {} is not: a packed layer needs both offsets",
+                        self.file.path(),
+                        name(have),
+                        name(missing)
+                    ),
+                });
+            }
+        }
+        let offsets = |n: &str| -> Result<Vec<i32>> {
+            let (cu, shape) = self.file.read_i32(&name(n))?;
+            if shape.len() != 1 {
+                return Err(AttnError::ShapeMismatch {
+                    what: format!(
+                        "{} has shape {shape:?}; offsets are 1-D [batch + 1]",
+                        name(n)
+                    ),
+                });
+            }
+            Ok(cu)
+        };
+        let (cu_q, cu_k) = (offsets("cu_seqlens_q")?, offsets("cu_seqlens_k")?);
+        let (dq, dk, dv) = (
+            self.file.info(&name("q"))?.0,
+            self.file.info(&name("k"))?.0,
+            self.file.info(&name("v"))?.0,
+        );
+        if dq != dk || dq != dv {
+            return Err(AttnError::DTypeMismatch {
                 what: format!(
-                    "{}: {} is there but {cu_k_name} is not: a packed layer needs both offsets",
-                    self.file.path(),
-                    name("cu_seqlens_q")
+                    "packed layer '{prefix}': q is {dq}, k {dk}, v {dv}; store them with one element type"
                 ),
             });
         }
-        let (cu_k, _) = self.file.read_i32(&cu_k_name)?;
         let (q, qs) = self.file.read::<T>(&name("q"))?;
         let (k, ks) = self.file.read::<T>(&name("k"))?;
         let (v, vs) = self.file.read::<T>(&name("v"))?;
-        let file_dtype = self.file.info(&name("q"))?.0;
+        let file_dtype = dq;
         let rows = |cu: &[i32]| cu.last().map_or(0, |&x| x.max(0) as usize);
         if qs.len() != 3 || ks.len() != 3 || ks != vs || qs[2] != ks[2] {
             return Err(AttnError::ShapeMismatch {
@@ -281,6 +309,10 @@ impl Ctx<'_> {
                 ),
             });
         }
+        let (hq, hkv, d) = (qs[1], ks[1], qs[2]);
+        // The offsets' own rules first (start at 0, never decrease), then their ends.
+        let mut p = flashattn::varlen::VarlenProblem::new(cu_q.clone(), cu_k.clone(), hq, hkv, d)?
+            .with_mask(self.mask);
         if rows(&cu_q) != qs[0] || rows(&cu_k) != ks[0] {
             return Err(AttnError::ShapeMismatch {
                 what: format!(
@@ -292,9 +324,6 @@ impl Ctx<'_> {
                 ),
             });
         }
-        let (hq, hkv, d) = (qs[1], ks[1], qs[2]);
-        let mut p =
-            flashattn::varlen::VarlenProblem::new(cu_q, cu_k, hq, hkv, d)?.with_mask(self.mask);
         let scale = match self.a.scale {
             Some(s) => Some(s),
             None => self.file.scale()?,
@@ -349,10 +378,10 @@ impl Ctx<'_> {
     }
 
     fn layer<T: Element>(&mut self, prefix: &str) -> Result<()> {
-        if self
-            .file
-            .has(&flashattn::io::tensor_name(prefix, "cu_seqlens_q"))
-        {
+        let packed = ["cu_seqlens_q", "cu_seqlens_k"]
+            .iter()
+            .any(|n| self.file.has(&flashattn::io::tensor_name(prefix, n)));
+        if packed {
             return self.packed_layer::<T>(prefix);
         }
         let qkv = self.file.qkv::<T>(prefix)?;
