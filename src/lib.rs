@@ -14,6 +14,7 @@ pub mod compare;
 pub mod cpu;
 pub mod cpu_backward;
 pub mod cuda;
+pub mod dist;
 pub mod dtype;
 pub mod error;
 pub mod io;
