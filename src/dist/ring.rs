@@ -96,6 +96,9 @@ pub fn partial_cpu<T: Element>(
     (o, lse)
 }
 
+/// A key/value shard in a rank's hands: the rank it came from, its k and v.
+type InHand<T> = (usize, (Vec<T>, Vec<T>));
+
 /// Rows at `pos` of a dense `[batch, len, heads, d]` tensor, as a dense
 /// `[batch, pos.len(), heads, d]` shard.
 fn gather<T: Copy>(x: &[T], batch: usize, len: usize, row: usize, pos: &[usize]) -> Vec<T> {
@@ -165,7 +168,7 @@ pub fn ring_forward_cpu<T: Element>(
         )
     };
     // The key/value shard each rank holds, rotated one rank onwards after every step.
-    let mut in_hand: Vec<(usize, (Vec<T>, Vec<T>))> = (0..ranks).map(|r| (r, shard(r))).collect();
+    let mut in_hand: Vec<InHand<T>> = (0..ranks).map(|r| (r, shard(r))).collect();
     let qs: Vec<Vec<T>> = (0..ranks)
         .map(|r| gather(q, s.batch, len, rq, &plan.positions[r]))
         .collect();
