@@ -339,3 +339,21 @@ fn cli_run_score_modifiers() {
         );
     }
 }
+
+#[test]
+fn cli_run_backward_against_the_exact_gradients() {
+    for extra in [
+        &[][..],
+        &["--causal", "--window", "8,0"],
+        &["--dtype", "bf16"],
+    ] {
+        let mut args = vec!["run", "--backend", "cpu", "--backward"];
+        args.extend_from_slice(extra);
+        let (ok, stdout, stderr) = flashattn(&args);
+        let lines = stdout.matches("backward (CPU, dO seed").count();
+        assert!(
+            ok && lines == 6 && !stdout.contains("FAIL"),
+            "{extra:?}: {stdout}{stderr}"
+        );
+    }
+}

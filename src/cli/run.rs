@@ -69,6 +69,11 @@ pub struct RunArgs {
     /// Also check against the f64 oracle when the file holds no references.
     #[arg(long)]
     pub check: bool,
+    /// Also run the backward pass (on the CPU: the GPU backward kernels are not in yet) with
+    /// a seeded random output gradient dO (the seed is printed; FLASHATTN_SEED replays it),
+    /// and check dq, dk, dv against the exact f64 gradients.
+    #[arg(long)]
+    pub backward: bool,
     /// Sliding window `LEFT,RIGHT` in keys around the diagonal (FlashAttention-2's
     /// `window_size`; -1 = unbounded on that side). Stored references (plain attention) are
     /// then skipped and the f64 oracle judges.
@@ -250,10 +255,10 @@ impl Ctx<'_> {
     /// f64 oracle.
     fn packed_layer<T: Element>(&mut self, prefix: &str) -> Result<()> {
         let name = |n: &str| flashattn::io::tensor_name(prefix, n);
-        if self.a.out.is_some() {
+        if self.a.out.is_some() || self.a.backward {
             return Err(AttnError::InvalidInput {
                 what: format!(
-                    "--out with a packed (variable-length) layer '{prefix}': the output file holds bshd layers; run without --out"
+                    "--out or --backward with a packed (variable-length) layer '{prefix}': the output file holds bshd layers, and the backward takes dense ones; run without them"
                 ),
             });
         }
@@ -470,9 +475,72 @@ impl Ctx<'_> {
             let (od, ld) = diff_reference(&p, widen(&fw.o), widen(&fw.lse), &r);
             self.verdict(name, "f64 oracle", tol.check(name, &od, &ld), &od, &ld);
         }
+        if self.a.backward {
+            self.backward(name, &p, &qkv, &fw.o, &fw.lse)?;
+        }
         if self.a.out.is_some() {
             self.writer
                 .add_output(prefix, self.mask, &s, &fw.o, &fw.lse)?;
+        }
+        Ok(())
+    }
+
+    /// The backward of one layer on the CPU from the forward's o and lse, with a seeded dO,
+    /// against the exact gradients (rel-L2 of each of dq, dk, dv within the forward's
+    /// tolerance for o).
+    fn backward<T: Element>(
+        &mut self,
+        name: &str,
+        p: &AttnProblem,
+        qkv: &flashattn::io::Qkv<T>,
+        o: &[T],
+        lse: &[f32],
+    ) -> Result<()> {
+        let s = p.shape;
+        let seed = flashattn::compare::random_seed();
+        let d_o: Vec<T> = flashattn::compare::random_vec(o.len(), seed ^ 0xd0);
+        let (nq, nk) = (
+            s.batch * s.seqlen_q * s.heads_q * s.head_dim,
+            s.batch * s.seqlen_k * s.heads_kv * s.head_dim,
+        );
+        let (mut dq, mut dk, mut dv) = (
+            vec![T::from_f32(0.0); nq],
+            vec![T::from_f32(0.0); nk],
+            vec![T::from_f32(0.0); nk],
+        );
+        let t0 = std::time::Instant::now();
+        flashattn::cpu_backward::backward(
+            p, &qkv.q, &qkv.k, &qkv.v, o, lse, &d_o, &mut dq, &mut dk, &mut dv,
+        )?;
+        let secs = t0.elapsed().as_secs_f64();
+        let exact = flashattn::reference_grad::backward(p, &qkv.q, &qkv.k, &qkv.v, &d_o)?;
+        let tol = Tolerance::for_dtype(T::DTYPE);
+        let mut worst = Vec::new();
+        let mut failed = Vec::new();
+        for (g, got, want) in [
+            ("dq", &dq, &exact.dq),
+            ("dk", &dk, &exact.dk),
+            ("dv", &dv, &exact.dv),
+        ] {
+            let d = flashattn::compare::diff(widen(got), want);
+            if !(d.is_clean() && d.rel_l2 <= tol.o_rel_l2) {
+                failed.push(format!("{g} {d}"));
+            }
+            worst.push(format!("{g} rel-L2 {:.3e}", d.rel_l2));
+        }
+        let ok = failed.is_empty();
+        println!(
+            "  backward (CPU, dO seed {seed}, {:.3} ms): {} vs exact gradients  {}",
+            secs * 1e3,
+            worst.join(", "),
+            if ok { "ok" } else { "FAIL" }
+        );
+        if !ok {
+            self.failures.push(format!(
+                "{name} backward (dO seed {seed}): {} over rel-L2 {:e}",
+                failed.join("; "),
+                tol.o_rel_l2
+            ));
         }
         Ok(())
     }
