@@ -153,8 +153,8 @@ impl SafeFile {
             .map_err(|e| bad(format!("is refused: {e}")))
     }
 
-    /// Prefixes `P` for which `P.q`, `P.k` and `P.v` all exist, in natural order
-    /// (`layer2` before `layer10`); `""` when `q`, `k`, `v` sit at the top level.
+    /// Prefixes `P` for which `P.q` and `P.k`/`P.v` (or a KV cache, `P.k_cache`/`P.v_cache`)
+    /// exist, in natural order (`layer2` before `layer10`); `""` when they sit at the top level.
     pub fn layer_prefixes(&self) -> Vec<String> {
         let mut out: Vec<String> = self
             .meta
@@ -162,8 +162,9 @@ impl SafeFile {
             .into_keys()
             .filter_map(|n| {
                 let p = if n == "q" { "" } else { n.strip_suffix(".q")? };
-                (self.has(&tensor_name(p, "k")) && self.has(&tensor_name(p, "v")))
-                    .then(|| p.to_string())
+                let both =
+                    |a: &str, b: &str| self.has(&tensor_name(p, a)) && self.has(&tensor_name(p, b));
+                (both("k", "v") || both("k_cache", "v_cache")).then(|| p.to_string())
             })
             .collect();
         out.sort_by_key(|a| natural_key(a));

@@ -401,3 +401,137 @@ fn invalid_calls_are_refused() {
         "nothing written by a refused call"
     );
 }
+
+/// `flashattn run` on KV-cache files: contiguous and paged (with new rows), judged by the
+/// oracle; the GPU refused by name until its kernels exist.
+#[test]
+fn cli_run_reads_cache_files() {
+    use safetensors::tensor::{Dtype, TensorView};
+    let bytes16 = |n: usize, seed: u64| -> Vec<u8> {
+        random_vec::<f16>(n, seed)
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect()
+    };
+    let i32s = |x: &[i32]| -> Vec<u8> { x.iter().flat_map(|v| v.to_le_bytes()).collect() };
+    let (batch, sq, hq, hkv, d) = (2usize, 2usize, 4usize, 2usize, 16usize);
+    let path = std::env::temp_dir().join(format!(
+        "flashattn-cache-{}.safetensors",
+        std::process::id()
+    ));
+    type T = (&'static str, Dtype, Vec<usize>, Vec<u8>);
+    let write = |tensors: &[T]| {
+        let views: Vec<(String, TensorView)> = tensors
+            .iter()
+            .map(|(n, t, s, b)| (n.to_string(), TensorView::new(*t, s.clone(), b).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+    };
+    let q: T = (
+        "layer0.q",
+        Dtype::F16,
+        vec![batch, sq, hq, d],
+        bytes16(batch * sq * hq * d, 1),
+    );
+    let lens: T = (
+        "layer0.cache_seqlens",
+        Dtype::I32,
+        vec![batch],
+        i32s(&[40, 5]),
+    );
+    let new = |n: usize| -> [T; 2] {
+        [
+            (
+                "layer0.k",
+                Dtype::F16,
+                vec![batch, n, hkv, d],
+                bytes16(batch * n * hkv * d, 5),
+            ),
+            (
+                "layer0.v",
+                Dtype::F16,
+                vec![batch, n, hkv, d],
+                bytes16(batch * n * hkv * d, 6),
+            ),
+        ]
+    };
+    // Contiguous, capacity 64.
+    let n = batch * 64 * hkv * d;
+    let contiguous = vec![
+        q.clone(),
+        lens.clone(),
+        (
+            "layer0.k_cache",
+            Dtype::F16,
+            vec![batch, 64, hkv, d],
+            bytes16(n, 2),
+        ),
+        (
+            "layer0.v_cache",
+            Dtype::F16,
+            vec![batch, 64, hkv, d],
+            bytes16(n, 3),
+        ),
+    ];
+    // Paged: 8 pages of 16, tables shuffled; sequence 0 appends across a page boundary.
+    let n = 8 * 16 * hkv * d;
+    let mut paged = vec![
+        q,
+        lens,
+        (
+            "layer0.k_cache",
+            Dtype::F16,
+            vec![8, 16, hkv, d],
+            bytes16(n, 2),
+        ),
+        (
+            "layer0.v_cache",
+            Dtype::F16,
+            vec![8, 16, hkv, d],
+            bytes16(n, 3),
+        ),
+        (
+            "layer0.block_table",
+            Dtype::I32,
+            vec![batch, 4],
+            i32s(&[5, 2, 7, 0, 1, 6, 3, 4]),
+        ),
+    ];
+    paged.extend(new(3));
+    let file = path.to_str().unwrap();
+    for (tensors, extra) in [
+        (&contiguous, &[][..]),
+        (&paged, &["--causal"]),
+        (&paged, &["--alibi", "--window", "10,0"]),
+    ] {
+        write(tensors);
+        let mut args = vec!["run", "--backend", "cpu", "--input", file];
+        args.extend_from_slice(extra);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_flashattn"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(
+            out.status.success()
+                && stdout.contains("kv-cache batch 2")
+                && stdout.contains("vs f64 oracle")
+                && stdout.contains(" ok"),
+            "{extra:?}: {stdout}{stderr}"
+        );
+    }
+    write(&paged);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flashattn"))
+        .args(["run", "--backend", "cuda", "--input", file])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("KV cache"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_file(&path);
+}

@@ -4,6 +4,7 @@
 use clap::{Args, ValueEnum};
 use flashattn::compare::{Tolerance, diff_reference, widen};
 use flashattn::io::{SafeFile, Writer};
+use flashattn::kvcache::{CacheLayout, KvCacheProblem};
 use flashattn::scores::{Alibi, ScoreMods, Window};
 use flashattn::{AttnError, AttnProblem, BackendChoice, Element, Mask, Result, reference};
 use half::{bf16, f16};
@@ -382,7 +383,137 @@ impl Ctx<'_> {
         Ok(())
     }
 
+    /// A decoding layer against a KV cache (`P.q` `[batch, seqlen_q, heads_q, head_dim]`,
+    /// `P.k_cache`/`P.v_cache` contiguous `[batch, seqlen_cache, heads_kv, head_dim]` or, with
+    /// `P.block_table` (i32 `[batch, max_blocks]`), paged `[num_blocks, page_size, heads_kv,
+    /// head_dim]`; `P.cache_seqlens` i32 `[batch]`; optional new rows `P.k`/`P.v`
+    /// `[batch, seqlen_new, heads_kv, head_dim]`), on the CPU, judged by the f64 oracle.
+    fn cache_layer<T: Element>(&mut self, prefix: &str) -> Result<()> {
+        let name = |n: &str| flashattn::io::tensor_name(prefix, n);
+        if self.a.out.is_some() || self.a.backward {
+            return Err(AttnError::InvalidInput {
+                what: format!(
+                    "--out or --backward with a KV-cache layer '{prefix}': run without them"
+                ),
+            });
+        }
+        if self.choice == BackendChoice::Cuda {
+            return Err(AttnError::UnsupportedFeature {
+                feature: "decoding against a KV cache".into(),
+                backend: "the CUDA kernels".into(),
+                hint: "use --backend cpu or auto (the GPU decode kernels are not in yet)".into(),
+            });
+        }
+        let shape_err = |what: String| AttnError::ShapeMismatch {
+            what: format!("KV-cache layer '{prefix}': {what}"),
+        };
+        let (q, qs) = self.file.read::<T>(&name("q"))?;
+        let (kc, ks) = self.file.read::<T>(&name("k_cache"))?;
+        let (vc, vs) = self.file.read::<T>(&name("v_cache"))?;
+        let (cache_seqlens, ls) = self.file.read_i32(&name("cache_seqlens"))?;
+        if qs.len() != 4 || ks.len() != 4 || ks != vs || ks[3] != qs[3] || ls.len() != 1 {
+            return Err(shape_err(format!(
+                "q {qs:?}, k_cache {ks:?}, v_cache {vs:?}, cache_seqlens {ls:?}; expected q [batch, seqlen_q, heads_q, head_dim], caches of one shape ending in head_dim, cache_seqlens [batch]"
+            )));
+        }
+        let (batch, sq, hq, d, hkv) = (qs[0], qs[1], qs[2], qs[3], ks[2]);
+        let layout = if self.file.has(&name("block_table")) {
+            let (table, ts) = self.file.read_i32(&name("block_table"))?;
+            if ts.len() != 2 || ts[0] != batch {
+                return Err(shape_err(format!(
+                    "block_table {ts:?}; expected [batch = {batch}, max_blocks]"
+                )));
+            }
+            CacheLayout::Paged {
+                num_blocks: ks[0],
+                page_size: ks[1],
+                block_table: table,
+                max_blocks: ts[1],
+            }
+        } else {
+            if ks[0] != batch {
+                return Err(shape_err(format!(
+                    "a contiguous cache holds one row of pages per sequence: k_cache {ks:?} for batch {batch} (paged caches need P.block_table)"
+                )));
+            }
+            CacheLayout::Contiguous {
+                seqlen_cache: ks[1],
+            }
+        };
+        let (k_new, v_new, seqlen_new) = if self.file.has(&name("k")) || self.file.has(&name("v")) {
+            let (kn, kns) = self.file.read::<T>(&name("k"))?;
+            let (vn, vns) = self.file.read::<T>(&name("v"))?;
+            if kns.len() != 4 || kns != vns || kns[0] != batch || kns[2] != hkv || kns[3] != d {
+                return Err(shape_err(format!(
+                    "new rows k {kns:?}, v {vns:?}; expected [batch, seqlen_new, heads_kv, head_dim] = [{batch}, n, {hkv}, {d}]"
+                )));
+            }
+            (kn, vn, kns[1])
+        } else {
+            (Vec::new(), Vec::new(), 0)
+        };
+        let mut p = KvCacheProblem::new(batch, sq, hq, hkv, d, layout, cache_seqlens, seqlen_new)?
+            .with_mask(self.mask);
+        let scale = match self.a.scale {
+            Some(s) => Some(s),
+            None => self.file.scale()?,
+        };
+        if let Some(scale) = scale {
+            p = p.with_scale(scale)?;
+        }
+        let envelope = flashattn::AttnShape {
+            batch,
+            seqlen_q: 1,
+            seqlen_k: 1,
+            heads_q: hq,
+            heads_kv: hkv,
+            head_dim: d,
+        };
+        p = p.with_scores(self.score_mods(prefix, &envelope)?)?;
+        let (mut kc, mut vc) = (kc, vc);
+        let t0 = std::time::Instant::now();
+        let out = flashattn::kvcache::forward_cpu(&p, &q, &mut kc, &mut vc, &k_new, &v_new, 1)?;
+        let secs = t0.elapsed().as_secs_f64();
+        if self.first {
+            println!("backend: CPU (decoding against a KV cache; one split)");
+            self.first = false;
+        }
+        let label = if prefix.is_empty() { "(top)" } else { prefix };
+        let lens: Vec<usize> = (0..batch).map(|b| p.seqlen_k(b)).collect();
+        println!(
+            "{label}: kv-cache batch {batch} seqlen_q {sq} hq={hq} hkv={hkv} d={d} keys {lens:?}{}  {:.3} ms",
+            if seqlen_new > 0 {
+                format!(" ({seqlen_new} appended)")
+            } else {
+                String::new()
+            },
+            secs * 1e3
+        );
+        // The oracle on the caches as the call left them (new rows appended).
+        let exact = flashattn::kvcache::reference(&p, &q, &kc, &vc)?;
+        let (od, ld) = flashattn::compare::diff_rows(
+            out.o.iter().map(|x| x.to_f64()),
+            out.lse.iter().map(|&x| f64::from(x)),
+            &exact,
+            d,
+            |n| {
+                let row = n / d;
+                let (b, i, h) = (row / (sq * hq), (row / hq) % sq, row % hq);
+                (b * hq + h) * sq + i
+            },
+        );
+        let tol = Tolerance::for_dtype(T::DTYPE);
+        self.verdict(label, "f64 oracle", tol.check(label, &od, &ld), &od, &ld);
+        Ok(())
+    }
+
     fn layer<T: Element>(&mut self, prefix: &str) -> Result<()> {
+        if self
+            .file
+            .has(&flashattn::io::tensor_name(prefix, "k_cache"))
+        {
+            return self.cache_layer::<T>(prefix);
+        }
         let packed = ["cu_seqlens_q", "cu_seqlens_k"]
             .iter()
             .any(|n| self.file.has(&flashattn::io::tensor_name(prefix, n)));
