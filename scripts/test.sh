@@ -16,3 +16,14 @@ cargo fmt --check
 cargo clippy --all-targets --release -- -D warnings
 cargo test --release --all-targets
 cargo test --release --doc
+# The Python package (python/): clippy on the binding, then build the wheel, install it in a
+# fresh virtual environment and run its tests on the CPU with NumPy inputs (from outside the
+# source tree, so that the installed wheel is what is imported).
+cargo clippy --release -p flashattn-py -- -D warnings
+venv=.deps/pyvenv
+rm -rf "$venv" .deps/wheels
+python3 -m venv "$venv"
+"$venv/bin/pip" install --quiet --disable-pip-version-check 'maturin>=1.5,<2' pytest 'numpy>=1.23'
+"$venv/bin/maturin" build --release --quiet -m python/Cargo.toml -o .deps/wheels --interpreter "$venv/bin/python"
+"$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps .deps/wheels/flashattn-*.whl
+(cd .deps && "$PWD/pyvenv/bin/python" -m pytest -q -p no:cacheprovider ../python/tests)

@@ -1,0 +1,167 @@
+"""flashattn: exact attention with FlashAttention-2's interface, on a Rust core.
+
+Tensors come in through DLPack (``__dlpack__``): NumPy arrays and PyTorch tensors (other
+DLPack producers too) are read without a copy, and the output is allocated in the caller's
+framework. This version runs CPU tensors on the library's CPU backend; CUDA tensors raise
+``NotImplementedError`` (the Rust library runs them on its GPU kernels; their binding comes
+next). Semantics are FlashAttention-2's: ``[batch, seqlen, heads, head_dim]`` layout, causal
+aligned bottom-right, ``window_size=(left, right)`` with -1 unbounded, ``softcap`` > 0 caps
+scores as ``softcap * tanh(s / softcap)``, ``alibi_slopes`` ``[heads]`` or ``[batch, heads]``;
+GQA/MQA when k and v have fewer heads than q.
+
+What is not supported raises an exception that names it, never a silent difference:
+``dropout_p > 0``, ``return_attn_probs=True``.
+"""
+
+from . import _native
+
+FlashAttnError = _native.FlashAttnError
+
+__all__ = [
+    "FlashAttnError",
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+]
+
+
+def _framework(x):
+    module = type(x).__module__.split(".")[0]
+    if module == "torch":
+        import torch
+
+        return "torch", torch
+    import numpy
+
+    return "numpy", numpy
+
+
+def _empty_like(x, shape, float32=False):
+    """An empty tensor of `shape` in `x`'s framework and on its device (x's dtype, or f32)."""
+    name, fw = _framework(x)
+    if name == "torch":
+        return fw.empty(shape, dtype=fw.float32 if float32 else x.dtype, device=x.device)
+    return fw.empty(shape, dtype=fw.float32 if float32 else x.dtype)
+
+
+def _unsupported(dropout_p, return_attn_probs):
+    if dropout_p != 0.0:
+        raise NotImplementedError(
+            f"dropout_p={dropout_p}: flashattn computes exact attention without dropout; "
+            "pass dropout_p=0.0 (as at inference)"
+        )
+    if return_attn_probs:
+        raise NotImplementedError(
+            "return_attn_probs=True: flashattn never materialises the attention "
+            "probabilities; pass return_attn_probs=False"
+        )
+
+
+def _slopes(alibi_slopes):
+    if alibi_slopes is None:
+        return None
+    if hasattr(alibi_slopes, "detach"):  # torch
+        alibi_slopes = alibi_slopes.detach().cpu().float().numpy()
+    import numpy
+
+    return [float(x) for x in numpy.asarray(alibi_slopes, dtype=numpy.float32).reshape(-1)]
+
+
+def _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes):
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not hasattr(x, "__dlpack__"):
+            raise ValueError(
+                f"{name}: a {type(x).__name__} is not a DLPack tensor; pass a NumPy array, "
+                "a PyTorch tensor or another object with __dlpack__"
+            )
+    if len(q.shape) != 4:
+        raise FlashAttnError(
+            f"q has {len(q.shape)} dimensions {tuple(q.shape)}; expected 4: "
+            "[batch, seqlen, heads, head_dim]"
+        )
+    b, sq, hq, _ = q.shape
+    out = _empty_like(q, q.shape)
+    lse = _empty_like(q, (b, hq, sq), float32=True)
+    left, right = window_size
+    _native.forward(
+        q,
+        k,
+        v,
+        out,
+        lse,
+        None if softmax_scale is None else float(softmax_scale),
+        bool(causal),
+        int(left),
+        int(right),
+        float(softcap),
+        _slopes(alibi_slopes),
+    )
+    return out, lse
+
+
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """Attention of q ``[batch, seqlen_q, heads_q, head_dim]`` to k, v ``[batch, seqlen_k,
+    heads_kv, head_dim]``; returns out like q. ``softmax_scale`` defaults to
+    ``1/sqrt(head_dim)``. ``deterministic`` is accepted for compatibility (the forward is
+    deterministic)."""
+    _unsupported(dropout_p, return_attn_probs)
+    out, _ = _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    return out
+
+
+def flash_attn_qkvpacked_func(
+    qkv,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """As :func:`flash_attn_func` with ``qkv`` ``[batch, seqlen, 3, heads, head_dim]`` (the
+    three slices are read in place, as strided views)."""
+    _unsupported(dropout_p, return_attn_probs)
+    if len(qkv.shape) != 5 or qkv.shape[2] != 3:
+        raise FlashAttnError(
+            f"qkv has shape {tuple(qkv.shape)}; expected [batch, seqlen, 3, heads, head_dim]"
+        )
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    out, _ = _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    return out
+
+
+def flash_attn_kvpacked_func(
+    q,
+    kv,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """As :func:`flash_attn_func` with ``kv`` ``[batch, seqlen_k, 2, heads_kv, head_dim]``."""
+    _unsupported(dropout_p, return_attn_probs)
+    if len(kv.shape) != 5 or kv.shape[2] != 2:
+        raise FlashAttnError(
+            f"kv has shape {tuple(kv.shape)}; expected [batch, seqlen_k, 2, heads_kv, head_dim]"
+        )
+    k, v = kv[:, :, 0], kv[:, :, 1]
+    out, _ = _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    return out

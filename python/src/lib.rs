@@ -1,0 +1,438 @@
+//! `flashattn._native`: the Python binding of the `flashattn` library. Tensors come in through
+//! DLPack (`__dlpack__`), so NumPy, PyTorch, JAX and CuPy arrays all work without a copy; the
+//! Python package (`flashattn/__init__.py`) gives FlashAttention-2's function names and
+//! allocates outputs in the caller's framework.
+//!
+//! This version runs CPU tensors on the library's CPU backend. CUDA tensors are refused with a
+//! clear error (the Rust library runs them; their binding, with the DLPack stream handshake,
+//! is the next step).
+
+use flashattn::scores::{Alibi, ScoreMods, Window};
+use flashattn::shape::{AttnProblem, AttnShape, Strides};
+use flashattn::{AttnError, Element, Mask};
+use half::{bf16, f16};
+use pyo3::exceptions::{PyNotImplementedError, PyValueError};
+use pyo3::prelude::*;
+use std::ffi::{CStr, c_void};
+
+pyo3::create_exception!(
+    _native,
+    FlashAttnError,
+    PyValueError,
+    "An invalid call: the message says what is wrong and what to do."
+);
+
+fn err(e: AttnError) -> PyErr {
+    FlashAttnError::new_err(e.to_string())
+}
+
+// ---- DLPack (https://dmlc.github.io/dlpack/latest/c_api.html), the C structs as they are laid
+// out in dlpack.h ----
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DlDevice {
+    device_type: i32,
+    device_id: i32,
+}
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DlDataType {
+    code: u8,
+    bits: u8,
+    lanes: u16,
+}
+#[repr(C)]
+struct DlTensor {
+    data: *mut c_void,
+    device: DlDevice,
+    ndim: i32,
+    dtype: DlDataType,
+    shape: *const i64,
+    strides: *const i64,
+    byte_offset: u64,
+}
+#[repr(C)]
+struct DlManagedTensor {
+    dl_tensor: DlTensor,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DlManagedTensor)>,
+}
+
+const DL_CPU: i32 = 1;
+const DL_CUDA: i32 = 2;
+const DL_FLOAT: u8 = 2;
+const DL_BFLOAT: u8 = 4;
+
+/// A tensor borrowed through DLPack for the length of one call; the producer's deleter runs
+/// on drop (the capsule is renamed "used_dltensor", so its own destructor does not).
+struct Borrowed {
+    managed: *mut DlManagedTensor,
+    _capsule: Py<PyAny>,
+    name: &'static str,
+}
+
+impl Drop for Borrowed {
+    fn drop(&mut self) {
+        // SAFETY: `managed` came from a "dltensor" capsule that this struct consumed; the
+        // DLPack protocol makes the consumer call the deleter exactly once.
+        unsafe {
+            if let Some(del) = (*self.managed).deleter {
+                del(self.managed);
+            }
+        }
+    }
+}
+
+impl Borrowed {
+    fn take(obj: &Bound<'_, PyAny>, name: &'static str) -> PyResult<Self> {
+        let capsule = obj.call_method0("__dlpack__").map_err(|e| {
+            PyValueError::new_err(format!(
+                "{name}: not a DLPack tensor ({e}); pass a NumPy array, a PyTorch tensor or another object with __dlpack__"
+            ))
+        })?;
+        let used: &CStr = c"used_dltensor";
+        let want: &CStr = c"dltensor";
+        // SAFETY: PyCapsule_GetPointer checks the capsule's type and name and returns null
+        // (with an exception set) otherwise; renaming marks it consumed (DLPack protocol).
+        let managed = unsafe {
+            let ptr = pyo3::ffi::PyCapsule_GetPointer(capsule.as_ptr(), want.as_ptr());
+            if ptr.is_null() {
+                return Err(PyErr::fetch(obj.py()));
+            }
+            pyo3::ffi::PyCapsule_SetName(capsule.as_ptr(), used.as_ptr());
+            ptr as *mut DlManagedTensor
+        };
+        Ok(Borrowed {
+            managed,
+            _capsule: capsule.unbind(),
+            name,
+        })
+    }
+
+    fn t(&self) -> &DlTensor {
+        // SAFETY: valid until the deleter runs in drop.
+        unsafe { &(*self.managed).dl_tensor }
+    }
+
+    fn shape(&self) -> Vec<usize> {
+        let t = self.t();
+        // SAFETY: DLPack guarantees `ndim` entries.
+        (0..t.ndim as usize)
+            .map(|i| unsafe { *t.shape.add(i) } as usize)
+            .collect()
+    }
+
+    /// Strides in elements (a null pointer means compact row-major).
+    fn strides(&self) -> PyResult<Vec<usize>> {
+        let t = self.t();
+        let shape = self.shape();
+        if t.strides.is_null() {
+            let mut st = vec![1usize; shape.len()];
+            for i in (0..shape.len().saturating_sub(1)).rev() {
+                st[i] = st[i + 1] * shape[i + 1];
+            }
+            return Ok(st);
+        }
+        (0..shape.len())
+            .map(|i| {
+                // SAFETY: DLPack guarantees `ndim` entries when strides is not null.
+                let s = unsafe { *t.strides.add(i) };
+                usize::try_from(s).map_err(|_| {
+                    FlashAttnError::new_err(format!(
+                        "{}: negative stride {s} on axis {i}; pass a tensor with non-negative strides (e.g. .copy())",
+                        self.name
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    fn dtype(&self) -> PyResult<&'static str> {
+        let d = self.t().dtype;
+        match (d.code, d.bits, d.lanes) {
+            (DL_FLOAT, 16, 1) => Ok("float16"),
+            (DL_BFLOAT, 16, 1) => Ok("bfloat16"),
+            (DL_FLOAT, 32, 1) => Ok("float32"),
+            _ => Err(FlashAttnError::new_err(format!(
+                "{}: element type (code {}, {} bits) is not float16, bfloat16 or float32",
+                self.name, d.code, d.bits
+            ))),
+        }
+    }
+
+    fn check_cpu(&self) -> PyResult<()> {
+        match self.t().device.device_type {
+            DL_CPU => Ok(()),
+            DL_CUDA => Err(PyNotImplementedError::new_err(format!(
+                "{}: CUDA tensors are not in this version of the Python package (the Rust library runs them; the binding comes next); move the tensors to the CPU",
+                self.name
+            ))),
+            other => Err(FlashAttnError::new_err(format!(
+                "{}: DLPack device type {other} is not supported (CPU tensors only in this version)",
+                self.name
+            ))),
+        }
+    }
+
+    /// The tensor as a slice of `T` covering every element its shape and strides address.
+    ///
+    /// # Safety
+    /// The caller checked the dtype is `T` and the device is the CPU.
+    unsafe fn slice<T>(&self) -> PyResult<&[T]> {
+        let len = self.extent()?;
+        let t = self.t();
+        // SAFETY: DLPack: `data + byte_offset` addresses every element of the tensor.
+        Ok(unsafe {
+            std::slice::from_raw_parts(
+                (t.data as *const u8).add(t.byte_offset as usize) as *const T,
+                len,
+            )
+        })
+    }
+
+    /// As [`Self::slice`], writable.
+    ///
+    /// # Safety
+    /// As [`Self::slice`]; the caller writes only through the tensor's own strides.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice_mut<T>(&self) -> PyResult<&mut [T]> {
+        let len = self.extent()?;
+        let t = self.t();
+        // SAFETY: as slice(); the producer handed out a writable buffer.
+        Ok(unsafe {
+            std::slice::from_raw_parts_mut(
+                (t.data as *mut u8).add(t.byte_offset as usize) as *mut T,
+                len,
+            )
+        })
+    }
+
+    /// Elements from the first to one past the last addressed (0 for an empty tensor).
+    fn extent(&self) -> PyResult<usize> {
+        let shape = self.shape();
+        if shape.contains(&0) {
+            return Ok(0);
+        }
+        let st = self.strides()?;
+        Ok(shape
+            .iter()
+            .zip(&st)
+            .map(|(&n, &s)| (n - 1) * s)
+            .sum::<usize>()
+            + 1)
+    }
+}
+
+/// A bshd tensor's shape and strides (head_dim contiguous).
+fn bshd(t: &Borrowed) -> PyResult<([usize; 4], Strides)> {
+    let shape = t.shape();
+    if shape.len() != 4 {
+        return Err(FlashAttnError::new_err(format!(
+            "{} has {} dimensions {shape:?}; expected 4: [batch, seqlen, heads, head_dim]",
+            t.name,
+            shape.len()
+        )));
+    }
+    let st = t.strides()?;
+    if st[3] != 1 && shape[3] > 1 {
+        return Err(FlashAttnError::new_err(format!(
+            "{}: the last dimension (head_dim) has stride {}; it must be contiguous (call .contiguous() / np.ascontiguousarray)",
+            t.name, st[3]
+        )));
+    }
+    Ok((
+        [shape[0], shape[1], shape[2], shape[3]],
+        Strides {
+            batch: st[0],
+            seq: st[1],
+            head: st[2],
+        },
+    ))
+}
+
+/// Runs attention on CPU tensors: `q` `[batch, seqlen_q, heads_q, head_dim]`, `k`/`v`
+/// `[batch, seqlen_k, heads_kv, head_dim]`, written into `out` (q's shape, any strides with
+/// head_dim contiguous) and `lse` (f32 `[batch, heads_q, seqlen_q]`, contiguous). Returns where
+/// it ran.
+#[pyfunction]
+#[pyo3(signature = (q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes))]
+#[allow(clippy::too_many_arguments)]
+fn forward(
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    v: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    lse: &Bound<'_, PyAny>,
+    softmax_scale: Option<f32>,
+    causal: bool,
+    window_left: i64,
+    window_right: i64,
+    softcap: f32,
+    alibi_slopes: Option<Vec<f32>>,
+) -> PyResult<String> {
+    let tq = Borrowed::take(q, "q")?;
+    let tk = Borrowed::take(k, "k")?;
+    let tv = Borrowed::take(v, "v")?;
+    let to = Borrowed::take(out, "out")?;
+    let tl = Borrowed::take(lse, "lse")?;
+    for t in [&tq, &tk, &tv, &to, &tl] {
+        t.check_cpu()?;
+    }
+    let dtype = tq.dtype()?;
+    for t in [&tk, &tv, &to] {
+        if t.dtype()? != dtype {
+            return Err(FlashAttnError::new_err(format!(
+                "q is {dtype} but {} is {}: pass q, k, v (and out) with one element type",
+                t.name,
+                t.dtype()?
+            )));
+        }
+    }
+    if tl.dtype()? != "float32" {
+        return Err(FlashAttnError::new_err("lse must be float32"));
+    }
+    let ([b, sq, hq, d], qs) = bshd(&tq)?;
+    let ([bk, sk, hkv, dk], ks) = bshd(&tk)?;
+    let (vshape, vs) = bshd(&tv)?;
+    let (oshape, os) = bshd(&to)?;
+    if bk != b || dk != d || vshape != [bk, sk, hkv, dk] || oshape != [b, sq, hq, d] {
+        return Err(FlashAttnError::new_err(format!(
+            "shapes disagree: q {:?}, k {:?}, v {vshape:?}, out {oshape:?}; k and v must be [batch, seqlen_k, heads_kv, head_dim] with q's batch and head_dim, out q's shape",
+            [b, sq, hq, d],
+            [bk, sk, hkv, dk]
+        )));
+    }
+    let mods = ScoreMods {
+        window: Window::from_fa(window_left, window_right).map_err(err)?,
+        softcap: (softcap != 0.0).then_some(softcap),
+        alibi: alibi_slopes.map(|slopes| {
+            let per_batch = slopes.len() == b * hq && b > 1;
+            Alibi { slopes, per_batch }
+        }),
+    };
+    let mut p = AttnProblem::new(AttnShape {
+        batch: b,
+        seqlen_q: sq,
+        seqlen_k: sk,
+        heads_q: hq,
+        heads_kv: hkv,
+        head_dim: d,
+    })
+    .map_err(err)?
+    .with_mask(if causal { Mask::Causal } else { Mask::None })
+    .with_strides(qs, ks, vs, os)
+    .map_err(err)?
+    .with_scores(mods)
+    .map_err(err)?;
+    if let Some(s) = softmax_scale {
+        p = p.with_scale(s).map_err(err)?;
+    }
+    let lshape = tl.shape();
+    if lshape != [b, hq, sq] || tl.strides()? != [hq * sq, sq, 1] {
+        return Err(FlashAttnError::new_err(format!(
+            "lse has shape {lshape:?}; expected a contiguous float32 [{b}, {hq}, {sq}]"
+        )));
+    }
+    // SAFETY: dtypes and devices checked above; the slices cover what the strides address.
+    unsafe {
+        match dtype {
+            "float16" => run::<f16>(&p, &tq, &tk, &tv, &to, &tl),
+            "bfloat16" => run::<bf16>(&p, &tq, &tk, &tv, &to, &tl),
+            _ => run::<f32>(&p, &tq, &tk, &tv, &to, &tl),
+        }
+    }
+}
+
+/// # Safety
+/// Every tensor holds `T` (lse f32) on the CPU.
+unsafe fn run<T: Element>(
+    p: &AttnProblem,
+    q: &Borrowed,
+    k: &Borrowed,
+    v: &Borrowed,
+    o: &Borrowed,
+    lse: &Borrowed,
+) -> PyResult<String> {
+    // SAFETY: the caller checked dtype and device.
+    let (q, k, v) = unsafe { (q.slice::<T>()?, k.slice::<T>()?, v.slice::<T>()?) };
+    // SAFETY: as above; out and lse are distinct writable buffers of the caller.
+    let (o, lse) = unsafe { (o.slice_mut::<T>()?, lse.slice_mut::<f32>()?) };
+    flashattn::cpu::forward(p, q, k, v, o, lse).map_err(err)?;
+    Ok(format!("cpu ({} threads)", rayon_threads()))
+}
+
+fn rayon_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The exact f64 oracle on CPU tensors (q, k, v as for `forward`): returns `(o, lse)` as flat
+/// f64 lists (o dense `[batch, seqlen_q, heads_q, head_dim]`, lse `[batch, heads_q, seqlen_q]`),
+/// for tests.
+#[pyfunction]
+#[pyo3(signature = (q, k, v, softmax_scale, causal))]
+fn reference(
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    v: &Bound<'_, PyAny>,
+    softmax_scale: Option<f32>,
+    causal: bool,
+) -> PyResult<(Vec<f64>, Vec<f64>)> {
+    let tq = Borrowed::take(q, "q")?;
+    let tk = Borrowed::take(k, "k")?;
+    let tv = Borrowed::take(v, "v")?;
+    for t in [&tq, &tk, &tv] {
+        t.check_cpu()?;
+    }
+    let ([b, sq, hq, d], qs) = bshd(&tq)?;
+    let ([_, sk, hkv, _], ks) = bshd(&tk)?;
+    let (_, vs) = bshd(&tv)?;
+    let mut p = AttnProblem::new(AttnShape {
+        batch: b,
+        seqlen_q: sq,
+        seqlen_k: sk,
+        heads_q: hq,
+        heads_kv: hkv,
+        head_dim: d,
+    })
+    .map_err(err)?
+    .with_mask(if causal { Mask::Causal } else { Mask::None });
+    let dense = Strides::contiguous(sq, hq, d);
+    p = p.with_strides(qs, ks, vs, dense).map_err(err)?;
+    if let Some(s) = softmax_scale {
+        p = p.with_scale(s).map_err(err)?;
+    }
+    let dtype = tq.dtype()?;
+    // SAFETY: dtype and device checked.
+    let r = unsafe {
+        match dtype {
+            "float16" => flashattn::reference::attention(
+                &p,
+                tq.slice::<f16>()?,
+                tk.slice::<f16>()?,
+                tv.slice::<f16>()?,
+            ),
+            "bfloat16" => flashattn::reference::attention(
+                &p,
+                tq.slice::<bf16>()?,
+                tk.slice::<bf16>()?,
+                tv.slice::<bf16>()?,
+            ),
+            _ => flashattn::reference::attention(
+                &p,
+                tq.slice::<f32>()?,
+                tk.slice::<f32>()?,
+                tv.slice::<f32>()?,
+            ),
+        }
+    }
+    .map_err(err)?;
+    Ok((r.o, r.lse))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(forward, m)?)?;
+    m.add_function(wrap_pyfunction!(reference, m)?)?;
+    m.add("FlashAttnError", m.py().get_type::<FlashAttnError>())?;
+    Ok(())
+}

@@ -1,0 +1,131 @@
+"""The Python package on the CPU with NumPy inputs, against an independent float64 reference
+written here with FlashAttention-2's semantics, and against the library's own f64 oracle."""
+
+import numpy as np
+import pytest
+
+import flashattn
+from flashattn import _native
+
+
+def reference(q, k, v, scale=None, causal=False, window=(-1, -1), softcap=0.0, slopes=None):
+    """Attention in float64, FA2 semantics (bottom-right causal and window, softcap, ALiBi)."""
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    g = hq // hkv
+    out = np.zeros_like(q)
+    i = np.arange(sq)[:, None]
+    j = np.arange(sk)[None, :]
+    center = i + sk - sq
+    visible = np.ones((sq, sk), dtype=bool)
+    if causal:
+        visible &= j <= center
+    left, right = window
+    if left >= 0:
+        visible &= j >= center - left
+    if right >= 0:
+        visible &= j <= center + right
+    for bb in range(b):
+        for h in range(hq):
+            s = q[bb, :, h] @ k[bb, :, h // g].T * scale
+            if softcap:
+                s = softcap * np.tanh(s / softcap)
+            if slopes is not None:
+                sl = slopes[bb, h] if slopes.ndim == 2 else slopes[h]
+                s = s - sl * np.abs(center - j)
+            s = np.where(visible, s, -np.inf)
+            m = s.max(axis=1, keepdims=True)
+            m = np.where(np.isfinite(m), m, 0.0)
+            p = np.exp(s - m)
+            l = p.sum(axis=1, keepdims=True)
+            out[bb, :, h] = np.where(l > 0, (p @ v[bb, :, h // g]) / np.where(l > 0, l, 1), 0)
+    return out
+
+
+def inputs(b, sq, sk, hq, hkv, d, dtype=np.float16, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((b, sq, hq, d)).astype(dtype)
+    k = rng.standard_normal((b, sk, hkv, d)).astype(dtype)
+    v = rng.standard_normal((b, sk, hkv, d)).astype(dtype)
+    return q, k, v
+
+
+def close(out, want, dtype):
+    tol = 2e-3 if dtype == np.float16 else 1e-5
+    err = np.linalg.norm(out.astype(np.float64) - want) / max(np.linalg.norm(want), 1e-30)
+    assert err <= tol, f"rel-L2 {err:.3e} > {tol:.0e}"
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 65, 65, 4, 4, 32), (1, 17, 100, 8, 2, 64), (1, 100, 17, 4, 1, 16)])
+def test_flash_attn_func(dtype, causal, shape):
+    q, k, v = inputs(*shape, dtype=dtype)
+    out = flashattn.flash_attn_func(q, k, v, causal=causal)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    close(out, reference(q, k, v, causal=causal), dtype)
+
+
+def test_modifiers_scale_window_softcap_alibi():
+    q, k, v = inputs(2, 77, 90, 4, 2, 32, seed=3)
+    slopes = (2.0 ** -np.arange(1, 9)).reshape(2, 4).astype(np.float32)
+    for kw in [
+        dict(window_size=(16, 0), causal=True),
+        dict(window_size=(-1, 5)),
+        dict(softcap=30.0, softmax_scale=0.3),
+        dict(alibi_slopes=slopes[0], causal=True),
+        dict(alibi_slopes=slopes, window_size=(20, 20), softcap=50.0),
+    ]:
+        out = flashattn.flash_attn_func(q, k, v, **kw)
+        want = reference(
+            q,
+            k,
+            v,
+            scale=kw.get("softmax_scale"),
+            causal=kw.get("causal", False),
+            window=kw.get("window_size", (-1, -1)),
+            softcap=kw.get("softcap", 0.0),
+            slopes=kw.get("alibi_slopes"),
+        )
+        close(out, want, np.float16)
+
+
+def test_packed_forms_read_strided_views():
+    q, k, v = inputs(2, 33, 33, 4, 4, 32, seed=5)
+    qkv = np.stack([q, k, v], axis=2)
+    want = reference(q, k, v, causal=True)
+    close(flashattn.flash_attn_qkvpacked_func(qkv, causal=True), want, np.float16)
+    kv = np.stack([k, v], axis=2)
+    close(flashattn.flash_attn_kvpacked_func(q, kv, causal=True), want, np.float16)
+
+
+def test_matches_the_library_oracle():
+    q, k, v = inputs(1, 40, 50, 2, 1, 16, seed=7)
+    o, _ = _native.reference(q, k, v, None, True)
+    np.testing.assert_allclose(np.array(o).reshape(q.shape), reference(q, k, v, causal=True), atol=1e-12)
+
+
+def test_unsupported_and_invalid_calls_raise():
+    q, k, v = inputs(1, 8, 8, 2, 2, 16)
+    with pytest.raises(NotImplementedError, match="dropout"):
+        flashattn.flash_attn_func(q, k, v, dropout_p=0.1)
+    with pytest.raises(NotImplementedError, match="return_attn_probs"):
+        flashattn.flash_attn_func(q, k, v, return_attn_probs=True)
+    with pytest.raises(flashattn.FlashAttnError, match="4 dimensions|expected 4"):
+        flashattn.flash_attn_func(q[0], k, v)
+    with pytest.raises(flashattn.FlashAttnError, match="element type"):
+        flashattn.flash_attn_func(q, k.astype(np.float32), v)
+    with pytest.raises(flashattn.FlashAttnError, match="shapes disagree"):
+        flashattn.flash_attn_func(q, k[..., :8], v)
+    with pytest.raises(flashattn.FlashAttnError, match="window"):
+        flashattn.flash_attn_func(q, k, v, window_size=(-2, 0))
+    with pytest.raises(flashattn.FlashAttnError, match="softcap"):
+        flashattn.flash_attn_func(q, k, v, softcap=-1.0)
+    with pytest.raises(flashattn.FlashAttnError, match="alibi_slopes"):
+        flashattn.flash_attn_func(q, k, v, alibi_slopes=np.ones(3, np.float32))
+    with pytest.raises(flashattn.FlashAttnError, match="contiguous"):
+        flashattn.flash_attn_func(np.asfortranarray(q), k, v)
+    with pytest.raises(ValueError, match="DLPack"):
+        flashattn.flash_attn_func([1, 2], k, v)
