@@ -1,7 +1,7 @@
 //! Backend choice for host-memory calls: CPU, CUDA, or the best usable one.
 
 use crate::dtype::Element;
-use crate::error::{AttnError, Result};
+use crate::error::Result;
 use crate::shape::{AttnProblem, Strides};
 use serde::Serialize;
 use std::time::Instant;
@@ -82,14 +82,7 @@ pub fn forward<T: Element>(
         // an error, never hidden behind a silent fallback.
         BackendChoice::Auto => match run_cuda(&p, q, k, v, "the GPU is usable") {
             Ok(f) => Ok(f),
-            Err(
-                e @ (AttnError::BackendUnavailable { .. }
-                | AttnError::DTypeMismatch { .. }
-                | AttnError::UnsupportedHeadDim { .. }
-                | AttnError::UnsupportedFeature { .. }
-                | AttnError::InvalidStrides { .. }
-                | AttnError::TooLarge { .. }),
-            ) => run_cpu(
+            Err(e) if e.is_unsupported() => run_cpu(
                 &p,
                 q,
                 k,

@@ -181,5 +181,23 @@ pub enum AttnError {
     },
 }
 
+impl AttnError {
+    /// `true` when the error says that a backend cannot take the problem at all (no usable
+    /// GPU, an element type, head_dim, feature, stride or size it lacks), as opposed to an
+    /// invalid call or a failure while running: `Auto` falls back to another backend on these
+    /// only.
+    pub fn is_unsupported(&self) -> bool {
+        matches!(
+            self,
+            AttnError::BackendUnavailable { .. }
+                | AttnError::DTypeMismatch { .. }
+                | AttnError::UnsupportedHeadDim { .. }
+                | AttnError::UnsupportedFeature { .. }
+                | AttnError::InvalidStrides { .. }
+                | AttnError::TooLarge { .. }
+        )
+    }
+}
+
 /// Shorthand for results of this crate.
 pub type Result<T, E = AttnError> = std::result::Result<T, E>;

@@ -215,23 +215,7 @@ impl SafeFile {
     pub fn read<T: Element>(&self, name: &str) -> Result<(Vec<T>, Vec<usize>)> {
         let info = self.tensor_info(name)?;
         let dtype = self.dtype_of(name, info)?;
-        let (start, end) = info.data_offsets;
-        let base = 8 + self.header_len;
-        let bytes = self
-            .bytes
-            .get(base + start..base + end)
-            .ok_or_else(|| st_err(&self.path, format!("tensor '{name}' lies outside the file")))?;
-        let n = info.shape.iter().try_fold(1usize, |a, &x| a.checked_mul(x));
-        if n.and_then(|n| n.checked_mul(dtype.size())) != Some(bytes.len()) {
-            return Err(st_err(
-                &self.path,
-                format!(
-                    "tensor '{name}': shape {:?} does not match its {} bytes",
-                    info.shape,
-                    bytes.len()
-                ),
-            ));
-        }
+        let bytes = self.raw(name, info, dtype.size())?;
         let data = match dtype {
             DType::F16 => bytes
                 .chunks_exact(2)
@@ -249,6 +233,28 @@ impl SafeFile {
         Ok((data, info.shape.clone()))
     }
 
+    /// A tensor's bytes, checked against its shape (`elem` bytes per element).
+    fn raw(&self, name: &str, info: &TensorInfo, elem: usize) -> Result<&[u8]> {
+        let (start, end) = info.data_offsets;
+        let base = 8 + self.header_len;
+        let bytes = self
+            .bytes
+            .get(base + start..base + end)
+            .ok_or_else(|| st_err(&self.path, format!("tensor '{name}' lies outside the file")))?;
+        let n = info.shape.iter().try_fold(1usize, |a, &x| a.checked_mul(x));
+        if n.and_then(|n| n.checked_mul(elem)) != Some(bytes.len()) {
+            return Err(st_err(
+                &self.path,
+                format!(
+                    "tensor '{name}': shape {:?} does not match its {} bytes",
+                    info.shape,
+                    bytes.len()
+                ),
+            ));
+        }
+        Ok(bytes)
+    }
+
     /// Reads an i32 tensor (offsets such as `P.cu_seqlens_q`), with its shape.
     ///
     /// # Errors
@@ -264,23 +270,7 @@ impl SafeFile {
                 ),
             });
         }
-        let (start, end) = info.data_offsets;
-        let base = 8 + self.header_len;
-        let bytes = self
-            .bytes
-            .get(base + start..base + end)
-            .ok_or_else(|| st_err(&self.path, format!("tensor '{name}' lies outside the file")))?;
-        let n = info.shape.iter().try_fold(1usize, |a, &x| a.checked_mul(x));
-        if n.and_then(|n| n.checked_mul(4)) != Some(bytes.len()) {
-            return Err(st_err(
-                &self.path,
-                format!(
-                    "tensor '{name}': shape {:?} does not match its {} bytes",
-                    info.shape,
-                    bytes.len()
-                ),
-            ));
-        }
+        let bytes = self.raw(name, info, 4)?;
         let data = bytes
             .chunks_exact(4)
             .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))

@@ -333,14 +333,9 @@ pub fn forward<T: Element>(
             }
             // What the packed kernel cannot take goes sequence by sequence below (padded
             // head dims on the GPU; Auto's CPU fallback; Cuda's own error without a GPU).
-            Err(
-                e @ (AttnError::BackendUnavailable { .. }
-                | AttnError::DTypeMismatch { .. }
-                | AttnError::UnsupportedHeadDim { .. }
-                | AttnError::UnsupportedFeature { .. }
-                | AttnError::InvalidStrides { .. }
-                | AttnError::TooLarge { .. }),
-            ) => why = format!("the packed GPU path cannot run this: {e}"),
+            Err(e) if e.is_unsupported() => {
+                why = format!("the packed GPU path cannot run this: {e}")
+            }
             Err(e) => return Err(e),
         }
     }

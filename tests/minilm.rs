@@ -8,7 +8,9 @@ use flashattn::io::{SafeFile, Writer};
 use flashattn::{AttnProblem, Mask, cpu, reference};
 use half::f16;
 use std::path::PathBuf;
-use std::process::Command;
+
+mod common;
+use common::flashattn;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -119,15 +121,6 @@ fn minilm_bf16_and_f32_against_the_oracle() {
             )
             .unwrap();
     }
-}
-
-fn flashattn(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_flashattn"))
-        .args(args)
-        .output()
-        .unwrap();
-    let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
-    (out.status.success(), text(out.stdout), text(out.stderr))
 }
 
 #[test]

@@ -9,6 +9,9 @@ use flashattn::varlen::{VarlenProblem, diff_reference, forward, reference};
 use flashattn::{AttnError, AttnProblem, AttnShape, BackendChoice, Element, Mask};
 use half::{bf16, f16};
 
+mod common;
+use common::flashattn;
+
 fn cu(lens: &[i32]) -> Vec<i32> {
     let mut out = vec![0];
     for l in lens {
@@ -268,15 +271,6 @@ fn packed_file(path: &std::path::Path, lq: &[i32], lk: &[i32], hq: usize, hkv: u
         .map(|(n, t, s, b)| (n.to_string(), TensorView::new(*t, s.clone(), b).unwrap()))
         .collect();
     safetensors::serialize_to_file(views, None, path).unwrap();
-}
-
-fn flashattn(args: &[&str]) -> (bool, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flashattn"))
-        .args(args)
-        .output()
-        .unwrap();
-    let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
-    (out.status.success(), text(out.stdout), text(out.stderr))
 }
 
 #[test]

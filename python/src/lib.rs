@@ -250,6 +250,32 @@ fn bshd(t: &Borrowed) -> PyResult<([usize; 4], Strides)> {
     ))
 }
 
+/// The problem of a call: sizes `[batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim]`,
+/// the mask, the strides of q, k, v, o and the scale (default `1/sqrt(head_dim)`).
+fn problem(
+    [b, sq, sk, hq, hkv, d]: [usize; 6],
+    causal: bool,
+    [qs, ks, vs, os]: [Strides; 4],
+    softmax_scale: Option<f32>,
+) -> PyResult<AttnProblem> {
+    let p = AttnProblem::new(AttnShape {
+        batch: b,
+        seqlen_q: sq,
+        seqlen_k: sk,
+        heads_q: hq,
+        heads_kv: hkv,
+        head_dim: d,
+    })
+    .map_err(err)?
+    .with_mask(if causal { Mask::Causal } else { Mask::None })
+    .with_strides(qs, ks, vs, os)
+    .map_err(err)?;
+    match softmax_scale {
+        Some(s) => p.with_scale(s).map_err(err),
+        None => Ok(p),
+    }
+}
+
 /// Runs attention on CPU tensors: `q` `[batch, seqlen_q, heads_q, head_dim]`, `k`/`v`
 /// `[batch, seqlen_k, heads_kv, head_dim]`, written into `out` (q's shape, any strides with
 /// head_dim contiguous) and `lse` (f32 `[batch, heads_q, seqlen_q]`, contiguous). Returns where
@@ -310,23 +336,14 @@ fn forward(
             Alibi { slopes, per_batch }
         }),
     };
-    let mut p = AttnProblem::new(AttnShape {
-        batch: b,
-        seqlen_q: sq,
-        seqlen_k: sk,
-        heads_q: hq,
-        heads_kv: hkv,
-        head_dim: d,
-    })
-    .map_err(err)?
-    .with_mask(if causal { Mask::Causal } else { Mask::None })
-    .with_strides(qs, ks, vs, os)
-    .map_err(err)?
+    let p = problem(
+        [b, sq, sk, hq, hkv, d],
+        causal,
+        [qs, ks, vs, os],
+        softmax_scale,
+    )?
     .with_scores(mods)
     .map_err(err)?;
-    if let Some(s) = softmax_scale {
-        p = p.with_scale(s).map_err(err)?;
-    }
     let lshape = tl.shape();
     if lshape != [b, hq, sq] || tl.strides()? != [hq * sq, sq, 1] {
         return Err(FlashAttnError::new_err(format!(
@@ -386,21 +403,13 @@ fn reference(
     let ([b, sq, hq, d], qs) = bshd(&tq)?;
     let ([_, sk, hkv, _], ks) = bshd(&tk)?;
     let (_, vs) = bshd(&tv)?;
-    let mut p = AttnProblem::new(AttnShape {
-        batch: b,
-        seqlen_q: sq,
-        seqlen_k: sk,
-        heads_q: hq,
-        heads_kv: hkv,
-        head_dim: d,
-    })
-    .map_err(err)?
-    .with_mask(if causal { Mask::Causal } else { Mask::None });
     let dense = Strides::contiguous(sq, hq, d);
-    p = p.with_strides(qs, ks, vs, dense).map_err(err)?;
-    if let Some(s) = softmax_scale {
-        p = p.with_scale(s).map_err(err)?;
-    }
+    let p = problem(
+        [b, sq, sk, hq, hkv, d],
+        causal,
+        [qs, ks, vs, dense],
+        softmax_scale,
+    )?;
     let dtype = tq.dtype()?;
     // SAFETY: dtype and device checked.
     let r = unsafe {

@@ -162,10 +162,6 @@ fn run_case<T: GpuElement>(
         .o_strides
         .required_len("o", s.batch, s.seqlen_q, s.heads_q, s.head_dim)?;
     let lse_len = s.lse_len();
-    // SAFETY: T is f16 or bf16; every 16-bit pattern is a valid value.
-    let poison: T = unsafe { std::mem::transmute_copy::<u16, T>(&POISON16) };
-    let poison_o: Vec<T> = vec![poison; o_len + GUARD];
-    let poison_lse: Vec<f32> = vec![f32::NAN; lse_len + GUARD];
     let mut out = Vec::new();
     for &kernel in &opts.kernels {
         // naive and simt do not claim the score modifiers (they refuse them with a typed
@@ -173,26 +169,11 @@ fn run_case<T: GpuElement>(
         if !p.scores.is_plain() && !kernel.has_score_mods() {
             continue;
         }
-        let mut result = CaseResult {
-            label: case.label.clone(),
-            kernel: kernel.name().into(),
-            ran: String::new(),
-            o_rel_l2: f64::NAN,
-            o_max_abs: f64::NAN,
-            lse_max_abs: f64::NAN,
-            guard_overwritten: 0,
-            passed: false,
-            message: String::new(),
-        };
+        let mut result = CaseResult::new(&case.label, kernel);
         // Fresh poisoned outputs for every kernel; the kernel sees only the first o_len/lse_len.
-        let mut d_o = stream
-            .clone_htod(&poison_o)
-            .map_err(cuda_err("poisoning o"))?;
-        let mut d_lse = stream
-            .clone_htod(&poison_lse)
-            .map_err(cuda_err("poisoning lse"))?;
-        let mut o_view = d_o.slice_mut(0..o_len);
-        let mut lse_view = d_lse.slice_mut(0..lse_len);
+        let mut outs = Poisoned::<T>::new(gpu, o_len, lse_len)?;
+        let mut o_view = outs.o.slice_mut(0..o_len);
+        let mut lse_view = outs.lse.slice_mut(0..lse_len);
         let what = crate::cuda::launch::launch_context(kernel.name(), p);
         let launched = forward_device(
             gpu,
@@ -209,56 +190,125 @@ fn run_case<T: GpuElement>(
             stream.synchronize().map_err(cuda_err(what))?;
             Ok(info)
         });
-        match launched {
-            Err(e) => {
-                result.message = e.to_string();
-                out.push(result);
-                continue;
-            }
-            Ok(info) if info.kernel != kernel => {
-                result.ran = format!("ran {} ({})", info.kernel, info.why);
-            }
-            Ok(_) => {}
+        if !result.launched(kernel, launched) {
+            out.push(result);
+            continue;
         }
-        let o_host: Vec<T> = stream
-            .clone_dtoh(&d_o)
-            .map_err(cuda_err("copying o back"))?;
-        let lse_host: Vec<f32> = stream
-            .clone_dtoh(&d_lse)
-            .map_err(cuda_err("copying lse back"))?;
-        let guard_o = o_host[o_len..]
-            .iter()
-            .filter(|x| to_bits(**x) != POISON16)
-            .count();
-        let guard_lse = lse_host[lse_len..].iter().filter(|x| !x.is_nan()).count();
-        result.guard_overwritten = guard_o + guard_lse;
-        let verdict = inputs::judge(
-            case,
-            &oracle,
-            &dense_o(p, &o_host[..o_len])?,
-            &lse_host[..lse_len],
-            &tol,
-        );
+        let (o_host, lse_host, written) = outs.read(gpu)?;
+        result.guard_overwritten = written;
+        let verdict = inputs::judge(case, &oracle, &dense_o(p, &o_host)?, &lse_host, &tol);
         result.o_rel_l2 = verdict.o.rel_l2;
         result.o_max_abs = verdict.o.max_abs;
         result.lse_max_abs = verdict.lse.max_abs;
-        let mut problems = verdict.problems;
-        if result.guard_overwritten > 0 {
-            problems.push(format!(
-                "{} elements past the end were written",
-                result.guard_overwritten
-            ));
-        }
-        result.passed = problems.is_empty();
-        result.message = problems
-            .into_iter()
-            .chain(verdict.notes)
-            .chain((!result.ran.is_empty()).then(|| result.ran.clone()))
-            .collect::<Vec<_>>()
-            .join("; ");
+        result.conclude(verdict.problems, verdict.notes);
         out.push(result);
     }
     Ok(out)
+}
+
+impl CaseResult {
+    /// A result not judged yet.
+    pub(crate) fn new(label: &str, kernel: KernelKind) -> Self {
+        CaseResult {
+            label: label.into(),
+            kernel: kernel.name().into(),
+            ran: String::new(),
+            o_rel_l2: f64::NAN,
+            o_max_abs: f64::NAN,
+            lse_max_abs: f64::NAN,
+            guard_overwritten: 0,
+            passed: false,
+            message: String::new(),
+        }
+    }
+
+    /// Records a launch: `false` (the error as the message) when it failed; which kernel ran
+    /// when it was not the one asked for.
+    pub(crate) fn launched(
+        &mut self,
+        kernel: KernelKind,
+        launched: Result<crate::cuda::LaunchInfo>,
+    ) -> bool {
+        match launched {
+            Err(e) => {
+                self.message = e.to_string();
+                false
+            }
+            Ok(info) => {
+                if info.kernel != kernel {
+                    self.ran = format!("ran {} ({})", info.kernel, info.why);
+                }
+                true
+            }
+        }
+    }
+
+    /// The verdict: the broken rules (plus a written guard region) fail the case; notes and
+    /// the kernel that ran are told either way.
+    pub(crate) fn conclude(&mut self, mut problems: Vec<String>, notes: Vec<String>) {
+        if self.guard_overwritten > 0 {
+            problems.push(format!(
+                "{} elements past the end were written",
+                self.guard_overwritten
+            ));
+        }
+        self.passed = problems.is_empty();
+        self.message = problems
+            .into_iter()
+            .chain(notes)
+            .chain((!self.ran.is_empty()).then(|| self.ran.clone()))
+            .collect::<Vec<_>>()
+            .join("; ");
+    }
+}
+
+/// Poisoned outputs of one launch on the device: `o` and `lse` (NaN bit patterns), each
+/// followed by [`GUARD`] elements that must stay poisoned.
+pub(crate) struct Poisoned<T> {
+    /// o and its guard.
+    pub o: cudarc::driver::CudaSlice<T>,
+    /// lse and its guard.
+    pub lse: cudarc::driver::CudaSlice<f32>,
+    n_o: usize,
+    n_lse: usize,
+}
+
+impl<T: GpuElement> Poisoned<T> {
+    /// Fresh poisoned buffers of `n_o` and `n_lse` elements plus their guards.
+    pub(crate) fn new(gpu: &Gpu, n_o: usize, n_lse: usize) -> Result<Self> {
+        // SAFETY: T is f16 or bf16; every 16-bit pattern is a valid value.
+        let poison: T = unsafe { std::mem::transmute_copy::<u16, T>(&POISON16) };
+        let stream = gpu.stream();
+        Ok(Poisoned {
+            o: stream
+                .clone_htod(&vec![poison; n_o + GUARD])
+                .map_err(cuda_err("poisoning o"))?,
+            lse: stream
+                .clone_htod(&vec![f32::NAN; n_lse + GUARD])
+                .map_err(cuda_err("poisoning lse"))?,
+            n_o,
+            n_lse,
+        })
+    }
+
+    /// o and lse copied back (without the guards), and how many guard elements were written.
+    pub(crate) fn read(&self, gpu: &Gpu) -> Result<(Vec<T>, Vec<f32>, usize)> {
+        let stream = gpu.stream();
+        let mut o: Vec<T> = stream
+            .clone_dtoh(&self.o)
+            .map_err(cuda_err("copying o back"))?;
+        let mut lse: Vec<f32> = stream
+            .clone_dtoh(&self.lse)
+            .map_err(cuda_err("copying lse back"))?;
+        let written = o[self.n_o..]
+            .iter()
+            .filter(|x| to_bits(**x) != POISON16)
+            .count()
+            + lse[self.n_lse..].iter().filter(|x| !x.is_nan()).count();
+        o.truncate(self.n_o);
+        lse.truncate(self.n_lse);
+        Ok((o, lse, written))
+    }
 }
 
 /// One printed line of a result.

@@ -6,7 +6,7 @@
 //! Outputs are poisoned (with a guard past the end) as in the dense sweep: every row must be
 //! written (o = 0, lse = -inf for rows that see no key) and nothing past the end.
 
-use super::{CaseResult, GUARD, POISON16, to_bits};
+use super::{CaseResult, Poisoned};
 use crate::compare::{Tolerance, random_vec};
 use crate::cuda::device::cuda_err;
 use crate::cuda::{Gpu, GpuElement, KernelKind};
@@ -200,27 +200,10 @@ fn run_typed<T: GpuElement>(
     let up = |x: &[T]| stream.clone_htod(x).map_err(cuda_err("copying inputs"));
     let (dq, dk, dv) = (up(&q)?, up(&k)?, up(&v)?);
     let n_lse = p.heads_q * p.total_q();
-    // SAFETY: T is f16 or bf16; every 16-bit pattern is a valid value.
-    let poison: T = unsafe { std::mem::transmute_copy::<u16, T>(&POISON16) };
     let mut out = Vec::new();
     for &kernel in kernels.iter().filter(|k| k.has_score_mods()) {
-        let mut result = CaseResult {
-            label: case.label.clone(),
-            kernel: kernel.name().into(),
-            ran: String::new(),
-            o_rel_l2: f64::NAN,
-            o_max_abs: f64::NAN,
-            lse_max_abs: f64::NAN,
-            guard_overwritten: 0,
-            passed: false,
-            message: String::new(),
-        };
-        let mut d_o = stream
-            .clone_htod(&vec![poison; nq + GUARD])
-            .map_err(cuda_err("poisoning o"))?;
-        let mut d_lse = stream
-            .clone_htod(&vec![f32::NAN; n_lse + GUARD])
-            .map_err(cuda_err("poisoning lse"))?;
+        let mut result = CaseResult::new(&case.label, kernel);
+        let mut outs = Poisoned::<T>::new(gpu, nq, n_lse)?;
         let launched = crate::cuda::varlen::forward_device(
             gpu,
             kernel,
@@ -228,8 +211,8 @@ fn run_typed<T: GpuElement>(
             &dq,
             &dk,
             &dv,
-            &mut d_o.slice_mut(0..nq),
-            &mut d_lse.slice_mut(0..n_lse),
+            &mut outs.o.slice_mut(0..nq),
+            &mut outs.lse.slice_mut(0..n_lse),
         )
         .and_then(|info| {
             stream
@@ -237,50 +220,26 @@ fn run_typed<T: GpuElement>(
                 .map_err(cuda_err(format!("varlen {kernel} launch")))?;
             Ok(info)
         });
-        match launched {
-            Err(e) => {
-                result.message = e.to_string();
-                out.push(result);
-                continue;
-            }
-            Ok(info) if info.kernel != kernel => {
-                result.ran = format!("ran {} ({})", info.kernel, info.why);
-            }
-            Ok(_) => {}
+        if !result.launched(kernel, launched) {
+            out.push(result);
+            continue;
         }
-        let o: Vec<T> = stream
-            .clone_dtoh(&d_o)
-            .map_err(cuda_err("copying o back"))?;
-        let lse: Vec<f32> = stream
-            .clone_dtoh(&d_lse)
-            .map_err(cuda_err("copying lse back"))?;
-        result.guard_overwritten = o[nq..].iter().filter(|x| to_bits(**x) != POISON16).count()
-            + lse[n_lse..].iter().filter(|x| !x.is_nan()).count();
+        let (o, lse, written) = outs.read(gpu)?;
+        result.guard_overwritten = written;
         let got = VarlenOutput {
-            o: o[..nq].to_vec(),
-            lse: lse[..n_lse].to_vec(),
+            o,
+            lse,
             ran: String::new(),
         };
         let (od, ld) = varlen::diff_reference(p, &got, &exact);
         result.o_rel_l2 = od.rel_l2;
         result.o_max_abs = od.max_abs;
         result.lse_max_abs = ld.max_abs;
-        let mut problems = Vec::new();
-        if let Err(e) = tol.check(&case.label, &od, &ld) {
-            problems.push(e.to_string());
-        }
-        if result.guard_overwritten > 0 {
-            problems.push(format!(
-                "{} elements past the end were written",
-                result.guard_overwritten
-            ));
-        }
-        result.passed = problems.is_empty();
-        result.message = problems
-            .into_iter()
-            .chain((!result.ran.is_empty()).then(|| result.ran.clone()))
-            .collect::<Vec<_>>()
-            .join("; ");
+        let problems = tol
+            .check(&case.label, &od, &ld)
+            .err()
+            .map(|e| e.to_string());
+        result.conclude(problems.into_iter().collect(), Vec::new());
         out.push(result);
     }
     Ok(out)

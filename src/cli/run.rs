@@ -218,6 +218,14 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// `--scale`, else the file's `scale` metadata (read and refused when bad), else none.
+    fn scale(&self) -> Result<Option<f32>> {
+        match self.a.scale {
+            Some(s) => Ok(Some(s)),
+            None => self.file.scale(),
+        }
+    }
+
     /// The score modifiers of `--window`, `--softcap` and `--alibi` for one layer.
     fn score_mods(&self, prefix: &str, s: &flashattn::AttnShape) -> Result<ScoreMods> {
         let window = match &self.a.window {
@@ -330,11 +338,7 @@ impl Ctx<'_> {
                 ),
             });
         }
-        let scale = match self.a.scale {
-            Some(s) => Some(s),
-            None => self.file.scale()?,
-        };
-        if let Some(scale) = scale {
+        if let Some(scale) = self.scale()? {
             p = p.with_scale(scale)?;
         }
         // The modifiers' shape rules need only the batch and the heads.
@@ -454,11 +458,7 @@ impl Ctx<'_> {
         };
         let mut p = KvCacheProblem::new(batch, sq, hq, hkv, d, layout, cache_seqlens, seqlen_new)?
             .with_mask(self.mask);
-        let scale = match self.a.scale {
-            Some(s) => Some(s),
-            None => self.file.scale()?,
-        };
-        if let Some(scale) = scale {
+        if let Some(scale) = self.scale()? {
             p = p.with_scale(scale)?;
         }
         let envelope = flashattn::AttnShape {
@@ -524,11 +524,7 @@ impl Ctx<'_> {
         let s = qkv.shape;
         let mut p = AttnProblem::new(s)?.with_mask(self.mask);
         // --scale replaces the file's metadata, which is otherwise read and refused when bad.
-        let scale = match self.a.scale {
-            Some(s) => Some(s),
-            None => self.file.scale()?,
-        };
-        if let Some(scale) = scale {
+        if let Some(scale) = self.scale()? {
             p = p.with_scale(scale)?;
         }
         p = p.with_scores(self.score_mods(prefix, &s)?)?;

@@ -73,7 +73,8 @@ pub fn check_gpu_problem(p: &AttnProblem, kernel: KernelKind) -> Result<()> {
     Ok(())
 }
 
-fn check_alignment(name: &'static str, ptr: u64) -> Result<()> {
+/// The base address rule of the kernels (they load 16-byte pieces).
+pub(crate) fn check_alignment(name: &'static str, ptr: u64) -> Result<()> {
     if !ptr.is_multiple_of(16) {
         return Err(AttnError::InvalidStrides {
             tensor: name,
@@ -83,6 +84,23 @@ fn check_alignment(name: &'static str, ptr: u64) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// The ALiBi slopes on the device, for one call (stream-ordered: the copy precedes the launch,
+/// and the buffer's free follows it on the same stream); `None` without ALiBi.
+pub(crate) fn upload_slopes(
+    gpu: &Gpu,
+    scores: &crate::scores::ScoreMods,
+) -> Result<Option<CudaSlice<f32>>> {
+    scores
+        .alibi
+        .as_ref()
+        .map(|a| {
+            gpu.stream()
+                .clone_htod(&a.slopes)
+                .map_err(cuda_err("copying the ALiBi slopes to the device"))
+        })
+        .transpose()
 }
 
 /// Runs attention on device buffers: `q`, `k`, `v` in the problem's layout, `o` written through
@@ -154,16 +172,7 @@ where
     for (name, ptr) in [("q", qp), ("k", kp), ("v", vp), ("o", op)] {
         check_alignment(name, ptr)?;
     }
-    // ALiBi slopes go to the device with the call (stream-ordered: the copy precedes the
-    // launch, and the buffer's free follows it on the same stream).
-    let slopes = match &p.scores.alibi {
-        Some(a) => Some(
-            stream
-                .clone_htod(&a.slopes)
-                .map_err(cuda_err("copying the ALiBi slopes to the device"))?,
-        ),
-        None => None,
-    };
+    let slopes = upload_slopes(gpu, &p.scores)?;
     let alibi = slopes.as_ref().map(|d| d.device_ptr(stream));
     let launch = Launch {
         problem: p,

@@ -11,7 +11,7 @@
 //! way than as one packed `attn_mma` launch. Larger batches (where per-launch costs add up)
 //! and other GPUs take the packed `attn_mma` launch. The [`LaunchInfo`] says which ran.
 
-use super::attention::check_gpu_problem;
+use super::attention::{check_alignment, check_gpu_problem, upload_slopes};
 use super::device::{Gpu, cuda_err};
 use super::launch::{GpuElement, KernelKind, Launch, LaunchInfo, PackedBatch};
 use crate::error::{AttnError, Result};
@@ -108,14 +108,7 @@ where
     let (op, _go) = o.device_ptr_mut(stream);
     let (lp, _gl) = lse.device_ptr_mut(stream);
     for (name, ptr) in [("q", qp), ("k", kp), ("v", vp), ("o", op)] {
-        if !ptr.is_multiple_of(16) {
-            return Err(AttnError::InvalidStrides {
-                tensor: name,
-                reason: format!(
-                    "device address {ptr:#x} is not 16-byte aligned; the kernels load 16-byte pieces: pass a buffer that starts on a 16-byte boundary"
-                ),
-            });
-        }
+        check_alignment(name, ptr)?;
     }
     // Stream-ordered copies: they precede the launch, and the buffers' frees follow it.
     let up = |x: &[i32], what: &str| -> Result<CudaSlice<i32>> {
@@ -125,14 +118,7 @@ where
     };
     let cu_q = up(&p.cu_seqlens_q, "cu_seqlens_q")?;
     let cu_k = up(&p.cu_seqlens_k, "cu_seqlens_k")?;
-    let slopes = match &p.scores.alibi {
-        Some(a) => Some(
-            stream
-                .clone_htod(&a.slopes)
-                .map_err(cuda_err("copying the ALiBi slopes to the device"))?,
-        ),
-        None => None,
-    };
+    let slopes = upload_slopes(gpu, &p.scores)?;
     let (cq, _gcq) = cu_q.device_ptr(stream);
     let (ck, _gck) = cu_k.device_ptr(stream);
     let alibi = slopes.as_ref().map(|d| d.device_ptr(stream));
