@@ -22,6 +22,7 @@ __all__ = [
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
 ]
 
 
@@ -164,4 +165,74 @@ def flash_attn_kvpacked_func(
         )
     k, v = kv[:, :, 0], kv[:, :, 1]
     out, _ = _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    return out
+
+
+def _offsets(name, cu):
+    if hasattr(cu, "detach"):  # torch
+        cu = cu.detach().cpu().numpy()
+    import numpy
+
+    cu = numpy.asarray(cu)
+    if cu.ndim != 1 or cu.dtype.kind not in "iu":
+        raise FlashAttnError(f"{name} must be a 1-D integer array [batch + 1], got {cu.dtype} {cu.shape}")
+    return [int(x) for x in cu]
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """Packed variable-length batch: q ``[total_q, heads_q, head_dim]``, k, v ``[total_k,
+    heads_kv, head_dim]`` (contiguous), ``cu_seqlens_q``/``cu_seqlens_k`` int32 ``[batch + 1]``;
+    returns out like q. ``max_seqlen_q``/``max_seqlen_k`` must be at least the longest
+    sequence (FA2 sizes its grid with them; here they are checked)."""
+    _unsupported(dropout_p, return_attn_probs)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not hasattr(x, "__dlpack__"):
+            raise ValueError(f"{name}: a {type(x).__name__} is not a DLPack tensor")
+    cq, ck = _offsets("cu_seqlens_q", cu_seqlens_q), _offsets("cu_seqlens_k", cu_seqlens_k)
+    for name, cu, bound in (("q", cq, max_seqlen_q), ("k", ck, max_seqlen_k)):
+        steps = [b - a for a, b in zip(cu, cu[1:])]
+        longest = max(steps, default=0)
+        # Offsets that decrease are the library's to report (it names the entry).
+        if min(steps, default=0) >= 0 and longest > int(bound):
+            raise FlashAttnError(
+                f"max_seqlen_{name} = {bound} but the longest sequence has {longest} rows"
+            )
+    if len(q.shape) != 3:
+        raise FlashAttnError(
+            f"q has shape {tuple(q.shape)}; expected [total_q, heads_q, head_dim]"
+        )
+    out = _empty_like(q, q.shape)
+    lse = _empty_like(q, (q.shape[1], q.shape[0]), float32=True)
+    left, right = window_size
+    _native.varlen_forward(
+        q,
+        k,
+        v,
+        out,
+        lse,
+        cq,
+        ck,
+        None if softmax_scale is None else float(softmax_scale),
+        bool(causal),
+        int(left),
+        int(right),
+        float(softcap),
+        _slopes(alibi_slopes),
+    )
     return out

@@ -438,10 +438,146 @@ fn reference(
     Ok((r.o, r.lse))
 }
 
+/// A compact (row-major, no gaps) tensor of `ndim` dimensions: its shape.
+fn compact(t: &Borrowed, ndim: usize, what: &str) -> PyResult<Vec<usize>> {
+    let shape = t.shape();
+    if shape.len() != ndim {
+        return Err(FlashAttnError::new_err(format!(
+            "{} has {} dimensions {shape:?}; expected {ndim}: {what}",
+            t.name,
+            shape.len()
+        )));
+    }
+    let st = t.strides()?;
+    let mut want = 1usize;
+    for i in (0..ndim).rev() {
+        if shape[i] > 1 && st[i] != want {
+            return Err(FlashAttnError::new_err(format!(
+                "{} is not contiguous (strides {st:?} for shape {shape:?}); pass a contiguous tensor (.contiguous() / np.ascontiguousarray)",
+                t.name
+            )));
+        }
+        want *= shape[i];
+    }
+    Ok(shape)
+}
+
+/// Runs a packed variable-length batch on CPU tensors (FlashAttention-2's varlen layout):
+/// `q` `[total_q, heads_q, head_dim]`, `k`/`v` `[total_k, heads_kv, head_dim]`, all
+/// contiguous, written into `out` (like q) and `lse` (f32 `[heads_q, total_q]`).
+#[pyfunction]
+#[pyo3(signature = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes))]
+#[allow(clippy::too_many_arguments)]
+fn varlen_forward(
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    v: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    lse: &Bound<'_, PyAny>,
+    cu_seqlens_q: Vec<i32>,
+    cu_seqlens_k: Vec<i32>,
+    softmax_scale: Option<f32>,
+    causal: bool,
+    window_left: i64,
+    window_right: i64,
+    softcap: f32,
+    alibi_slopes: Option<Vec<f32>>,
+) -> PyResult<String> {
+    let tq = Borrowed::take(q, "q")?;
+    let tk = Borrowed::take(k, "k")?;
+    let tv = Borrowed::take(v, "v")?;
+    let to = Borrowed::take(out, "out")?;
+    let tl = Borrowed::take(lse, "lse")?;
+    for t in [&tq, &tk, &tv, &to, &tl] {
+        t.check_cpu()?;
+    }
+    let packed = "[total, heads, head_dim]";
+    let qs = compact(&tq, 3, packed)?;
+    let ks = compact(&tk, 3, packed)?;
+    let vs = compact(&tv, 3, packed)?;
+    let os = compact(&to, 3, packed)?;
+    let ls = compact(&tl, 2, "[heads_q, total_q]")?;
+    if ks != vs || ks[2] != qs[2] || os != qs || ls != [qs[1], qs[0]] {
+        return Err(FlashAttnError::new_err(format!(
+            "shapes disagree: q {qs:?}, k {ks:?}, v {vs:?}, out {os:?}, lse {ls:?}"
+        )));
+    }
+    let dtype = tq.dtype()?;
+    for t in [&tk, &tv, &to] {
+        if t.dtype()? != dtype {
+            return Err(FlashAttnError::new_err(format!(
+                "q is {dtype} but {} is {}: pass one element type",
+                t.name,
+                t.dtype()?
+            )));
+        }
+    }
+    if tl.dtype()? != "float32" {
+        return Err(FlashAttnError::new_err("lse must be float32"));
+    }
+    let batch = cu_seqlens_q.len().saturating_sub(1);
+    let mut p =
+        flashattn::varlen::VarlenProblem::new(cu_seqlens_q, cu_seqlens_k, qs[1], ks[1], qs[2])
+            .map_err(err)?
+            .with_mask(if causal { Mask::Causal } else { Mask::None });
+    if let Some(s) = softmax_scale {
+        p = p.with_scale(s).map_err(err)?;
+    }
+    let per_batch = alibi_slopes
+        .as_ref()
+        .is_some_and(|s| s.len() == batch * qs[1] && batch > 1);
+    p = p
+        .with_scores(ScoreMods {
+            window: Window::from_fa(window_left, window_right).map_err(err)?,
+            softcap: (softcap != 0.0).then_some(softcap),
+            alibi: alibi_slopes.map(|slopes| Alibi { slopes, per_batch }),
+        })
+        .map_err(err)?;
+    if p.total_q() != qs[0] || p.total_k() != ks[0] {
+        return Err(FlashAttnError::new_err(format!(
+            "cu_seqlens_q ends at {} and cu_seqlens_k at {}, but q has {} rows and k {}",
+            p.total_q(),
+            p.total_k(),
+            qs[0],
+            ks[0]
+        )));
+    }
+    // SAFETY: dtypes and devices checked; the tensors are compact with the sizes checked.
+    unsafe {
+        match dtype {
+            "float16" => run_varlen::<f16>(&p, &tq, &tk, &tv, &to, &tl),
+            "bfloat16" => run_varlen::<bf16>(&p, &tq, &tk, &tv, &to, &tl),
+            _ => run_varlen::<f32>(&p, &tq, &tk, &tv, &to, &tl),
+        }
+    }
+}
+
+/// # Safety
+/// Every tensor holds `T` (lse f32) on the CPU, compact, with the problem's sizes.
+unsafe fn run_varlen<T: Element>(
+    p: &flashattn::varlen::VarlenProblem,
+    q: &Borrowed,
+    k: &Borrowed,
+    v: &Borrowed,
+    o: &Borrowed,
+    lse: &Borrowed,
+) -> PyResult<String> {
+    // SAFETY: the caller checked dtype, device and sizes.
+    let (q, k, v) = unsafe { (q.slice::<T>()?, k.slice::<T>()?, v.slice::<T>()?) };
+    let r = flashattn::varlen::forward(flashattn::BackendChoice::Cpu, p, q, k, v).map_err(err)?;
+    // SAFETY: as above; out and lse are the caller's writable buffers of these sizes.
+    unsafe {
+        o.slice_mut::<T>()?.copy_from_slice(&r.o);
+        lse.slice_mut::<f32>()?.copy_from_slice(&r.lse);
+    }
+    Ok(r.ran)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(reference, m)?)?;
+    m.add_function(wrap_pyfunction!(varlen_forward, m)?)?;
     m.add("FlashAttnError", m.py().get_type::<FlashAttnError>())?;
     Ok(())
 }

@@ -129,3 +129,39 @@ def test_unsupported_and_invalid_calls_raise():
         flashattn.flash_attn_func(np.asfortranarray(q), k, v)
     with pytest.raises(ValueError, match="DLPack"):
         flashattn.flash_attn_func([1, 2], k, v)
+
+
+def test_varlen_against_each_sequence():
+    lens_q, lens_k = [5, 0, 17, 1], [7, 3, 0, 40]
+    cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    ck = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((cq[-1], 4, 16)).astype(np.float16)
+    k = rng.standard_normal((ck[-1], 2, 16)).astype(np.float16)
+    v = rng.standard_normal((ck[-1], 2, 16)).astype(np.float16)
+    for kw in [dict(), dict(causal=True, window_size=(8, 0), softcap=30.0)]:
+        out = flashattn.flash_attn_varlen_func(q, k, v, cq, ck, 17, 40, **kw)
+        assert out.shape == q.shape
+        for b in range(4):
+            qb = q[cq[b] : cq[b + 1]][None]
+            kb, vb = k[ck[b] : ck[b + 1]][None], v[ck[b] : ck[b + 1]][None]
+            got = out[cq[b] : cq[b + 1]].astype(np.float64)
+            if qb.shape[1] == 0:
+                continue
+            if kb.shape[1] == 0:
+                assert np.all(got == 0)  # no keys: o = 0
+                continue
+            want = reference(
+                qb,
+                kb,
+                vb,
+                causal=kw.get("causal", False),
+                window=kw.get("window_size", (-1, -1)),
+                softcap=kw.get("softcap", 0.0),
+            )[0]
+            close(got, want, np.float16)
+    with pytest.raises(flashattn.FlashAttnError, match="max_seqlen_q"):
+        flashattn.flash_attn_varlen_func(q, k, v, cq, ck, 16, 40)
+    with pytest.raises(flashattn.FlashAttnError, match="decreases"):
+        bad = np.array([0, 5, 3, 22, 23], np.int32)
+        flashattn.flash_attn_varlen_func(q, k, v, bad, ck, 17, 40)
