@@ -23,6 +23,7 @@ __all__ = [
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
 ]
 
 
@@ -236,3 +237,83 @@ def flash_attn_varlen_func(
         _slopes(alibi_slopes),
     )
     return out
+
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    rotary_interleaved=True,
+    alibi_slopes=None,
+    num_splits=0,
+    return_softmax_lse=False,
+):
+    """Decoding against a KV cache: q ``[batch, seqlen_q, heads_q, head_dim]``; ``k_cache``,
+    ``v_cache`` ``[batch, seqlen_cache, heads_kv, head_dim]`` or, with ``block_table`` int32
+    ``[batch, max_blocks]``, paged ``[num_blocks, page_size, heads_kv, head_dim]``; new rows
+    ``k``, ``v`` ``[batch, seqlen_new, heads_kv, head_dim]`` are written into the caches at
+    ``cache_seqlens`` (an int or int32 ``[batch]``) in place before attending. Returns out (and
+    lse ``[batch, heads_q, seqlen_q]`` with ``return_softmax_lse``). ``num_splits`` > 0 sets the
+    split-KV count (0: one on the CPU)."""
+    for name, arg in (
+        ("rotary_cos", rotary_cos),
+        ("rotary_sin", rotary_sin),
+        ("cache_batch_idx", cache_batch_idx),
+        ("cache_leftpad", cache_leftpad),
+    ):
+        if arg is not None:
+            raise NotImplementedError(f"{name}: not supported by flashattn yet; pass None")
+    if len(q.shape) != 4:
+        raise FlashAttnError(f"q has shape {tuple(q.shape)}; expected [batch, seqlen_q, heads_q, head_dim]")
+    b, sq, hq, _ = q.shape
+    if cache_seqlens is None:
+        lens = None
+    elif isinstance(cache_seqlens, int):
+        lens = [cache_seqlens] * b
+    else:
+        lens = _offsets("cache_seqlens", cache_seqlens)
+    table, max_blocks = None, 0
+    if block_table is not None:
+        if hasattr(block_table, "detach"):
+            block_table = block_table.detach().cpu().numpy()
+        import numpy
+
+        bt = numpy.asarray(block_table)
+        if bt.ndim != 2 or bt.dtype.kind not in "iu":
+            raise FlashAttnError(f"block_table must be a 2-D integer array [batch, max_blocks], got {bt.dtype} {bt.shape}")
+        table, max_blocks = [int(x) for x in bt.reshape(-1)], int(bt.shape[1])
+    out = _empty_like(q, q.shape)
+    lse = _empty_like(q, (b, hq, sq), float32=True)
+    left, right = window_size
+    _native.kvcache_forward(
+        q,
+        k_cache,
+        v_cache,
+        k,
+        v,
+        out,
+        lse,
+        lens,
+        table,
+        max_blocks,
+        None if softmax_scale is None else float(softmax_scale),
+        bool(causal),
+        int(left),
+        int(right),
+        float(softcap),
+        _slopes(alibi_slopes),
+        int(num_splits),
+    )
+    return (out, lse) if return_softmax_lse else out

@@ -573,11 +573,203 @@ unsafe fn run_varlen<T: Element>(
     Ok(r.ran)
 }
 
+/// Decoding against a KV cache on CPU tensors (FlashAttention-2's `flash_attn_with_kvcache`):
+/// `q` `[batch, seqlen_q, heads_q, head_dim]`; caches contiguous `[batch, seqlen_cache,
+/// heads_kv, head_dim]`, or paged `[num_blocks, page_size, heads_kv, head_dim]` with
+/// `block_table` (row-major `[batch, max_blocks]`); optional new rows `k_new`/`v_new`
+/// `[batch, seqlen_new, heads_kv, head_dim]` appended to the caches in place; all compact.
+/// Writes `out` (like q) and `lse` (f32 `[batch, heads_q, seqlen_q]`).
+#[pyfunction]
+#[pyo3(signature = (q, k_cache, v_cache, k_new, v_new, out, lse, cache_seqlens, block_table, max_blocks, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, num_splits))]
+#[allow(clippy::too_many_arguments)]
+fn kvcache_forward(
+    q: &Bound<'_, PyAny>,
+    k_cache: &Bound<'_, PyAny>,
+    v_cache: &Bound<'_, PyAny>,
+    k_new: Option<&Bound<'_, PyAny>>,
+    v_new: Option<&Bound<'_, PyAny>>,
+    out: &Bound<'_, PyAny>,
+    lse: &Bound<'_, PyAny>,
+    cache_seqlens: Option<Vec<i32>>,
+    block_table: Option<Vec<i32>>,
+    max_blocks: usize,
+    softmax_scale: Option<f32>,
+    causal: bool,
+    window_left: i64,
+    window_right: i64,
+    softcap: f32,
+    alibi_slopes: Option<Vec<f32>>,
+    num_splits: usize,
+) -> PyResult<String> {
+    let tq = Borrowed::take(q, "q")?;
+    let tkc = Borrowed::take(k_cache, "k_cache")?;
+    let tvc = Borrowed::take(v_cache, "v_cache")?;
+    let to = Borrowed::take(out, "out")?;
+    let tl = Borrowed::take(lse, "lse")?;
+    let new = match (k_new, v_new) {
+        (Some(k), Some(v)) => Some((Borrowed::take(k, "k")?, Borrowed::take(v, "v")?)),
+        (None, None) => None,
+        _ => {
+            return Err(FlashAttnError::new_err(
+                "pass both k and v (new rows), or neither",
+            ));
+        }
+    };
+    let mut all = vec![&tq, &tkc, &tvc, &to, &tl];
+    if let Some((k, v)) = &new {
+        all.extend([k, v]);
+    }
+    for t in &all {
+        t.check_cpu()?;
+    }
+    let bshd_c = "[batch, seqlen, heads, head_dim]";
+    let qs = compact(&tq, 4, bshd_c)?;
+    let cs = compact(
+        &tkc,
+        4,
+        "[batch or num_blocks, seqlen_cache or page_size, heads_kv, head_dim]",
+    )?;
+    let (b, sq, hq, d, hkv) = (qs[0], qs[1], qs[2], qs[3], cs[2]);
+    if compact(&tvc, 4, bshd_c)? != cs || cs[3] != d || compact(&to, 4, bshd_c)? != qs {
+        return Err(FlashAttnError::new_err(format!(
+            "shapes disagree: q {qs:?}, k_cache {cs:?}, v_cache {:?}, out {:?}",
+            tvc.shape(),
+            to.shape()
+        )));
+    }
+    if compact(&tl, 3, "[batch, heads_q, seqlen_q]")? != [b, hq, sq] {
+        return Err(FlashAttnError::new_err(format!(
+            "lse has shape {:?}; expected [{b}, {hq}, {sq}]",
+            tl.shape()
+        )));
+    }
+    let seqlen_new = match &new {
+        Some((k, v)) => {
+            let ns = compact(k, 4, bshd_c)?;
+            if compact(v, 4, bshd_c)? != ns || ns[0] != b || ns[2] != hkv || ns[3] != d {
+                return Err(FlashAttnError::new_err(format!(
+                    "new rows k {ns:?}, v {:?}; expected [{b}, seqlen_new, {hkv}, {d}]",
+                    v.shape()
+                )));
+            }
+            ns[1]
+        }
+        None => 0,
+    };
+    let dtype = tq.dtype()?;
+    for t in all.iter().filter(|t| t.name != "q" && t.name != "lse") {
+        if t.dtype()? != dtype {
+            return Err(FlashAttnError::new_err(format!(
+                "q is {dtype} but {} is {}: pass one element type",
+                t.name,
+                t.dtype()?
+            )));
+        }
+    }
+    if tl.dtype()? != "float32" {
+        return Err(FlashAttnError::new_err("lse must be float32"));
+    }
+    let layout = match block_table {
+        Some(table) => flashattn::kvcache::CacheLayout::Paged {
+            num_blocks: cs[0],
+            page_size: cs[1],
+            block_table: table,
+            max_blocks,
+        },
+        None => flashattn::kvcache::CacheLayout::Contiguous {
+            seqlen_cache: cs[1],
+        },
+    };
+    let capacity = match &layout {
+        flashattn::kvcache::CacheLayout::Paged { page_size, .. } => page_size * max_blocks,
+        flashattn::kvcache::CacheLayout::Contiguous { seqlen_cache } => *seqlen_cache,
+    };
+    // No cache_seqlens: every cache is full (what FlashAttention-2 assumes).
+    let lens = cache_seqlens.unwrap_or_else(|| vec![capacity.saturating_sub(seqlen_new) as i32; b]);
+    let per_batch = alibi_slopes
+        .as_ref()
+        .is_some_and(|s| s.len() == b * hq && b > 1);
+    let mut p =
+        flashattn::kvcache::KvCacheProblem::new(b, sq, hq, hkv, d, layout, lens, seqlen_new)
+            .map_err(err)?
+            .with_mask(if causal { Mask::Causal } else { Mask::None });
+    if let Some(s) = softmax_scale {
+        p = p.with_scale(s).map_err(err)?;
+    }
+    p = p
+        .with_scores(ScoreMods {
+            window: Window::from_fa(window_left, window_right).map_err(err)?,
+            softcap: (softcap != 0.0).then_some(softcap),
+            alibi: alibi_slopes.map(|slopes| Alibi { slopes, per_batch }),
+        })
+        .map_err(err)?;
+    // Both caches are written in place: they must not share memory.
+    let span = |t: &Borrowed| -> PyResult<(usize, usize)> {
+        let start = t.t().data as usize + t.t().byte_offset as usize;
+        Ok((start, start + t.extent()? * (t.t().dtype.bits as usize / 8)))
+    };
+    let ((a0, a1), (b0, b1)) = (span(&tkc)?, span(&tvc)?);
+    if a0 < b1 && b0 < a1 {
+        return Err(FlashAttnError::new_err(
+            "k_cache and v_cache share memory; both are written in place: pass separate buffers",
+        ));
+    }
+    let splits = num_splits.max(1);
+    // SAFETY: dtypes, devices and sizes checked; caches are the caller's writable buffers.
+    unsafe {
+        match dtype {
+            "float16" => {
+                run_kvcache::<f16>(&p, &tq, (&tkc, &tvc), new.as_ref(), (&to, &tl), splits)
+            }
+            "bfloat16" => {
+                run_kvcache::<bf16>(&p, &tq, (&tkc, &tvc), new.as_ref(), (&to, &tl), splits)
+            }
+            _ => run_kvcache::<f32>(&p, &tq, (&tkc, &tvc), new.as_ref(), (&to, &tl), splits),
+        }
+    }
+}
+
+/// # Safety
+/// Every tensor holds `T` (lse f32) on the CPU, compact, with the problem's sizes.
+unsafe fn run_kvcache<T: Element>(
+    p: &flashattn::kvcache::KvCacheProblem,
+    q: &Borrowed,
+    (kc, vc): (&Borrowed, &Borrowed),
+    new: Option<&(Borrowed, Borrowed)>,
+    (o, lse): (&Borrowed, &Borrowed),
+    splits: usize,
+) -> PyResult<String> {
+    // SAFETY: the caller checked dtype, device and sizes; the caches are written in place.
+    let r = unsafe {
+        let (kn, vn): (&[T], &[T]) = match new {
+            Some((k, v)) => (k.slice::<T>()?, v.slice::<T>()?),
+            None => (&[], &[]),
+        };
+        flashattn::kvcache::forward_cpu(
+            p,
+            q.slice::<T>()?,
+            kc.slice_mut::<T>()?,
+            vc.slice_mut::<T>()?,
+            kn,
+            vn,
+            splits,
+        )
+        .map_err(err)?
+    };
+    // SAFETY: as above.
+    unsafe {
+        o.slice_mut::<T>()?.copy_from_slice(&r.o);
+        lse.slice_mut::<f32>()?.copy_from_slice(&r.lse);
+    }
+    Ok(format!("cpu ({splits} split(s))"))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(reference, m)?)?;
     m.add_function(wrap_pyfunction!(varlen_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(kvcache_forward, m)?)?;
     m.add("FlashAttnError", m.py().get_type::<FlashAttnError>())?;
     Ok(())
 }

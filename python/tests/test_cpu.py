@@ -165,3 +165,46 @@ def test_varlen_against_each_sequence():
     with pytest.raises(flashattn.FlashAttnError, match="decreases"):
         bad = np.array([0, 5, 3, 22, 23], np.int32)
         flashattn.flash_attn_varlen_func(q, k, v, bad, ck, 17, 40)
+
+
+def test_kvcache_contiguous_and_paged_with_appends():
+    rng = np.random.default_rng(13)
+    b, sq, hq, hkv, d, cap = 2, 2, 4, 2, 16, 64
+    q = rng.standard_normal((b, sq, hq, d)).astype(np.float16)
+    kc = rng.standard_normal((b, cap, hkv, d)).astype(np.float16)
+    vc = rng.standard_normal((b, cap, hkv, d)).astype(np.float16)
+    kn = rng.standard_normal((b, 3, hkv, d)).astype(np.float16)
+    vn = rng.standard_normal((b, 3, hkv, d)).astype(np.float16)
+    lens = np.array([30, 7], np.int32)
+    # The same logical cache as 16-key pages in a shuffled pool.
+    table = np.array([[5, 2, 7, 0], [1, 6, 3, 4]], np.int32)
+    kp = np.zeros((8, 16, hkv, d), np.float16)
+    vp = np.zeros((8, 16, hkv, d), np.float16)
+    for bb in range(b):
+        for c in range(4):
+            kp[table[bb, c]] = kc[bb, c * 16 : (c + 1) * 16]
+            vp[table[bb, c]] = vc[bb, c * 16 : (c + 1) * 16]
+    for splits in (0, 3):
+        kc2, vc2, kp2, vp2 = kc.copy(), vc.copy(), kp.copy(), vp.copy()
+        a, la = flashattn.flash_attn_with_kvcache(
+            q, kc2, vc2, kn, vn, cache_seqlens=lens, causal=True, num_splits=splits, return_softmax_lse=True
+        )
+        p = flashattn.flash_attn_with_kvcache(
+            q, kp2, vp2, kn, vn, cache_seqlens=lens, block_table=table, causal=True, num_splits=splits
+        )
+        np.testing.assert_array_equal(a, p)
+        assert la.shape == (b, hq, sq)
+        for bb in range(b):
+            n = lens[bb] + 3
+            # The new rows were written in place.
+            np.testing.assert_array_equal(kc2[bb, lens[bb] : n], kn[bb])
+            want = reference(q[bb : bb + 1], kc2[bb : bb + 1, :n], vc2[bb : bb + 1, :n], causal=True)
+            close(a[bb : bb + 1], want, np.float16)
+    with pytest.raises(NotImplementedError, match="rotary_cos"):
+        flashattn.flash_attn_with_kvcache(q, kc, vc, rotary_cos=np.ones(1))
+    with pytest.raises(flashattn.FlashAttnError, match="capacity"):
+        flashattn.flash_attn_with_kvcache(q, kc.copy(), vc.copy(), kn, vn, cache_seqlens=62)
+    with pytest.raises(flashattn.FlashAttnError, match="outside the pool"):
+        flashattn.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table + 8)
+    with pytest.raises(flashattn.FlashAttnError, match="share memory"):
+        flashattn.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=lens)
