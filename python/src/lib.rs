@@ -250,6 +250,42 @@ fn bshd(t: &Borrowed) -> PyResult<([usize; 4], Strides)> {
     ))
 }
 
+/// q's element type shared by `others`; lse f32.
+fn same_dtype(dtype: &str, others: &[&Borrowed], lse: &Borrowed) -> PyResult<()> {
+    for t in others {
+        if t.dtype()? != dtype {
+            return Err(FlashAttnError::new_err(format!(
+                "q is {dtype} but {} is {}: pass q, k, v (and out, the caches) with one element type",
+                t.name,
+                t.dtype()?
+            )));
+        }
+    }
+    if lse.dtype()? != "float32" {
+        return Err(FlashAttnError::new_err("lse must be float32"));
+    }
+    Ok(())
+}
+
+/// FlashAttention-2's `window_size`, `softcap` (0 = off) and `alibi_slopes` (`[heads_q]`, or
+/// `[batch, heads_q]` flattened) as the library's score modifiers.
+fn score_mods(
+    (left, right): (i64, i64),
+    softcap: f32,
+    alibi_slopes: Option<Vec<f32>>,
+    batch: usize,
+    heads_q: usize,
+) -> PyResult<ScoreMods> {
+    Ok(ScoreMods {
+        window: Window::from_fa(left, right).map_err(err)?,
+        softcap: (softcap != 0.0).then_some(softcap),
+        alibi: alibi_slopes.map(|slopes| {
+            let per_batch = slopes.len() == batch * heads_q && batch > 1;
+            Alibi { slopes, per_batch }
+        }),
+    })
+}
+
 /// The problem of a call: sizes `[batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim]`,
 /// the mask, the strides of q, k, v, o and the scale (default `1/sqrt(head_dim)`).
 fn problem(
@@ -305,18 +341,7 @@ fn forward(
         t.check_cpu()?;
     }
     let dtype = tq.dtype()?;
-    for t in [&tk, &tv, &to] {
-        if t.dtype()? != dtype {
-            return Err(FlashAttnError::new_err(format!(
-                "q is {dtype} but {} is {}: pass q, k, v (and out) with one element type",
-                t.name,
-                t.dtype()?
-            )));
-        }
-    }
-    if tl.dtype()? != "float32" {
-        return Err(FlashAttnError::new_err("lse must be float32"));
-    }
+    same_dtype(dtype, &[&tk, &tv, &to], &tl)?;
     let ([b, sq, hq, d], qs) = bshd(&tq)?;
     let ([bk, sk, hkv, dk], ks) = bshd(&tk)?;
     let (vshape, vs) = bshd(&tv)?;
@@ -328,14 +353,7 @@ fn forward(
             [bk, sk, hkv, dk]
         )));
     }
-    let mods = ScoreMods {
-        window: Window::from_fa(window_left, window_right).map_err(err)?,
-        softcap: (softcap != 0.0).then_some(softcap),
-        alibi: alibi_slopes.map(|slopes| {
-            let per_batch = slopes.len() == b * hq && b > 1;
-            Alibi { slopes, per_batch }
-        }),
-    };
+    let mods = score_mods((window_left, window_right), softcap, alibi_slopes, b, hq)?;
     let p = problem(
         [b, sq, sk, hq, hkv, d],
         causal,
@@ -503,18 +521,7 @@ fn varlen_forward(
         )));
     }
     let dtype = tq.dtype()?;
-    for t in [&tk, &tv, &to] {
-        if t.dtype()? != dtype {
-            return Err(FlashAttnError::new_err(format!(
-                "q is {dtype} but {} is {}: pass one element type",
-                t.name,
-                t.dtype()?
-            )));
-        }
-    }
-    if tl.dtype()? != "float32" {
-        return Err(FlashAttnError::new_err("lse must be float32"));
-    }
+    same_dtype(dtype, &[&tk, &tv, &to], &tl)?;
     let batch = cu_seqlens_q.len().saturating_sub(1);
     let mut p =
         flashattn::varlen::VarlenProblem::new(cu_seqlens_q, cu_seqlens_k, qs[1], ks[1], qs[2])
@@ -523,15 +530,14 @@ fn varlen_forward(
     if let Some(s) = softmax_scale {
         p = p.with_scale(s).map_err(err)?;
     }
-    let per_batch = alibi_slopes
-        .as_ref()
-        .is_some_and(|s| s.len() == batch * qs[1] && batch > 1);
     p = p
-        .with_scores(ScoreMods {
-            window: Window::from_fa(window_left, window_right).map_err(err)?,
-            softcap: (softcap != 0.0).then_some(softcap),
-            alibi: alibi_slopes.map(|slopes| Alibi { slopes, per_batch }),
-        })
+        .with_scores(score_mods(
+            (window_left, window_right),
+            softcap,
+            alibi_slopes,
+            batch,
+            qs[1],
+        )?)
         .map_err(err)?;
     if p.total_q() != qs[0] || p.total_k() != ks[0] {
         return Err(FlashAttnError::new_err(format!(
@@ -657,18 +663,12 @@ fn kvcache_forward(
         None => 0,
     };
     let dtype = tq.dtype()?;
-    for t in all.iter().filter(|t| t.name != "q" && t.name != "lse") {
-        if t.dtype()? != dtype {
-            return Err(FlashAttnError::new_err(format!(
-                "q is {dtype} but {} is {}: pass one element type",
-                t.name,
-                t.dtype()?
-            )));
-        }
-    }
-    if tl.dtype()? != "float32" {
-        return Err(FlashAttnError::new_err("lse must be float32"));
-    }
+    let others: Vec<&Borrowed> = all
+        .iter()
+        .copied()
+        .filter(|t| t.name != "q" && t.name != "lse")
+        .collect();
+    same_dtype(dtype, &others, &tl)?;
     let layout = match block_table {
         Some(table) => flashattn::kvcache::CacheLayout::Paged {
             num_blocks: cs[0],
@@ -686,9 +686,6 @@ fn kvcache_forward(
     };
     // No cache_seqlens: every cache is full (what FlashAttention-2 assumes).
     let lens = cache_seqlens.unwrap_or_else(|| vec![capacity.saturating_sub(seqlen_new) as i32; b]);
-    let per_batch = alibi_slopes
-        .as_ref()
-        .is_some_and(|s| s.len() == b * hq && b > 1);
     let mut p =
         flashattn::kvcache::KvCacheProblem::new(b, sq, hq, hkv, d, layout, lens, seqlen_new)
             .map_err(err)?
@@ -697,11 +694,13 @@ fn kvcache_forward(
         p = p.with_scale(s).map_err(err)?;
     }
     p = p
-        .with_scores(ScoreMods {
-            window: Window::from_fa(window_left, window_right).map_err(err)?,
-            softcap: (softcap != 0.0).then_some(softcap),
-            alibi: alibi_slopes.map(|slopes| Alibi { slopes, per_batch }),
-        })
+        .with_scores(score_mods(
+            (window_left, window_right),
+            softcap,
+            alibi_slopes,
+            b,
+            hq,
+        )?)
         .map_err(err)?;
     // Both caches are written in place: they must not share memory.
     let span = |t: &Borrowed| -> PyResult<(usize, usize)> {
