@@ -7,11 +7,13 @@ framework. This version runs CPU tensors on the library's CPU backend; CUDA tens
 next). Semantics are FlashAttention-2's: ``[batch, seqlen, heads, head_dim]`` layout, causal
 aligned bottom-right, ``window_size=(left, right)`` with -1 unbounded, ``softcap`` > 0 caps
 scores as ``softcap * tanh(s / softcap)``, ``alibi_slopes`` ``[heads]`` or ``[batch, heads]``;
-GQA/MQA when k and v have fewer heads than q.
+GQA/MQA when k and v have fewer heads than q. ``softmax_scale`` must be finite and above 0.
 
 What is not supported raises an exception that names it, never a silent difference:
 ``dropout_p > 0``, ``return_attn_probs=True``.
 """
+
+import numbers
 
 from . import _native
 
@@ -59,32 +61,58 @@ def _unsupported(dropout_p, return_attn_probs):
         )
 
 
-def _slopes(alibi_slopes):
+def _slopes(alibi_slopes, batch, heads):
+    """ALiBi slopes as a flat list, after checking their shape: [heads] or [batch, heads]."""
     if alibi_slopes is None:
         return None
     if hasattr(alibi_slopes, "detach"):  # torch
         alibi_slopes = alibi_slopes.detach().cpu().float().numpy()
     import numpy
 
-    return [float(x) for x in numpy.asarray(alibi_slopes, dtype=numpy.float32).reshape(-1)]
+    a = numpy.asarray(alibi_slopes, dtype=numpy.float32)
+    if a.shape not in ((heads,), (batch, heads)):
+        raise FlashAttnError(
+            f"alibi_slopes has shape {a.shape}; expected ({heads},) or ({batch}, {heads})"
+        )
+    return [float(x) for x in a.reshape(-1)]
 
 
-def _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes):
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not hasattr(x, "__dlpack__"):
+def _tensors(**named):
+    for name, x in named.items():
+        if x is not None and not hasattr(x, "__dlpack__"):
             raise ValueError(
                 f"{name}: a {type(x).__name__} is not a DLPack tensor; pass a NumPy array, "
                 "a PyTorch tensor or another object with __dlpack__"
             )
+
+
+def _int(name, x, lo, hi):
+    """An integer argument (NumPy integers too, not bools) within [lo, hi]."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise FlashAttnError(f"{name} = {x!r}: expected an integer")
+    if not lo <= int(x) <= hi:
+        raise FlashAttnError(f"{name} = {x}: expected {lo} to {hi}")
+    return int(x)
+
+
+def _window(window_size):
+    left, right = window_size
+    limit = 2**62
+    return _int("window_size[0]", left, -1, limit), _int("window_size[1]", right, -1, limit)
+
+
+def _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes):
+    _tensors(q=q, k=k, v=v)
     if len(q.shape) != 4:
         raise FlashAttnError(
             f"q has {len(q.shape)} dimensions {tuple(q.shape)}; expected 4: "
             "[batch, seqlen, heads, head_dim]"
         )
     b, sq, hq, _ = q.shape
+    left, right = _window(window_size)
+    slopes = _slopes(alibi_slopes, b, hq)
     out = _empty_like(q, q.shape)
     lse = _empty_like(q, (b, hq, sq), float32=True)
-    left, right = window_size
     _native.forward(
         q,
         k,
@@ -93,10 +121,10 @@ def _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
         lse,
         None if softmax_scale is None else float(softmax_scale),
         bool(causal),
-        int(left),
-        int(right),
+        left,
+        right,
         float(softcap),
-        _slopes(alibi_slopes),
+        slopes,
     )
     return out, lse
 
@@ -137,6 +165,7 @@ def flash_attn_qkvpacked_func(
     """As :func:`flash_attn_func` with ``qkv`` ``[batch, seqlen, 3, heads, head_dim]`` (the
     three slices are read in place, as strided views)."""
     _unsupported(dropout_p, return_attn_probs)
+    _tensors(qkv=qkv)
     if len(qkv.shape) != 5 or qkv.shape[2] != 3:
         raise FlashAttnError(
             f"qkv has shape {tuple(qkv.shape)}; expected [batch, seqlen, 3, heads, head_dim]"
@@ -160,6 +189,7 @@ def flash_attn_kvpacked_func(
 ):
     """As :func:`flash_attn_func` with ``kv`` ``[batch, seqlen_k, 2, heads_kv, head_dim]``."""
     _unsupported(dropout_p, return_attn_probs)
+    _tensors(q=q, kv=kv)
     if len(kv.shape) != 5 or kv.shape[2] != 2:
         raise FlashAttnError(
             f"kv has shape {tuple(kv.shape)}; expected [batch, seqlen_k, 2, heads_kv, head_dim]"
@@ -169,15 +199,22 @@ def flash_attn_kvpacked_func(
     return out
 
 
-def _offsets(name, cu):
-    if hasattr(cu, "detach"):  # torch
-        cu = cu.detach().cpu().numpy()
+def _ints(name, x, what):
+    """A 1-D integer array (NumPy, PyTorch, list) as Python ints within i32."""
+    if hasattr(x, "detach"):  # torch
+        x = x.detach().cpu().numpy()
     import numpy
 
-    cu = numpy.asarray(cu)
-    if cu.ndim != 1 or cu.dtype.kind not in "iu":
-        raise FlashAttnError(f"{name} must be a 1-D integer array [batch + 1], got {cu.dtype} {cu.shape}")
-    return [int(x) for x in cu]
+    a = numpy.asarray(x)
+    if a.ndim != 1 or a.dtype.kind not in "iu":
+        raise FlashAttnError(f"{name} must be a 1-D integer array {what}, got {a.dtype} {a.shape}")
+    if a.size and (int(a.min()) < -(2**31) or int(a.max()) >= 2**31):
+        raise FlashAttnError(f"{name} holds values outside int32")
+    return [int(v) for v in a]
+
+
+def _offsets(name, cu):
+    return _ints(name, cu, "[batch + 1]")
 
 
 def flash_attn_varlen_func(
@@ -198,14 +235,15 @@ def flash_attn_varlen_func(
     return_attn_probs=False,
 ):
     """Packed variable-length batch: q ``[total_q, heads_q, head_dim]``, k, v ``[total_k,
-    heads_kv, head_dim]`` (contiguous), ``cu_seqlens_q``/``cu_seqlens_k`` int32 ``[batch + 1]``;
+    heads_kv, head_dim]`` (contiguous: this version needs compact packed tensors),
+    ``cu_seqlens_q``/``cu_seqlens_k`` int32 ``[batch + 1]``;
     returns out like q. ``max_seqlen_q``/``max_seqlen_k`` must be at least the longest
     sequence (FA2 sizes its grid with them; here they are checked)."""
     _unsupported(dropout_p, return_attn_probs)
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not hasattr(x, "__dlpack__"):
-            raise ValueError(f"{name}: a {type(x).__name__} is not a DLPack tensor")
+    _tensors(q=q, k=k, v=v)
     cq, ck = _offsets("cu_seqlens_q", cu_seqlens_q), _offsets("cu_seqlens_k", cu_seqlens_k)
+    max_seqlen_q = _int("max_seqlen_q", max_seqlen_q, 0, 2**31 - 1)
+    max_seqlen_k = _int("max_seqlen_k", max_seqlen_k, 0, 2**31 - 1)
     for name, cu, bound in (("q", cq, max_seqlen_q), ("k", ck, max_seqlen_k)):
         steps = [b - a for a, b in zip(cu, cu[1:])]
         longest = max(steps, default=0)
@@ -218,9 +256,10 @@ def flash_attn_varlen_func(
         raise FlashAttnError(
             f"q has shape {tuple(q.shape)}; expected [total_q, heads_q, head_dim]"
         )
+    left, right = _window(window_size)
+    slopes = _slopes(alibi_slopes, len(cq) - 1, q.shape[1])
     out = _empty_like(q, q.shape)
     lse = _empty_like(q, (q.shape[1], q.shape[0]), float32=True)
-    left, right = window_size
     _native.varlen_forward(
         q,
         k,
@@ -231,10 +270,10 @@ def flash_attn_varlen_func(
         ck,
         None if softmax_scale is None else float(softmax_scale),
         bool(causal),
-        int(left),
-        int(right),
+        left,
+        right,
         float(softcap),
-        _slopes(alibi_slopes),
+        slopes,
     )
     return out
 
@@ -264,7 +303,8 @@ def flash_attn_with_kvcache(
     ``v_cache`` ``[batch, seqlen_cache, heads_kv, head_dim]`` or, with ``block_table`` int32
     ``[batch, max_blocks]``, paged ``[num_blocks, page_size, heads_kv, head_dim]``; new rows
     ``k``, ``v`` ``[batch, seqlen_new, heads_kv, head_dim]`` are written into the caches at
-    ``cache_seqlens`` (an int or int32 ``[batch]``) in place before attending. Returns out (and
+    ``cache_seqlens`` (an int or int32 ``[batch]``) in place before attending; every tensor
+    compact (this version), pages a multiple of 16 keys. Returns out (and
     lse ``[batch, heads_q, seqlen_q]`` with ``return_softmax_lse``). ``num_splits`` > 0 sets the
     split-KV count (0: one on the CPU)."""
     for name, arg in (
@@ -275,15 +315,17 @@ def flash_attn_with_kvcache(
     ):
         if arg is not None:
             raise NotImplementedError(f"{name}: not supported by flashattn yet; pass None")
+    _tensors(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
     if len(q.shape) != 4:
         raise FlashAttnError(f"q has shape {tuple(q.shape)}; expected [batch, seqlen_q, heads_q, head_dim]")
     b, sq, hq, _ = q.shape
     if cache_seqlens is None:
         lens = None
-    elif isinstance(cache_seqlens, int):
-        lens = [cache_seqlens] * b
+    elif isinstance(cache_seqlens, (numbers.Integral, bool)):
+        lens = [_int("cache_seqlens", cache_seqlens, 0, 2**31 - 1)] * b
     else:
-        lens = _offsets("cache_seqlens", cache_seqlens)
+        lens = _ints("cache_seqlens", cache_seqlens, "[batch]")
+    num_splits = _int("num_splits", num_splits, 0, 128)
     table, max_blocks = None, 0
     if block_table is not None:
         if hasattr(block_table, "detach"):
@@ -293,10 +335,11 @@ def flash_attn_with_kvcache(
         bt = numpy.asarray(block_table)
         if bt.ndim != 2 or bt.dtype.kind not in "iu":
             raise FlashAttnError(f"block_table must be a 2-D integer array [batch, max_blocks], got {bt.dtype} {bt.shape}")
-        table, max_blocks = [int(x) for x in bt.reshape(-1)], int(bt.shape[1])
+        table, max_blocks = _ints("block_table", bt.reshape(-1), "[batch, max_blocks]"), int(bt.shape[1])
+    left, right = _window(window_size)
+    slopes = _slopes(alibi_slopes, b, hq)
     out = _empty_like(q, q.shape)
     lse = _empty_like(q, (b, hq, sq), float32=True)
-    left, right = window_size
     _native.kvcache_forward(
         q,
         k_cache,
@@ -310,10 +353,10 @@ def flash_attn_with_kvcache(
         max_blocks,
         None if softmax_scale is None else float(softmax_scale),
         bool(causal),
-        int(left),
-        int(right),
+        left,
+        right,
         float(softcap),
-        _slopes(alibi_slopes),
-        int(num_splits),
+        slopes,
+        num_splits,
     )
     return (out, lse) if return_softmax_lse else out

@@ -63,55 +63,158 @@ const DL_CUDA: i32 = 2;
 const DL_FLOAT: u8 = 2;
 const DL_BFLOAT: u8 = 4;
 
+/// DLPack 1.0's versioned tensor (`__dlpack__(max_version=(1, 0))`), which can say that it is
+/// read-only.
+#[repr(C)]
+struct DlManagedTensorVersioned {
+    version: [u32; 2],
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DlManagedTensorVersioned)>,
+    flags: u64,
+    dl_tensor: DlTensor,
+}
+const DL_FLAG_READ_ONLY: u64 = 1;
+
+enum Managed {
+    Legacy(*mut DlManagedTensor),
+    Versioned(*mut DlManagedTensorVersioned),
+}
+
 /// A tensor borrowed through DLPack for the length of one call; the producer's deleter runs
-/// on drop (the capsule is renamed "used_dltensor", so its own destructor does not).
+/// on drop (the capsule is renamed "used_...", so its own destructor does not).
 struct Borrowed {
-    managed: *mut DlManagedTensor,
+    managed: Managed,
     _capsule: Py<PyAny>,
     name: &'static str,
 }
 
 impl Drop for Borrowed {
     fn drop(&mut self) {
-        // SAFETY: `managed` came from a "dltensor" capsule that this struct consumed; the
-        // DLPack protocol makes the consumer call the deleter exactly once.
+        // SAFETY: the pointer came from a capsule this struct consumed; the DLPack protocol
+        // makes the consumer call the deleter exactly once.
         unsafe {
-            if let Some(del) = (*self.managed).deleter {
-                del(self.managed);
+            match self.managed {
+                Managed::Legacy(m) => {
+                    if let Some(del) = (*m).deleter {
+                        del(m);
+                    }
+                }
+                Managed::Versioned(m) => {
+                    if let Some(del) = (*m).deleter {
+                        del(m);
+                    }
+                }
             }
         }
     }
 }
 
 impl Borrowed {
+    /// Takes `obj.__dlpack__()`: the versioned form when the producer offers it (NumPy 2.1+
+    /// exports read-only arrays only that way), else the legacy one.
     fn take(obj: &Bound<'_, PyAny>, name: &'static str) -> PyResult<Self> {
-        let capsule = obj.call_method0("__dlpack__").map_err(|e| {
+        let py = obj.py();
+        let not_dlpack = |e: PyErr| {
             PyValueError::new_err(format!(
                 "{name}: not a DLPack tensor ({e}); pass a NumPy array, a PyTorch tensor or another object with __dlpack__"
             ))
-        })?;
-        let used: &CStr = c"used_dltensor";
-        let want: &CStr = c"dltensor";
-        // SAFETY: PyCapsule_GetPointer checks the capsule's type and name and returns null
-        // (with an exception set) otherwise; renaming marks it consumed (DLPack protocol).
-        let managed = unsafe {
-            let ptr = pyo3::ffi::PyCapsule_GetPointer(capsule.as_ptr(), want.as_ptr());
-            if ptr.is_null() {
-                return Err(PyErr::fetch(obj.py()));
-            }
-            pyo3::ffi::PyCapsule_SetName(capsule.as_ptr(), used.as_ptr());
-            ptr as *mut DlManagedTensor
         };
-        Ok(Borrowed {
+        let kwargs = pyo3::types::PyDict::new(py);
+        kwargs.set_item("max_version", (1, 0))?;
+        let capsule = match obj.call_method("__dlpack__", (), Some(&kwargs)) {
+            Ok(c) => c,
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py) => {
+                obj.call_method0("__dlpack__").map_err(not_dlpack)?
+            }
+            Err(e) => return Err(not_dlpack(e)),
+        };
+        // SAFETY: PyCapsule_GetName/GetPointer check the object and name; renaming marks the
+        // capsule consumed (DLPack protocol).
+        let managed = unsafe {
+            let cap = capsule.as_ptr();
+            let cname = pyo3::ffi::PyCapsule_GetName(cap);
+            if cname.is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            let versioned = CStr::from_ptr(cname) == c"dltensor_versioned";
+            let (want, used): (&CStr, &CStr) = if versioned {
+                (c"dltensor_versioned", c"used_dltensor_versioned")
+            } else {
+                (c"dltensor", c"used_dltensor")
+            };
+            let ptr = pyo3::ffi::PyCapsule_GetPointer(cap, want.as_ptr());
+            if ptr.is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            pyo3::ffi::PyCapsule_SetName(cap, used.as_ptr());
+            if versioned {
+                Managed::Versioned(ptr as *mut DlManagedTensorVersioned)
+            } else {
+                Managed::Legacy(ptr as *mut DlManagedTensor)
+            }
+        };
+        let b = Borrowed {
             managed,
             _capsule: capsule.unbind(),
             name,
-        })
+        };
+        b.check_aligned()?;
+        Ok(b)
+    }
+
+    /// Whether the producer marked the tensor read-only (DLPack 1.0 only).
+    fn read_only(&self) -> bool {
+        match self.managed {
+            // SAFETY: valid until the deleter runs in drop.
+            Managed::Versioned(m) => unsafe { (*m).flags & DL_FLAG_READ_ONLY != 0 },
+            Managed::Legacy(_) => false,
+        }
+    }
+
+    /// Refuses a tensor this call would write when its producer marked it read-only.
+    fn check_writable(&self) -> PyResult<()> {
+        if self.read_only() {
+            return Err(FlashAttnError::new_err(format!(
+                "{} is read-only and this call writes it: pass a writable array",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// The data address must be aligned to the element size (a misaligned slice is undefined
+    /// behaviour in Rust).
+    fn check_aligned(&self) -> PyResult<()> {
+        let t = self.t();
+        let addr = t.data as usize + t.byte_offset as usize;
+        let size = (t.dtype.bits as usize / 8).max(1);
+        if !addr.is_multiple_of(size) {
+            return Err(FlashAttnError::new_err(format!(
+                "{}: the data at {addr:#x} is not aligned to its {size}-byte elements; pass an aligned array (e.g. a copy)",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// The bytes from the first to one past the last element addressed.
+    fn span(&self) -> PyResult<(usize, usize)> {
+        let t = self.t();
+        let start = t.data as usize + t.byte_offset as usize;
+        Ok((
+            start,
+            start + self.extent()? * (t.dtype.bits as usize / 8).max(1),
+        ))
     }
 
     fn t(&self) -> &DlTensor {
         // SAFETY: valid until the deleter runs in drop.
-        unsafe { &(*self.managed).dl_tensor }
+        unsafe {
+            match self.managed {
+                Managed::Legacy(m) => &(*m).dl_tensor,
+                Managed::Versioned(m) => &(*m).dl_tensor,
+            }
+        }
     }
 
     fn shape(&self) -> Vec<usize> {
@@ -234,7 +337,8 @@ fn bshd(t: &Borrowed) -> PyResult<([usize; 4], Strides)> {
         )));
     }
     let st = t.strides()?;
-    if st[3] != 1 && shape[3] > 1 {
+    // An empty tensor's strides mean nothing (NumPy reports 0): the sizes are refused later.
+    if st[3] != 1 && shape[3] > 1 && !shape.contains(&0) {
         return Err(FlashAttnError::new_err(format!(
             "{}: the last dimension (head_dim) has stride {}; it must be contiguous (call .contiguous() / np.ascontiguousarray)",
             t.name, st[3]
@@ -248,6 +352,25 @@ fn bshd(t: &Borrowed) -> PyResult<([usize; 4], Strides)> {
             head: st[2],
         },
     ))
+}
+
+/// Every tensor this call writes must be writable and share no memory with any other tensor
+/// of the call (Rust may not read and write one place through two references).
+fn check_disjoint(written: &[&Borrowed], read: &[&Borrowed]) -> PyResult<()> {
+    for (i, w) in written.iter().enumerate() {
+        w.check_writable()?;
+        let (a0, a1) = w.span()?;
+        for other in written[i + 1..].iter().chain(read) {
+            let (b0, b1) = other.span()?;
+            if a0 < b1 && b0 < a1 {
+                return Err(FlashAttnError::new_err(format!(
+                    "{} and {} share memory, and this call writes {}: pass separate buffers",
+                    w.name, other.name, w.name
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// q's element type shared by `others`; lse f32.
@@ -342,6 +465,7 @@ fn forward(
     }
     let dtype = tq.dtype()?;
     same_dtype(dtype, &[&tk, &tv, &to], &tl)?;
+    check_disjoint(&[&to, &tl], &[&tq, &tk, &tv])?;
     let ([b, sq, hq, d], qs) = bshd(&tq)?;
     let ([bk, sk, hkv, dk], ks) = bshd(&tk)?;
     let (vshape, vs) = bshd(&tv)?;
@@ -466,6 +590,9 @@ fn compact(t: &Borrowed, ndim: usize, what: &str) -> PyResult<Vec<usize>> {
             shape.len()
         )));
     }
+    if shape.contains(&0) {
+        return Ok(shape); // nothing addressed; the sizes are judged by the library
+    }
     let st = t.strides()?;
     let mut want = 1usize;
     for i in (0..ndim).rev() {
@@ -522,6 +649,7 @@ fn varlen_forward(
     }
     let dtype = tq.dtype()?;
     same_dtype(dtype, &[&tk, &tv, &to], &tl)?;
+    check_disjoint(&[&to, &tl], &[&tq, &tk, &tv])?;
     let batch = cu_seqlens_q.len().saturating_sub(1);
     let mut p =
         flashattn::varlen::VarlenProblem::new(cu_seqlens_q, cu_seqlens_k, qs[1], ks[1], qs[2])
@@ -702,17 +830,12 @@ fn kvcache_forward(
             hq,
         )?)
         .map_err(err)?;
-    // Both caches are written in place: they must not share memory.
-    let span = |t: &Borrowed| -> PyResult<(usize, usize)> {
-        let start = t.t().data as usize + t.t().byte_offset as usize;
-        Ok((start, start + t.extent()? * (t.t().dtype.bits as usize / 8)))
-    };
-    let ((a0, a1), (b0, b1)) = (span(&tkc)?, span(&tvc)?);
-    if a0 < b1 && b0 < a1 {
-        return Err(FlashAttnError::new_err(
-            "k_cache and v_cache share memory; both are written in place: pass separate buffers",
-        ));
+    // The caches (new rows appended in place), out and lse are written.
+    let mut read = vec![&tq];
+    if let Some((k, v)) = &new {
+        read.extend([k, v]);
     }
+    check_disjoint(&[&tkc, &tvc, &to, &tl], &read)?;
     let splits = num_splits.max(1);
     // SAFETY: dtypes, devices and sizes checked; caches are the caller's writable buffers.
     unsafe {

@@ -208,3 +208,45 @@ def test_kvcache_contiguous_and_paged_with_appends():
         flashattn.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table + 8)
     with pytest.raises(flashattn.FlashAttnError, match="share memory"):
         flashattn.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=lens)
+
+
+def test_memory_rules():
+    """What the call writes must be writable and share memory with nothing else; read-only
+    inputs are fine; misaligned data and transposed slopes are refused (new-user trial)."""
+    rng = np.random.default_rng(17)
+    b, hq, hkv, d = 2, 2, 2, 16
+    q = rng.standard_normal((b, 2, hq, d)).astype(np.float16)
+    kc = rng.standard_normal((b, 32, hkv, d)).astype(np.float16)
+    vc = rng.standard_normal((b, 32, hkv, d)).astype(np.float16)
+    kn = rng.standard_normal((b, 1, hkv, d)).astype(np.float16)
+    with pytest.raises(flashattn.FlashAttnError, match="share memory"):
+        flashattn.flash_attn_with_kvcache(kc[:, :2, :, :].copy(), kc, kc, cache_seqlens=3)
+    with pytest.raises(flashattn.FlashAttnError, match="share memory"):
+        alias = vc.reshape(-1)[: b * hkv * d].reshape(b, 1, hkv, d)  # compact, inside v_cache
+        flashattn.flash_attn_with_kvcache(q, kc, vc, kn, alias, cache_seqlens=3)
+    with pytest.raises(flashattn.FlashAttnError, match="share memory"):
+        flashattn.flash_attn_with_kvcache(kc.reshape(-1)[: q.size].reshape(q.shape), kc, vc, cache_seqlens=3)
+    version = tuple(int(x) for x in np.__version__.split(".")[:2])
+    if version >= (2, 1):  # read-only arrays export through DLPack 1.0 only
+        ro = q.copy()
+        ro.flags.writeable = False
+        out = flashattn.flash_attn_func(ro, ro, ro)
+        close(out, reference(q, q, q), np.float16)
+        kro = kc.copy()
+        kro.flags.writeable = False
+        with pytest.raises(flashattn.FlashAttnError, match="read-only"):
+            flashattn.flash_attn_with_kvcache(q, kro, vc.copy(), kn, kn.copy(), cache_seqlens=3)
+        assert np.array_equal(kro, kc)
+    buf = np.zeros(2 * 4 * 2 * 8 * 4 + 1, np.uint8)
+    mis = np.frombuffer(buf.data, np.float32, count=2 * 4 * 2 * 8, offset=1).reshape(2, 4, 2, 8)
+    with pytest.raises(flashattn.FlashAttnError, match="aligned"):
+        flashattn.flash_attn_func(mis, mis, mis)
+    slopes = np.ones((hq, b), np.float32)
+    with pytest.raises(flashattn.FlashAttnError, match="alibi_slopes has shape"):
+        flashattn.flash_attn_func(q, q, q, alibi_slopes=slopes[:, :1].T.copy().T)
+    with pytest.raises(flashattn.FlashAttnError, match="num_splits"):
+        flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=3, num_splits=-1)
+    with pytest.raises(flashattn.FlashAttnError, match="is 0|ZeroDim|zero|0"):
+        flashattn.flash_attn_func(q[:0], q[:0], q[:0])
+    with pytest.raises(ValueError, match="DLPack"):
+        flashattn.flash_attn_with_kvcache([1], kc, vc)
