@@ -251,6 +251,17 @@ impl VarlenProblem {
     }
 }
 
+/// Offsets `[0, l0, l0 + l1, ...]` (`batch + 1` entries) of sequences of the given lengths,
+/// for [`VarlenProblem::new`]. The lengths must sum below 2^31 (the offsets are i32).
+pub fn offsets(lengths: &[usize]) -> Vec<i32> {
+    std::iter::once(0)
+        .chain(lengths.iter().scan(0i32, |acc, &l| {
+            *acc += l as i32;
+            Some(*acc)
+        }))
+        .collect()
+}
+
 fn lengths(cu: &[i32]) -> impl Iterator<Item = usize> + '_ {
     cu.windows(2).map(|w| (w[1] - w[0]) as usize)
 }

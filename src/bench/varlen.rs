@@ -10,10 +10,9 @@ use super::report::io_err;
 use super::stats;
 use crate::cuda::{Gpu, GpuElement, KernelKind, LaunchInfo, forward_device};
 use crate::error::{AttnError, Result};
-use crate::mask::Mask;
-use crate::scores::{Alibi, ScoreMods, Window};
+use crate::scores::ScoreMods;
 use crate::shape::{AttnProblem, AttnShape};
-use crate::varlen::VarlenProblem;
+use crate::varlen::{VarlenProblem, offsets};
 use crate::{DType, compare::random_vec};
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
@@ -140,18 +139,19 @@ pub fn run(opts: &BenchOptions, mix: &[usize]) -> Result<String> {
     }
     let sweep = opts.sweep()?;
     let gpu = Gpu::new(opts.device)?;
-    let mut shapes: Vec<(DType, usize, bool)> = Vec::new();
+    // One run per (dtype, head_dim, mask) of the sweep, with that case's score modifiers.
+    let mut seen: Vec<(DType, usize, bool)> = Vec::new();
+    let mut results = Vec::new();
     for c in &sweep.cases {
         let key = (c.dtype()?, c.head_dim, c.causal);
-        if !shapes.contains(&key) {
-            shapes.push(key);
+        if seen.contains(&key) {
+            continue;
         }
-    }
-    let mut results = Vec::new();
-    for (dtype, d, causal) in shapes {
-        let r = match dtype {
-            DType::BF16 => case::<bf16>(&gpu, opts, mix, d, causal)?,
-            _ => case::<f16>(&gpu, opts, mix, d, causal)?,
+        seen.push(key);
+        let mods = c.problem()?.scores;
+        let r = match key.0 {
+            DType::BF16 => case::<bf16>(&gpu, opts, mix, c, &mods)?,
+            _ => case::<f16>(&gpu, opts, mix, c, &mods)?,
         };
         results.push(r);
     }
@@ -225,29 +225,12 @@ fn case<T: GpuElement>(
     gpu: &Gpu,
     opts: &BenchOptions,
     mix: &[usize],
-    d: usize,
-    causal: bool,
+    sweep_case: &super::sweep::Case,
+    mods: &ScoreMods,
 ) -> Result<VarlenCaseResult> {
-    let heads = (opts.hidden / d).max(1);
-    let mask = if causal { Mask::Causal } else { Mask::None };
-    let cu: Vec<i32> = std::iter::once(0)
-        .chain(mix.iter().scan(0i32, |a, &l| {
-            *a += l as i32;
-            Some(*a)
-        }))
-        .collect();
-    // The sweep's modifiers (checked by opts.sweep()): window, softcap, geometric ALiBi.
-    let mods = ScoreMods {
-        window: match &opts.window {
-            Some(w) => {
-                let [l, r] = super::sweep::parse_window(w)?;
-                Window::from_fa(l, r)?
-            }
-            None => Window::default(),
-        },
-        softcap: opts.softcap,
-        alibi: opts.alibi.then(|| Alibi::geometric(heads)),
-    };
+    let (d, causal, heads) = (sweep_case.head_dim, sweep_case.causal, sweep_case.heads);
+    let mask = sweep_case.mask();
+    let cu = offsets(mix);
     let p = VarlenProblem::new(cu.clone(), cu, heads, heads, d)?
         .with_mask(mask)
         .with_scores(mods.clone())?;
@@ -268,19 +251,17 @@ fn case<T: GpuElement>(
     let mut lse: CudaSlice<f32> = stream
         .alloc_zeros(heads * total)
         .map_err(crate::cuda::device::cuda_err("allocating lse"))?;
-    // One dense batch-1 problem per sequence (the per-sequence lines).
+    // One dense batch-1 problem per sequence, with its first packed row (the per-sequence
+    // lines).
     let seqs: Vec<(AttnProblem, usize)> = mix
         .iter()
-        .zip(std::iter::once(0).chain(mix.iter().scan(0, |a, &l| {
-            *a += l;
-            Some(*a)
-        })))
-        .map(|(&l, start)| {
+        .zip(&p.cu_seqlens_q)
+        .map(|(&l, &start)| {
             Ok((
                 AttnProblem::new(AttnShape::new(1, l, heads, d))?
                     .with_mask(mask)
                     .with_scores(mods.clone())?,
-                start,
+                start as usize,
             ))
         })
         .collect::<Result<_>>()?;

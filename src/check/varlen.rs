@@ -14,7 +14,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::mask::Mask;
 use crate::scores::{Alibi, ScoreMods, Window};
-use crate::varlen::{self, VarlenOutput, VarlenProblem};
+use crate::varlen::{self, VarlenOutput, VarlenProblem, offsets};
 use half::{bf16, f16};
 
 /// One packed batch of the sweep.
@@ -26,15 +26,6 @@ pub struct VarlenCase {
     pub dtype: DType,
     /// The batch.
     pub problem: VarlenProblem,
-}
-
-fn offsets(lens: &[usize]) -> Vec<i32> {
-    std::iter::once(0)
-        .chain(lens.iter().scan(0i32, |acc, &l| {
-            *acc += l as i32;
-            Some(*acc)
-        }))
-        .collect()
 }
 
 /// The packed batches of the sweep (the same in quick mode: they are small).

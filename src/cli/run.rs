@@ -227,7 +227,8 @@ impl Ctx<'_> {
     }
 
     /// The score modifiers of `--window`, `--softcap` and `--alibi` for one layer.
-    fn score_mods(&self, prefix: &str, s: &flashattn::AttnShape) -> Result<ScoreMods> {
+    /// `batch` and `heads_q` decide the shapes the file's slopes may have.
+    fn score_mods(&self, prefix: &str, batch: usize, heads_q: usize) -> Result<ScoreMods> {
         let window = match &self.a.window {
             Some(w) => parse_window(w)?,
             None => Window::default(),
@@ -237,17 +238,17 @@ impl Ctx<'_> {
             Some(if self.file.has(&name) {
                 let (slopes, shape) = self.file.read::<f32>(&name)?;
                 let per_batch = shape.len() == 2;
-                if !(shape == [s.heads_q] || shape == [s.batch, s.heads_q]) {
+                if !(shape == [heads_q] || shape == [batch, heads_q]) {
                     return Err(AttnError::ShapeMismatch {
                         what: format!(
                             "{name} has shape {shape:?}; expected [{}] or [{}, {}]",
-                            s.heads_q, s.batch, s.heads_q
+                            heads_q, batch, heads_q
                         ),
                     });
                 }
                 Alibi { slopes, per_batch }
             } else {
-                Alibi::geometric(s.heads_q)
+                Alibi::geometric(heads_q)
             })
         } else {
             None
@@ -341,16 +342,8 @@ impl Ctx<'_> {
         if let Some(scale) = self.scale()? {
             p = p.with_scale(scale)?;
         }
-        // The modifiers' shape rules need only the batch and the heads.
-        let envelope = flashattn::AttnShape {
-            batch: p.batch(),
-            seqlen_q: 1,
-            seqlen_k: 1,
-            heads_q: hq,
-            heads_kv: hkv,
-            head_dim: d,
-        };
-        p = p.with_scores(self.score_mods(prefix, &envelope)?)?;
+        let mods = self.score_mods(prefix, p.batch(), hq)?;
+        p = p.with_scores(mods)?;
         let mut best = None;
         for _ in 0..self.a.repeat {
             let t0 = std::time::Instant::now();
@@ -461,15 +454,7 @@ impl Ctx<'_> {
         if let Some(scale) = self.scale()? {
             p = p.with_scale(scale)?;
         }
-        let envelope = flashattn::AttnShape {
-            batch,
-            seqlen_q: 1,
-            seqlen_k: 1,
-            heads_q: hq,
-            heads_kv: hkv,
-            head_dim: d,
-        };
-        p = p.with_scores(self.score_mods(prefix, &envelope)?)?;
+        p = p.with_scores(self.score_mods(prefix, batch, hq)?)?;
         let (mut kc, mut vc) = (kc, vc);
         let t0 = std::time::Instant::now();
         let out = flashattn::kvcache::forward_cpu(&p, &q, &mut kc, &mut vc, &k_new, &v_new, 1)?;
@@ -527,7 +512,7 @@ impl Ctx<'_> {
         if let Some(scale) = self.scale()? {
             p = p.with_scale(scale)?;
         }
-        p = p.with_scores(self.score_mods(prefix, &s)?)?;
+        p = p.with_scores(self.score_mods(prefix, s.batch, s.heads_q)?)?;
         let mut fw = flashattn::forward(self.choice, &p, &qkv.q, &qkv.k, &qkv.v)?;
         for _ in 1..self.a.repeat {
             let again = flashattn::forward(self.choice, &p, &qkv.q, &qkv.k, &qkv.v)?;

@@ -73,6 +73,25 @@ pub fn check_gpu_problem(p: &AttnProblem, kernel: KernelKind) -> Result<()> {
     Ok(())
 }
 
+/// Every buffer must live in this Gpu's context (a pointer of another one would be read as if
+/// it were ours).
+pub(crate) fn check_contexts<const N: usize>(
+    gpu: &Gpu,
+    buffers: [(&'static str, sys::CUcontext); N],
+) -> Result<()> {
+    let ctx = gpu.context().cu_ctx();
+    for (name, c) in buffers {
+        if c != ctx {
+            return Err(AttnError::ShapeMismatch {
+                what: format!(
+                    "{name} lives on another device or context than this Gpu: allocate it from gpu.stream()"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The base address rule of the kernels (they load 16-byte pieces).
 pub(crate) fn check_alignment(name: &'static str, ptr: u64) -> Result<()> {
     if !ptr.is_multiple_of(16) {
@@ -138,22 +157,16 @@ where
 {
     check_gpu_problem(p, kernel)?;
     p.check_lengths(q.len(), k.len(), v.len(), o.len(), lse.len())?;
-    let ctx = gpu.context().cu_ctx();
-    for (name, c) in [
-        ("q", q.stream().context().cu_ctx()),
-        ("k", k.stream().context().cu_ctx()),
-        ("v", v.stream().context().cu_ctx()),
-        ("o", o.stream().context().cu_ctx()),
-        ("lse", lse.stream().context().cu_ctx()),
-    ] {
-        if c != ctx {
-            return Err(AttnError::ShapeMismatch {
-                what: format!(
-                    "{name} lives on another device or context than this Gpu: allocate it from gpu.stream()"
-                ),
-            });
-        }
-    }
+    check_contexts(
+        gpu,
+        [
+            ("q", q.stream().context().cu_ctx()),
+            ("k", k.stream().context().cu_ctx()),
+            ("v", v.stream().context().cu_ctx()),
+            ("o", o.stream().context().cu_ctx()),
+            ("lse", lse.stream().context().cu_ctx()),
+        ],
+    )?;
     let stream = gpu.stream();
     let (qp, _gq) = q.device_ptr(stream);
     let (kp, _gk) = k.device_ptr(stream);

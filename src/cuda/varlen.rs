@@ -11,7 +11,7 @@
 //! way than as one packed `attn_mma` launch. Larger batches (where per-launch costs add up)
 //! and other GPUs take the packed `attn_mma` launch. The [`LaunchInfo`] says which ran.
 
-use super::attention::{check_alignment, check_gpu_problem, upload_slopes};
+use super::attention::{check_alignment, check_contexts, check_gpu_problem, upload_slopes};
 use super::device::{Gpu, cuda_err};
 use super::launch::{GpuElement, KernelKind, Launch, LaunchInfo, PackedBatch};
 use crate::error::{AttnError, Result};
@@ -73,6 +73,7 @@ pub fn envelope(p: &VarlenProblem) -> Result<AttnProblem> {
 ///
 /// # Errors
 /// Those of [`envelope`] and [`check_gpu_problem`]; [`AttnError::BufferTooShort`];
+/// [`AttnError::ShapeMismatch`] for a buffer of another device or context;
 /// [`AttnError::InvalidStrides`] for a base address not 16-byte aligned;
 /// [`AttnError::Compile`]/[`AttnError::Cuda`].
 #[allow(clippy::too_many_arguments)]
@@ -97,6 +98,16 @@ where
     let env = envelope(p)?;
     check_gpu_problem(&env, KernelKind::Mma)?;
     check_buffers(p, [q.len(), k.len(), v.len(), o.len(), lse.len()])?;
+    check_contexts(
+        gpu,
+        [
+            ("q", q.stream().context().cu_ctx()),
+            ("k", k.stream().context().cu_ctx()),
+            ("v", v.stream().context().cu_ctx()),
+            ("o", o.stream().context().cu_ctx()),
+            ("lse", lse.stream().context().cu_ctx()),
+        ],
+    )?;
     let total_q = p.total_q();
     if total_q == 0 {
         return Ok(nothing_launched());
