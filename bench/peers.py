@@ -17,6 +17,8 @@ Request (JSON, from a file path, a JSON string, or stdin):
   {"iters": 30, "warmup": 10, "warmup_ms": 500, "peers": ["flash", "cudnn", "efficient"],
    "cases": [{"id": "...", "dtype": "f16", "batch": 32, "seqlen": 512, "heads": 32,
               "head_dim": 64, "causal": false, "flops": 6.9e10, "sets": 2}]}
+  Optional per case: "seqlen_q" (query rows, default seqlen) and "heads_kv" (GQA through
+  SDPA's enable_gqa, default heads), for decoding shapes.
 The dense matrix-product ceiling is measured in the same run under the same warm-up: a torch
 matmul of two random 8192 x 8192 matrices per dtype of the cases (2 * 8192^3 FLOPs), reported
 under "matmul", so that every kernel can be read as a fraction of it.
@@ -103,19 +105,28 @@ def time_case(torch, F, backend, case, iters, warmup, warmup_ms=0):
 
     dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[case["dtype"]]
     b, s, h, d = case["batch"], case["seqlen"], case["heads"], case["head_dim"]
+    # Decoding shapes: seqlen_q query rows against seqlen keys, heads_kv key/value heads (GQA).
+    sq, hkv = int(case.get("seqlen_q", s)), int(case.get("heads_kv", h))
     causal = bool(case["causal"])
     nsets = max(1, int(case.get("sets", 2)))
     gen = torch.Generator(device="cuda")
     gen.manual_seed(1234)
 
-    def make():
-        return torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
+    def make(rows, heads):
+        return torch.randn(b, rows, heads, d, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
 
-    sets = [(make(), make(), make()) for _ in range(nsets)]
-
-    def call(i):
-        q, k, v = sets[i % nsets]
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    sets = [(make(sq, h), make(s, hkv), make(s, hkv)) for _ in range(nsets)]
+    gqa = hkv != h
+    if gqa:
+        # enable_gqa (torch >= 2.5) reads each kv head once per group, as we do; a backend
+        # that refuses it is skipped rather than fed repeated heads (4x the bytes).
+        def call(i):
+            q, k, v = sets[i % nsets]
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    else:
+        def call(i):
+            q, k, v = sets[i % nsets]
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     with torch.inference_mode(), sdpa_kernel(backend):
         with warnings.catch_warnings(record=True) as caught:
@@ -154,7 +165,7 @@ def time_case(torch, F, backend, case, iters, warmup, warmup_ms=0):
     r = summarize(times, float(case["flops"]))
     if r is None:
         raise Skip("non-finite event times")
-    lse_bytes = b * h * s * 4
+    lse_bytes = b * h * sq * 4
     r["peak_mem_beyond_inputs_bytes"] = int(peak)
     r["extra_mem_bytes"] = int(max(0, peak - out_bytes - lse_bytes))
     return r

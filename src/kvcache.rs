@@ -152,6 +152,11 @@ impl KvCacheProblem {
         }
     }
 
+    /// The most keys any sequence attends to.
+    pub fn max_seqlen_k(&self) -> usize {
+        (0..self.batch).map(|b| self.seqlen_k(b)).max().unwrap_or(0)
+    }
+
     /// Keys sequence `b` attends to (its cache plus the appended rows).
     pub fn seqlen_k(&self, b: usize) -> usize {
         self.cache_seqlens[b].max(0) as usize + self.seqlen_new
@@ -295,12 +300,17 @@ impl KvCacheProblem {
         row * self.heads_kv * self.head_dim
     }
 
-    /// Checks buffer lengths: `q` `[batch, seqlen_q, heads_q, head_dim]`, `k_cache` and
-    /// `v_cache`, and the new rows `k`, `v` `[batch, seqlen_new, heads_kv, head_dim]`.
-    fn check_buffers(&self, lens: &[(&'static str, usize)]) -> Result<()> {
+    /// Checks buffer lengths: `q` (and `o`) `[batch, seqlen_q, heads_q, head_dim]`, `lse`
+    /// `[batch, heads_q, seqlen_q]`, `k_cache` and `v_cache`, and the new rows `k`, `v`
+    /// `[batch, seqlen_new, heads_kv, head_dim]`.
+    ///
+    /// # Errors
+    /// [`AttnError::BufferTooShort`] naming the first buffer that is too short.
+    pub fn check_buffers(&self, lens: &[(&'static str, usize)]) -> Result<()> {
         for &(tensor, len) in lens {
             let required = match tensor {
-                "q" => self.batch * self.seqlen_q * self.heads_q * self.head_dim,
+                "q" | "o" => self.batch * self.seqlen_q * self.heads_q * self.head_dim,
+                "lse" => self.batch * self.heads_q * self.seqlen_q,
                 "k" | "v" => self.batch * self.seqlen_new * self.heads_kv * self.head_dim,
                 _ => self.cache_len(),
             };
@@ -343,6 +353,53 @@ impl KvCacheProblem {
             .with_scores(self.scores.clone())?;
         Ok((p, k, v))
     }
+}
+
+/// The same call on a paged cache with pages of `page_size` keys: a pool of
+/// `batch x max_blocks + 3` pages (three that nobody uses), handed out in an order shuffled by
+/// `seed`, so that consecutive keys of a sequence sit in scattered pages. For tests, checks
+/// and benchmarks of the paged path against the contiguous one.
+///
+/// # Errors
+/// Validation errors (a page size that is not a multiple of [`PAGE_MULTIPLE`]).
+pub fn shuffled_pages(p: &KvCacheProblem, page_size: usize, seed: u64) -> Result<KvCacheProblem> {
+    let max_blocks = p.capacity().div_ceil(page_size.max(1));
+    let num_blocks = p.batch * max_blocks + 3;
+    // A permutation of the pool (Fisher-Yates over an LCG).
+    let mut pages: Vec<i32> = (0..num_blocks as i32).collect();
+    let mut x = seed | 1;
+    for i in (1..pages.len()).rev() {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        pages.swap(i, (x >> 33) as usize % (i + 1));
+    }
+    let paged = KvCacheProblem {
+        layout: CacheLayout::Paged {
+            num_blocks,
+            page_size,
+            block_table: pages[..p.batch * max_blocks].to_vec(),
+            max_blocks,
+        },
+        ..p.clone()
+    };
+    paged.validate()?;
+    Ok(paged)
+}
+
+/// A cache under `p`'s layout holding the logical keys `logical[b]` (rows of
+/// `heads_kv x head_dim`, `logical[b].len() / row` keys of sequence `b`); every other element
+/// is NaN, a value no call may read.
+pub fn place<T: Element>(p: &KvCacheProblem, logical: &[Vec<T>]) -> Vec<T> {
+    let row = p.heads_kv * p.head_dim;
+    let mut cache = vec![T::from_f32(f32::NAN); p.cache_len()];
+    for (b, keys) in logical.iter().enumerate() {
+        for j in 0..keys.len() / row {
+            let at = p.key_offset(b, j);
+            cache[at..at + row].copy_from_slice(&keys[j * row..(j + 1) * row]);
+        }
+    }
+    cache
 }
 
 /// Writes the new rows `k_new`/`v_new` (`[batch, seqlen_new, heads_kv, head_dim]`) into the
@@ -522,6 +579,69 @@ pub fn forward_cpu<T: Element>(
     Ok(KvCacheOutput {
         o: o.into_iter().map(T::from_f32).collect(),
         lse,
+    })
+}
+
+/// What [`forward`] returns: the output and which backend ran it, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvCacheRun<T> {
+    /// o and lse.
+    pub out: KvCacheOutput<T>,
+    /// The backend and kernels that ran, and why.
+    pub ran: String,
+}
+
+/// A decoding call on the backend `choice` picks ([`crate::BackendChoice`]): the GPU kernels
+/// ([`crate::cuda::decode`]) for `Cuda`, and for `Auto` where a GPU is usable and takes the
+/// call (f16/bf16, head_dim a multiple of 8 up to 256); else [`forward_cpu`]. The caches are
+/// updated in place (the new rows appended). `splits`: `None` for the heuristic (the CPU
+/// backend then runs one split).
+///
+/// # Errors
+/// Validation and buffer errors before anything is written; with `Cuda`, why the GPU cannot
+/// run it; the GPU's launch and copy errors.
+#[allow(clippy::too_many_arguments)]
+pub fn forward<T: Element>(
+    choice: crate::BackendChoice,
+    p: &KvCacheProblem,
+    q: &[T],
+    k_cache: &mut [T],
+    v_cache: &mut [T],
+    k_new: &[T],
+    v_new: &[T],
+    splits: Option<usize>,
+) -> Result<KvCacheRun<T>> {
+    p.validate()?;
+    p.check_buffers(&[
+        ("q", q.len()),
+        ("k_cache", k_cache.len()),
+        ("v_cache", v_cache.len()),
+        ("k", k_new.len()),
+        ("v", v_new.len()),
+    ])?;
+    let mut why = "asked for".to_string();
+    if choice != crate::BackendChoice::Cpu {
+        match crate::cuda::try_host_kvcache(p, q, k_cache, v_cache, k_new, v_new, splits) {
+            Ok((out, backend, why)) => {
+                return Ok(KvCacheRun {
+                    out,
+                    ran: format!("{backend}: {why}"),
+                });
+            }
+            Err(e) if e.is_unsupported() && choice == crate::BackendChoice::Auto => {
+                why = format!("the GPU cannot run this: {e}");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let splits = splits.unwrap_or(1);
+    let out = forward_cpu(p, q, k_cache, v_cache, k_new, v_new, splits)?;
+    Ok(KvCacheRun {
+        out,
+        ran: format!(
+            "CPU ({splits} split{}; {why})",
+            if splits == 1 { "" } else { "s" }
+        ),
     })
 }
 

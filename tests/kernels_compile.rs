@@ -6,6 +6,7 @@
 //! `FLASHATTN_REQUIRE_NVRTC=1` (CI), where it fails.
 
 use flashattn::DType;
+use flashattn::cuda::decode::DecodeTile;
 use flashattn::cuda::nvrtc::nvrtc_present;
 use flashattn::cuda::simt::SimtTile;
 use flashattn::cuda::{
@@ -126,6 +127,98 @@ fn jobs() -> Vec<Job> {
                 });
             }
         }
+    }
+    // Decoding against a KV cache: attn_decode with the stages its launcher picks for the
+    // arch (f16 contiguous and bf16 causal paged; every modifier on sm_80 and sm_90), the
+    // split-KV combine, the in-place append and the read-bandwidth pass. d256 needs more
+    // shared memory than sm_86/89/120 allow per block: the launcher refuses it there.
+    for &arch in CI_ARCHS.iter() {
+        let limit = smem_limit(arch);
+        for d in [40, 64, 128, 256] {
+            let tile = DecodeTile::for_head_dim(d, limit);
+            if tile.smem_bytes(d) > limit {
+                continue;
+            }
+            let mods = matches!(parse_cc(arch), (8, 0) | (9, 0)) && d != 40;
+            for (dtype, causal, paged, all_mods) in [
+                (DType::F16, false, false, false),
+                (DType::BF16, true, true, false),
+                (DType::BF16, true, true, true),
+            ] {
+                if all_mods && !mods {
+                    continue;
+                }
+                let mut defines = tile.defines(dtype, d, causal, paged);
+                if all_mods {
+                    for m in ["IS_LOCAL", "HAS_SOFTCAP", "HAS_ALIBI"] {
+                        defines.push((m.into(), "1".into()));
+                    }
+                }
+                out.push(Job {
+                    source: KernelSource::AttnDecode,
+                    arch,
+                    d,
+                    dtype,
+                    causal,
+                    defines,
+                    functions: &["attn_decode"],
+                    smem: tile.smem_bytes(d),
+                    tile: format!(
+                        "decode {} stages{}{}",
+                        tile.stages,
+                        if paged { " paged" } else { "" },
+                        if all_mods { " mods" } else { "" }
+                    ),
+                    roles: None,
+                });
+            }
+        }
+        for (d, dtype) in [(40, DType::F16), (128, DType::BF16), (256, DType::F16)] {
+            out.push(Job {
+                source: KernelSource::AttnCombine,
+                arch,
+                d,
+                dtype,
+                causal: false,
+                defines: vec![
+                    ("HEAD_DIM".into(), d.to_string()),
+                    ("IS_BF16".into(), u8::from(dtype == DType::BF16).to_string()),
+                ],
+                functions: &["attn_combine"],
+                smem: 0,
+                tile: "combine".into(),
+                roles: None,
+            });
+        }
+        for (d, paged) in [(40, false), (256, true)] {
+            out.push(Job {
+                source: KernelSource::KvAppend,
+                arch,
+                d,
+                dtype: DType::F16,
+                causal: false,
+                defines: vec![
+                    ("HEAD_DIM".into(), d.to_string()),
+                    ("IS_PAGED".into(), u8::from(paged).to_string()),
+                ],
+                functions: &["kv_append"],
+                smem: 0,
+                tile: if paged { "append paged" } else { "append" }.into(),
+                roles: None,
+            });
+        }
+        out.push(Job {
+            source: KernelSource::ReadPass,
+            arch,
+            d: 0,
+            dtype: DType::F16,
+            causal: false,
+            defines: Vec::new(),
+            functions: &["read_pass"],
+            smem: 0,
+            tile: "read pass".into(),
+            roles: None,
+        });
     }
     // The head_dim padding copies (head dims that are not a multiple of 8), every arch.
     for &arch in CI_ARCHS.iter() {
@@ -318,6 +411,10 @@ fn every_kernel_compiles_for_every_arch_without_spills() {
         KernelSource::AttnWgmma,
         KernelSource::WgmmaProbe,
         KernelSource::PadRows,
+        KernelSource::AttnDecode,
+        KernelSource::AttnCombine,
+        KernelSource::KvAppend,
+        KernelSource::ReadPass,
     ]
     .into_iter()
     .map(|s| (s, s.text()))

@@ -8,8 +8,10 @@
 //! - [`peers`]: runs `bench/peers.py` and merges its JSON.
 //! - [`report`]: the record written as bench.json; [`table`]: the text table;
 //!   [`plot`]: SVG and PNG figures (built-in font: no system fonts needed).
-//! - [`mod@run`]: the whole command ([`run()`]); [`varlen`]: `--varlen`, packed batches.
+//! - [`mod@run`]: the whole command ([`run()`]); [`varlen`]: `--varlen`, packed batches;
+//!   [`decode`]: `--decode`, KV-cache decoding.
 
+pub mod decode;
 pub mod gpu;
 pub mod options;
 pub mod peers;

@@ -106,6 +106,42 @@ pub struct BenchOptions {
     /// dtype. Writes bench-varlen.json and .txt.
     #[arg(long, value_name = "MIX")]
     pub varlen: Option<String>,
+    /// Decoding against a KV cache instead of the sweep: heads 32 q / 8 kv, head_dim 128 (or
+    /// --head-dim), no mask; every --decode-batch x --decode-seqlen x --decode-q x
+    /// --decode-pages, f16 and bf16 (or --dtype); achieved GB/s against a read-only pass over
+    /// the same bytes, and against SDPA with --peers. Writes bench-decode.json and .txt.
+    #[arg(long)]
+    pub decode: bool,
+    /// Batches of the decode bench.
+    #[arg(
+        long = "decode-batch",
+        value_delimiter = ',',
+        default_value = "1,8,64,256",
+        value_name = "LIST"
+    )]
+    pub decode_batch: Vec<usize>,
+    /// Cache lengths (keys per sequence) of the decode bench.
+    #[arg(long = "decode-seqlen", value_delimiter = ',', default_value = "1k,8k,32k,128k", value_parser = parse_len, value_name = "LIST")]
+    pub decode_seqlen: Vec<usize>,
+    /// Query rows per sequence of the decode bench.
+    #[arg(
+        long = "decode-q",
+        value_delimiter = ',',
+        default_value = "1,4",
+        value_name = "LIST"
+    )]
+    pub decode_q: Vec<usize>,
+    /// Cache layouts of the decode bench: 0 = contiguous, N = paged with N keys per page.
+    #[arg(
+        long = "decode-pages",
+        value_delimiter = ',',
+        default_value = "0,16,256",
+        value_name = "LIST"
+    )]
+    pub decode_pages: Vec<usize>,
+    /// Skip decode shapes whose k and v caches together exceed this many GB (10^9 bytes).
+    #[arg(long = "max-cache-gb", default_value_t = 64.0, value_name = "GB")]
+    pub max_cache_gb: f64,
 }
 
 /// `flashattn bench-plot`: redraw the plots from a bench.json.

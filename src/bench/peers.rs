@@ -188,7 +188,7 @@ pub fn run_script(
     python: &str,
     script: &Path,
     extra: &[&str],
-    request: &PeerRequest,
+    request: &impl Serialize,
 ) -> Result<PeerResponse, String> {
     let out = std::env::temp_dir().join(format!("flashattn-peers-{}.json", std::process::id()));
     let _ = std::fs::remove_file(&out);

@@ -12,6 +12,7 @@ pub mod bad_input;
 pub mod cases;
 pub mod field;
 pub mod inputs;
+pub mod kvcache;
 pub mod varlen;
 
 pub use cases::{Case, Inputs, Tensor, cases};
@@ -119,6 +120,26 @@ pub fn run(gpu: &Gpu, opts: &CheckOptions, mut print: impl FnMut(&str)) -> Resul
             .seed
             .wrapping_add((selected.len() + i) as u64 * 0x9E37_79B9);
         for x in varlen::run_case(gpu, case, &opts.kernels, seed)? {
+            print(&result_line(&x));
+            results.push(x);
+        }
+    }
+    // Decoding against a KV cache (attn_decode, attn_combine, kv_append), with the kernels
+    // that take the score modifiers.
+    if opts.kernels.iter().any(|k| k.has_score_mods()) {
+        let calls: Vec<kvcache::KvCase> = kvcache::cases()
+            .into_iter()
+            .filter(|c| {
+                opts.filter
+                    .as_ref()
+                    .is_none_or(|f| c.label.contains(f.as_str()))
+            })
+            .collect();
+        for (i, case) in calls.iter().enumerate() {
+            let seed = opts
+                .seed
+                .wrapping_add((selected.len() + packed.len() + i) as u64 * 0x9E37_79B9);
+            let x = kvcache::run_case(gpu, case, seed)?;
             print(&result_line(&x));
             results.push(x);
         }

@@ -10,6 +10,10 @@ use std::path::Path;
 /// # Errors
 /// Bad options only; failing cases, peers and plots are reported, not returned.
 pub fn run(opts: &BenchOptions) -> Result<i32> {
+    if opts.decode {
+        print!("{}", bench::decode::run(opts)?);
+        return Ok(0);
+    }
     if let Some(spec) = &opts.varlen {
         let mix = bench::varlen::parse_mix(spec)?;
         print!("{}", bench::varlen::run(opts, &mix)?);

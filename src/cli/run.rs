@@ -394,13 +394,6 @@ impl Ctx<'_> {
                 ),
             });
         }
-        if self.choice == BackendChoice::Cuda {
-            return Err(AttnError::UnsupportedFeature {
-                feature: "decoding against a KV cache".into(),
-                backend: "the CUDA kernels".into(),
-                hint: "use --backend cpu or auto (the GPU decode kernels are not in yet)".into(),
-            });
-        }
         let shape_err = |what: String| AttnError::ShapeMismatch {
             what: format!("KV-cache layer '{prefix}': {what}"),
         };
@@ -457,10 +450,19 @@ impl Ctx<'_> {
         p = p.with_scores(self.score_mods(prefix, batch, hq)?)?;
         let (mut kc, mut vc) = (kc, vc);
         let t0 = std::time::Instant::now();
-        let out = flashattn::kvcache::forward_cpu(&p, &q, &mut kc, &mut vc, &k_new, &v_new, 1)?;
-        let secs = t0.elapsed().as_secs_f64();
+        let run = flashattn::kvcache::forward(
+            self.choice,
+            &p,
+            &q,
+            &mut kc,
+            &mut vc,
+            &k_new,
+            &v_new,
+            None,
+        )?;
+        let (out, secs) = (run.out, t0.elapsed().as_secs_f64());
         if self.first {
-            println!("backend: CPU (decoding against a KV cache; one split)");
+            println!("backend: {} (decoding against a KV cache)", run.ran);
             self.first = false;
         }
         let label = if prefix.is_empty() { "(top)" } else { prefix };

@@ -131,3 +131,58 @@ pub fn try_host_varlen<T: Element>(
         ),
     })
 }
+
+/// Mutable twin of [`same`].
+fn same_mut<T: 'static, U: 'static>(x: &mut [T]) -> Option<&mut [U]> {
+    (TypeId::of::<T>() == TypeId::of::<U>())
+        // SAFETY: T and U are the same type, so layout and validity are identical.
+        .then(|| unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr() as *mut U, x.len()) })
+}
+
+/// Runs a decoding call on the GPU ([`super::decode::forward_host`]), the caches updated in
+/// place: the output, the backend description and why those kernels ran.
+///
+/// # Errors
+/// As [`try_host_forward`], and those of [`super::decode::forward_host`].
+#[allow(clippy::too_many_arguments)]
+pub fn try_host_kvcache<T: Element>(
+    p: &crate::kvcache::KvCacheProblem,
+    q: &[T],
+    k_cache: &mut [T],
+    v_cache: &mut [T],
+    k_new: &[T],
+    v_new: &[T],
+    splits: Option<usize>,
+) -> Result<(crate::kvcache::KvCacheOutput<T>, Backend, String)> {
+    let gpu = shared_gpu()?;
+    let backend = |info: &super::LaunchInfo| Backend::Cuda {
+        device: gpu.info().name.clone(),
+        kernel: format!("attn_decode ({})", info.config.as_deref().unwrap_or("")),
+    };
+    macro_rules! typed {
+        ($u:ty) => {
+            if let (Some(q), Some(kc), Some(vc), Some(kn), Some(vn)) = (
+                same::<T, $u>(q),
+                same_mut::<T, $u>(k_cache),
+                same_mut::<T, $u>(v_cache),
+                same::<T, $u>(k_new),
+                same::<T, $u>(v_new),
+            ) {
+                let (out, info) = super::decode::forward_host(gpu, p, q, kc, vc, kn, vn, splits)?;
+                let out = crate::kvcache::KvCacheOutput {
+                    o: back(out.o),
+                    lse: out.lse,
+                };
+                return Ok((out, backend(&info), info.why));
+            }
+        };
+    }
+    typed!(f16);
+    typed!(bf16);
+    Err(AttnError::DTypeMismatch {
+        what: format!(
+            "the CUDA kernels take f16 or bf16 inputs, got {}: convert the inputs or use the CPU backend",
+            T::DTYPE
+        ),
+    })
+}

@@ -16,6 +16,7 @@ pub use sources::KernelSource;
 pub const CI_ARCHS: [&str; 5] = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_120"];
 
 pub mod attention;
+pub mod decode;
 pub mod launch;
 pub mod mma;
 pub mod naive;
@@ -30,4 +31,4 @@ pub use launch::{GpuElement, KernelKind, LaunchInfo, score_defines};
 pub use mma::MmaTile;
 pub use wgmma::WgmmaTile;
 pub mod host;
-pub use host::{shared_gpu, try_host_forward, try_host_varlen};
+pub use host::{shared_gpu, try_host_forward, try_host_kvcache, try_host_varlen};

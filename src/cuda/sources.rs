@@ -11,8 +11,11 @@ pub const ATTN_COMMON_CUH: &str = include_str!("../../kernels/attn_common.cuh");
 pub const HOPPER_CUH: &str = include_str!("../../kernels/hopper.cuh");
 /// The wgmma.mma_async wrappers (written by scripts/gen_wgmma_ops.py).
 pub const WGMMA_OPS_CUH: &str = include_str!("../../kernels/wgmma_ops.cuh");
+/// Where key j of a sequence sits in a contiguous or paged KV cache.
+pub const KV_CACHE_CUH: &str = include_str!("../../kernels/kv_cache.cuh");
 /// Headers a kernel may include, by the name in its `#include "..."` line.
-const HEADERS: [(&str, &str); 4] = [
+const HEADERS: [(&str, &str); 5] = [
+    ("kv_cache.cuh", KV_CACHE_CUH),
     ("ptx.cuh", PTX_CUH),
     ("attn_common.cuh", ATTN_COMMON_CUH),
     ("hopper.cuh", HOPPER_CUH),
@@ -36,11 +39,19 @@ pub enum KernelSource {
     WgmmaProbe,
     /// Copies into and out of a head_dim padded to a multiple of 8.
     PadRows,
+    /// Decoding against a KV cache: split-KV, GQA-packed, contiguous or paged.
+    AttnDecode,
+    /// The exact merge of split-KV partial results.
+    AttnCombine,
+    /// Appends new key/value rows to a KV cache in place.
+    KvAppend,
+    /// A read-only pass over memory (the bandwidth ceiling of `bench --decode`).
+    ReadPass,
 }
 
 impl KernelSource {
     /// Every source, for compile tests.
-    pub const ALL: [KernelSource; 7] = [
+    pub const ALL: [KernelSource; 11] = [
         KernelSource::LayoutProbe,
         KernelSource::AttnNaive,
         KernelSource::AttnSimt,
@@ -48,6 +59,10 @@ impl KernelSource {
         KernelSource::AttnWgmma,
         KernelSource::WgmmaProbe,
         KernelSource::PadRows,
+        KernelSource::AttnDecode,
+        KernelSource::AttnCombine,
+        KernelSource::KvAppend,
+        KernelSource::ReadPass,
     ];
 
     /// File stem, also the NVRTC program name.
@@ -60,6 +75,10 @@ impl KernelSource {
             KernelSource::AttnWgmma => "attn_wgmma",
             KernelSource::WgmmaProbe => "wgmma_probe",
             KernelSource::PadRows => "pad_rows",
+            KernelSource::AttnDecode => "attn_decode",
+            KernelSource::AttnCombine => "attn_combine",
+            KernelSource::KvAppend => "kv_append",
+            KernelSource::ReadPass => "read_pass",
         }
     }
 
@@ -83,6 +102,10 @@ impl KernelSource {
             KernelSource::AttnWgmma => include_str!("../../kernels/attn_wgmma.cu"),
             KernelSource::WgmmaProbe => include_str!("../../kernels/wgmma_probe.cu"),
             KernelSource::PadRows => include_str!("../../kernels/pad_rows.cu"),
+            KernelSource::AttnDecode => include_str!("../../kernels/attn_decode.cu"),
+            KernelSource::AttnCombine => include_str!("../../kernels/attn_combine.cu"),
+            KernelSource::KvAppend => include_str!("../../kernels/kv_append.cu"),
+            KernelSource::ReadPass => include_str!("../../kernels/read_pass.cu"),
         }
     }
 

@@ -1,0 +1,292 @@
+// attn_decode.cu: decoding against a KV cache (flash-decoding). Few query rows meet a long
+// cache, so the work is reading K and V once at the memory bandwidth, and the grid is filled
+// by splitting each sequence's keys across blocks (split-KV) rather than by query blocks.
+//
+// - GQA packing: a block owns 16 rows of (query i, head h) pairs of ONE kv head hk, row
+//   r = i * group + (h - hk * group), so every K/V byte it loads serves all the query heads
+//   of the group (FlashAttention-2's "seqlenq_ngroups_swapped", for any seqlen_q).
+// - Split-KV: block (m_block, hk, split, b) attends to split `split` of sequence b's keys:
+//   whole 64-key tiles, ceil(tiles / num_splits) per split (src/kvcache.rs split_range).
+// - K/V tiles of 64 keys stream through an NSTAGES-deep cp.async pipeline; each of the four
+//   warps takes 16 keys of a tile with the 16 rows (mma.m16n8k16, the fragment layouts of
+//   attn_mma.cu proven by layout_probe.cu) and keeps its own online softmax; the warps merge
+//   through shared memory at the end.
+// - The cache is contiguous or paged (kv_cache.cuh); rows past a sequence's length are
+//   zero-filled and masked, never read.
+// - Output: with one split, o in the element type and lse (natural log) directly; with more,
+//   f32 partials o_accum/lse_accum that attn_combine.cu merges.
+// Specialised by HEAD_DIM (multiple of 8, <= 256), IS_BF16, IS_CAUSAL, IS_PAGED, NSTAGES,
+// Q_IN_REGS and the score modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP, HAS_ALIBI).
+#include "ptx.cuh"
+#include "attn_common.cuh"
+#include "kv_cache.cuh"
+
+#ifndef NSTAGES
+#define NSTAGES 3
+#endif
+#ifndef Q_IN_REGS
+#define Q_IN_REGS 1
+#endif
+
+constexpr int NWARPS = 4;
+constexpr int NT = NWARPS * 32;
+constexpr int BC = 16 * NWARPS;        // keys per tile: 16 per warp
+constexpr int ROWS = 16;               // packed (query, head) rows per block
+constexpr int DP = (D + 15) / 16 * 16; // head_dim padded to the mma k-step; pad columns zero
+constexpr int CH = DP / 8;             // 16-byte chunks per row
+constexpr int RS = (CH + 1) * 8;       // shared row stride: an odd count of 16-byte slots
+constexpr int KS = DP / 16;            // k-steps of S = Q K^T
+constexpr int ND = DP / 8;             // n8 tiles of O
+constexpr u32 STAGE = BC * RS * 2;     // bytes of one stage of K (or V)
+static_assert(NSTAGES >= 2, "NSTAGES must be at least 2");
+
+struct DecodeParams {
+    float *o_accum;   // [num_splits, batch, heads_q, seqlen_q, D] (num_splits > 1)
+    float *lse_accum; // [num_splits, batch, heads_q, seqlen_q]
+    int num_splits;
+    CacheMap map;
+};
+
+FA_DEVICE void mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+#if IS_BF16
+    mma_bf16(d, a0, a1, a2, a3, b0, b1);
+#else
+    mma_f16(d, a0, a1, a2, a3, b0, b1);
+#endif
+}
+
+// Copies keys [n0, n0 + BC) of sequence b (kv head hk) into a stage. Keys at or past
+// seqlen_k and the pad columns are zero-filled without a read.
+FA_DEVICE void load_kv(u32 dst, const u16 *base, i64 sb, i64 ss, const CacheMap &map, int b, int n0,
+                       int seqlen_k) {
+    constexpr int TOTAL = BC * CH;
+#pragma unroll 4
+    for (int it = 0; it < (TOTAL + NT - 1) / NT; ++it) {
+        const int n = it * NT + (int)threadIdx.x;
+        if (TOTAL % NT == 0 || n < TOTAL) {
+            const int r = n / CH, c = n % CH;
+            const bool ok = n0 + r < seqlen_k && c * 8 < D;
+            const u16 *g = ok ? base + cache_row(map, sb, ss, b, n0 + r) + c * 8 : base;
+            cp_async_16(dst + (u32)(r * RS + c * 8) * 2, g, ok ? 16 : 0);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, const DecodeParams dp) {
+    extern __shared__ __align__(16) u16 smem[];
+    const u32 sQ = smem_u32(smem);
+    const u32 sK = sQ + ROWS * RS * 2;
+    const u32 sV = sK + NSTAGES * STAGE;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+
+    const int m_block = blockIdx.x % p_in.num_m_blocks, hk = blockIdx.x / p_in.num_m_blocks;
+    const int split = blockIdx.y, b = blockIdx.z;
+    Params p = p_in;
+    p.seqlen_k = dp.map.cache_seqlens[b] + dp.map.seqlen_new;
+    const int nrows = p.seqlen_q * p.group; // packed rows of this kv head
+    const int r0 = m_block * ROWS;
+    const int i_first = r0 / p.group, i_last = (min(r0 + ROWS, nrows) - 1) / p.group;
+
+    // The split's tiles, cut to the tiles the block's rows see (causal, window).
+    const int tiles = (p.seqlen_k + BC - 1) / BC;
+    const int per = (tiles + dp.num_splits - 1) / dp.num_splits;
+    const int t_split0 = min(split * per, tiles), t_split1 = min(t_split0 + per, tiles);
+    const int hi_first = max(key_hi(p, i_first), 0), hi_last = max(key_hi(p, i_last), 0);
+    const int lo_first = max(key_lo(p, i_first), 0), lo_last = max(key_lo(p, i_last), 0);
+    const int t_begin = max(t_split0, lo_first / BC);
+    const int t_end = max(min(t_split1, (hi_last + BC - 1) / BC), t_begin);
+
+    const u16 *kb = p.k + hk * p.k_sh;
+    const u16 *vb = p.v + hk * p.v_sh;
+
+    // ---- prologue: Q rows, and the first NSTAGES - 1 tiles ----
+    for (int n = tid; n < ROWS * CH; n += NT) {
+        const int r = n / CH, c = n % CH, gr = r0 + r;
+        const bool ok = gr < nrows && c * 8 < D;
+        const int i = gr / p.group, h = hk * p.group + gr % p.group;
+        const u16 *g = ok ? p.q + b * p.q_sb + i * p.q_ss + h * p.q_sh + c * 8 : p.q;
+        cp_async_16(sQ + (u32)(r * RS + c * 8) * 2, g, ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int s = 0; s < NSTAGES - 1; ++s) {
+        const int j = t_begin + s;
+        if (j < t_end) {
+            load_kv(sK + s * STAGE, kb, p.k_sb, p.k_ss, dp.map, b, j * BC, p.seqlen_k);
+            load_kv(sV + s * STAGE, vb, p.v_sb, p.v_ss, dp.map, b, j * BC, p.seqlen_k);
+        }
+        cp_async_commit();
+    }
+
+    float acc_o[ND][4];
+#pragma unroll
+    for (int nd = 0; nd < ND; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[nd][e] = 0.f;
+    float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
+#if Q_IN_REGS
+    u32 qf[KS][4];
+#endif
+
+    for (int j = t_begin; j < t_end; ++j) {
+        cp_async_wait<NSTAGES - 2>();
+        __syncthreads(); // tile j landed; every warp is done with tile j-1's stage
+        {
+            const int jn = j + NSTAGES - 1;
+            const u32 st = (u32)((jn - t_begin) % NSTAGES) * STAGE;
+            if (jn < t_end) {
+                load_kv(sK + st, kb, p.k_sb, p.k_ss, dp.map, b, jn * BC, p.seqlen_k);
+                load_kv(sV + st, vb, p.v_sb, p.v_ss, dp.map, b, jn * BC, p.seqlen_k);
+            }
+            cp_async_commit();
+        }
+        const u32 st = (u32)((j - t_begin) % NSTAGES) * STAGE;
+        const u32 cK = sK + st + (u32)(warp * 16 * RS) * 2; // this warp's 16 keys
+        const u32 cV = sV + st + (u32)(warp * 16 * RS) * 2;
+#if Q_IN_REGS
+        if (j == t_begin)
+#pragma unroll
+            for (int kk = 0; kk < KS; ++kk)
+                ldmatrix_x4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3],
+                            sQ + (u32)((lane % 16) * RS + (kk * 2 + lane / 16) * 8) * 2);
+#endif
+        // S = Q K^T over the warp's 16 keys (two n8 tiles).
+        float s[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) {
+            u32 a0, a1, a2, a3;
+#if Q_IN_REGS
+            a0 = qf[kk][0], a1 = qf[kk][1], a2 = qf[kk][2], a3 = qf[kk][3];
+#else
+            ldmatrix_x4(a0, a1, a2, a3, sQ + (u32)((lane % 16) * RS + (kk * 2 + lane / 16) * 8) * 2);
+#endif
+            u32 b0, b1, b2, b3;
+            const int r = (lane % 8) + (lane / 16) * 8, c = kk * 2 + (lane / 8) % 2;
+            ldmatrix_x4(b0, b1, b2, b3, cK + (u32)(r * RS + c * 8) * 2);
+            mma(s[0], a0, a1, a2, a3, b0, b1);
+            mma(s[1], a0, a1, a2, a3, b2, b3);
+        }
+
+        // Modifiers and mask (attn_common.cuh score_row), per row: the rows of a block are
+        // (query, head) pairs, so each has its own key range and ALiBi slope.
+        const int n0 = j * BC + warp * 16;
+        const int col0 = n0 + 2 * (lane % 4);
+        const bool mask_tile = j * BC + BC > min(hi_first, p.seqlen_k) || (IS_LOCAL && j * BC < lo_last);
+        if (mask_tile || HAS_SOFTCAP || HAS_ALIBI) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                // this lane's row g + 8r of the block: its query, head, key range, slope
+                const int gr = r0 + lane / 4 + 8 * r, qi = gr / p.group;
+                const float coef = alibi_coef(p, b, hk * p.group + gr % p.group);
+                const int hi = min(key_hi(p, qi), p.seqlen_k) - col0, lo = key_lo(p, qi) - col0;
+                const int center = qi + (p.seqlen_k - p.seqlen_q) - col0;
+                auto at = [&](int nt, int e) -> float & { return s[nt][2 * r + e]; };
+                if (mask_tile)
+                    score_row<2, true>(p, at, lo, hi, center, coef);
+                else
+                    score_row<2, false>(p, at, lo, hi, center, coef);
+            }
+        }
+        // Online softmax of the warp's keys; P packed to the A fragment of O += P V.
+        u32 pf[2][2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
+            mx = fmaxf(mx, shfl_xor(mx, 1));
+            mx = fmaxf(mx, shfl_xor(mx, 2));
+            const float m_new = fmaxf(row_max[r], fmul_rn(mx, p.scale_log2));
+            // A row that has seen only masked keys keeps max -inf: subtract 0 instead, so that
+            // exp2(-inf - (-inf)) never makes a NaN.
+            const float m_use = m_new == neg_inf() ? 0.f : m_new;
+            const float alpha = ex2(row_max[r] - m_use);
+            row_max[r] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+                const float p0 = ex2(fmul_rn(s[nt][2 * r], p.scale_log2) - m_use);
+                const float p1 = ex2(fmul_rn(s[nt][2 * r + 1], p.scale_log2) - m_use);
+                sum += p0 + p1;
+                pf[nt][r] = pack2(p0, p1);
+            }
+            row_sum[r] = row_sum[r] * alpha + sum;
+#pragma unroll
+            for (int nd = 0; nd < ND; ++nd) {
+                acc_o[nd][2 * r] *= alpha;
+                acc_o[nd][2 * r + 1] *= alpha;
+            }
+        }
+        // O += P V: one k-step of 16 keys; V read transposed (two keys of a column per register).
+#pragma unroll
+        for (int d2 = 0; d2 < ND / 2; ++d2) {
+            const int r = (lane % 8) + ((lane / 8) % 2) * 8, c = d2 * 2 + lane / 16;
+            u32 b0, b1, b2, b3;
+            ldmatrix_x4_trans(b0, b1, b2, b3, cV + (u32)(r * RS + c * 8) * 2);
+            mma(acc_o[2 * d2], pf[0][0], pf[0][1], pf[1][0], pf[1][1], b0, b1);
+            mma(acc_o[2 * d2 + 1], pf[0][0], pf[0][1], pf[1][0], pf[1][1], b2, b3);
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads(); // the stages are free: they hold the warps' partial results now
+
+    // ---- merge the four warps' (max, sum, o) per row, through shared memory ----
+    // sO[w][row][DP] f32 (unnormalised o), sM[w][row] (max, log2 units), sL[w][row] (sum).
+    float *sO = (float *)((char *)smem + ROWS * RS * 2);
+    float *sM = sO + NWARPS * ROWS * DP;
+    float *sL = sM + NWARPS * ROWS;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float l = row_sum[r];
+        l += shfl_xor(l, 1);
+        l += shfl_xor(l, 2);
+        const int row = lane / 4 + 8 * r;
+        if (lane % 4 == 0) {
+            sM[warp * ROWS + row] = row_max[r];
+            sL[warp * ROWS + row] = l;
+        }
+#pragma unroll
+        for (int nd = 0; nd < ND; ++nd) {
+            float *o = sO + (warp * ROWS + row) * DP + nd * 8 + 2 * (lane % 4);
+            o[0] = acc_o[nd][2 * r];
+            o[1] = acc_o[nd][2 * r + 1];
+        }
+    }
+    __syncthreads();
+    const bool partial = dp.num_splits > 1;
+    const i64 rows_all = (i64)p.batch * p.heads_q * p.seqlen_q;
+    for (int n = tid; n < ROWS * (D / 4); n += NT) {
+        const int row = n / (D / 4), c = (n % (D / 4)) * 4;
+        const int gr = r0 + row;
+        if (gr >= nrows) continue;
+        float m = neg_inf();
+#pragma unroll
+        for (int w = 0; w < NWARPS; ++w) m = fmaxf(m, sM[w * ROWS + row]);
+        float l = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
+        if (m != neg_inf()) {
+#pragma unroll
+            for (int w = 0; w < NWARPS; ++w) {
+                const float e = ex2(sM[w * ROWS + row] - m);
+                l += e * sL[w * ROWS + row];
+#pragma unroll
+                for (int x = 0; x < 4; ++x) o[x] += e * sO[(w * ROWS + row) * DP + c + x];
+            }
+        }
+        // A row that saw no key (in this split): o = 0 and lse = -inf, never NaN.
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float lse = l > 0.f ? (m + lg2(l)) * LN2 : neg_inf();
+        const int i = gr / p.group, h = hk * p.group + gr % p.group;
+        const i64 lrow = ((i64)b * p.heads_q + h) * p.seqlen_q + i; // [batch, heads_q, seqlen_q]
+        if (partial) {
+            float *oa = dp.o_accum + ((i64)split * rows_all + lrow) * D + c;
+            *(float4 *)oa = make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
+            if (c == 0) dp.lse_accum[(i64)split * rows_all + lrow] = lse;
+        } else {
+            u16 *orow = p.o + b * p.o_sb + i * p.o_ss + h * p.o_sh + c;
+            *(u32 *)orow = pack2(o[0] * inv, o[1] * inv);
+            *(u32 *)(orow + 2) = pack2(o[2] * inv, o[3] * inv);
+            if (c == 0) p.lse[lrow] = lse;
+        }
+    }
+}

@@ -1,0 +1,490 @@
+//! `flashattn bench --decode`: decoding against a KV cache ([`crate::cuda::decode`]), timed
+//! as a decoding loop runs it (a [`DecodePlan`] made once, then launches only), contiguous and
+//! paged, against a read-only pass over the same bytes in the same run (the bandwidth
+//! ceiling) and, with `--peers`, against PyTorch SDPA on the same contiguous cache.
+//!
+//! Bytes moved per call: k and v of every visible key (`batch x seqlen_k x heads_kv x
+//! head_dim x 2` elements), q read and o written; GB/s = bytes / median time (10^9 bytes/s).
+//! The caches hold one constant value (the timing does not depend on the data; the check
+//! covers correctness). No mask: with `seqlen_q` > 1, SDPA's causal mask would align top-left,
+//! unlike decoding's bottom-right.
+
+use super::gpu::time_launches;
+use super::options::BenchOptions;
+use super::peers::{PeerResponse, find_script, python, run_script};
+use super::report::io_err;
+use super::stats;
+use crate::cuda::decode::DecodePlan;
+use crate::cuda::device::cuda_err;
+use crate::cuda::{Gpu, GpuElement, KernelSource};
+use crate::dtype::DType;
+use crate::error::{AttnError, Result};
+use crate::kvcache::{CacheLayout, KvCacheProblem, shuffled_pages};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg, sys};
+use half::{bf16, f16};
+use serde::Serialize;
+use std::fmt::Write as _;
+
+/// Query heads of the decode bench (the shape: Llama-3-8B-like GQA).
+pub const HEADS_Q: usize = 32;
+/// Key/value heads of the decode bench.
+pub const HEADS_KV: usize = 8;
+
+/// One timed layout of a decode shape.
+#[derive(Debug, Clone, Serialize)]
+pub struct DecodeLine {
+    /// `contiguous`, `paged16`, `paged256`, ...
+    pub layout: String,
+    /// Median microseconds per call.
+    pub median_us: f64,
+    /// GB/s at the median.
+    pub gbps: f64,
+    /// Splits the heuristic picked.
+    pub splits: usize,
+}
+
+/// One SDPA backend on the same contiguous shape.
+#[derive(Debug, Clone, Serialize)]
+pub struct PeerLine {
+    /// `flash`, `cudnn`, `efficient`.
+    pub peer: String,
+    /// Median microseconds per call (absent when skipped).
+    pub median_us: Option<f64>,
+    /// GB/s of the same bytes (absent when skipped).
+    pub gbps: Option<f64>,
+    /// Why it did not run.
+    pub skipped: Option<String>,
+}
+
+/// One (dtype, batch, seqlen_k, seqlen_q) shape.
+#[derive(Debug, Clone, Serialize)]
+pub struct DecodeShape {
+    /// f16 or bf16.
+    pub dtype: String,
+    /// Sequences.
+    pub batch: usize,
+    /// Keys per sequence.
+    pub seqlen_k: usize,
+    /// Query rows per sequence.
+    pub seqlen_q: usize,
+    /// Channels per head.
+    pub head_dim: usize,
+    /// Bytes moved per call (k, v, q, o).
+    pub bytes: f64,
+    /// GB/s of the read-only pass over the same k and v bytes.
+    pub read_gbps: f64,
+    /// Our layouts.
+    pub lines: Vec<DecodeLine>,
+    /// SDPA's backends (with --peers).
+    pub peers: Vec<PeerLine>,
+}
+
+/// Case as bench/peers.py takes it (GQA through `heads_kv`, `seqlen_q` rows of queries;
+/// `flops` carries the bytes, so its "TFLOP/s" are TB/s).
+#[derive(Debug, Clone, Serialize)]
+struct PeerCase {
+    id: String,
+    dtype: String,
+    batch: usize,
+    seqlen: usize,
+    seqlen_q: usize,
+    heads: usize,
+    heads_kv: usize,
+    head_dim: usize,
+    causal: bool,
+    flops: f64,
+    sets: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct PeerRequest {
+    iters: usize,
+    warmup: usize,
+    warmup_ms: u64,
+    peers: Vec<String>,
+    cases: Vec<PeerCase>,
+}
+
+/// Runs the decode bench; returns the table and writes `bench-decode.json` and `.txt` into
+/// the output folder.
+///
+/// # Errors
+/// Options that make no sense here; setup and launch errors; [`AttnError::Io`].
+pub fn run(opts: &BenchOptions) -> Result<String> {
+    for (given, name) in [
+        (!opts.kernels.is_empty(), "--kernels"),
+        (!opts.tiles.is_empty(), "--tiles"),
+        (!opts.seqlen.is_empty(), "--seqlen (use --decode-seqlen)"),
+        (opts.varlen.is_some(), "--varlen"),
+        (
+            opts.causal.is_some(),
+            "--causal (the decode bench has no mask)",
+        ),
+    ] {
+        if given {
+            return Err(AttnError::InvalidInput {
+                what: format!(
+                    "--decode with {name}: the decode bench takes --decode-batch, --decode-seqlen, --decode-q, --decode-pages, --max-cache-gb, --head-dim, --dtype, --iters, --warmup, --warmup-ms, --peers, --out-dir and --device"
+                ),
+            });
+        }
+    }
+    if opts.decode_pages.iter().any(|&p| p != 0 && p % 16 != 0) {
+        return Err(AttnError::InvalidInput {
+            what: "--decode-pages: 0 (contiguous) or multiples of 16".into(),
+        });
+    }
+    let gpu = Gpu::new(opts.device)?;
+    let head_dims = if opts.head_dim.is_empty() {
+        vec![128]
+    } else {
+        opts.head_dim.clone()
+    };
+    let dtypes = match opts.dtype {
+        Some(super::DTypeChoice::F16) => vec![DType::F16],
+        Some(super::DTypeChoice::Bf16) => vec![DType::BF16],
+        _ => vec![DType::F16, DType::BF16],
+    };
+    let mut shapes = Vec::new();
+    let mut skipped = Vec::new();
+    for &d in &head_dims {
+        for &dtype in &dtypes {
+            for &b in &opts.decode_batch {
+                for &sk in &opts.decode_seqlen {
+                    let cache_bytes = (2 * b * sk * HEADS_KV * d * 2) as f64;
+                    if cache_bytes > opts.max_cache_gb * 1e9 {
+                        skipped.push(format!(
+                            "{dtype} batch {b} seqlen_k {sk} d{d}: caches of {:.0} GB > --max-cache-gb {}",
+                            cache_bytes / 1e9,
+                            opts.max_cache_gb
+                        ));
+                        continue;
+                    }
+                    let got = match dtype {
+                        DType::BF16 => shape_set::<bf16>(&gpu, opts, b, sk, d),
+                        _ => shape_set::<f16>(&gpu, opts, b, sk, d),
+                    };
+                    match got {
+                        Ok(s) => shapes.extend(s),
+                        Err(e) => {
+                            skipped.push(format!("{dtype} batch {b} seqlen_k {sk} d{d}: {e}"))
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut notes = skipped;
+    if opts.peers {
+        match peers(opts, &shapes) {
+            Ok(resp) => merge(&mut shapes, &resp),
+            Err(e) => notes.push(format!("peers did not run: {e}")),
+        }
+    }
+    let table = table(&gpu, &shapes, &notes);
+    std::fs::create_dir_all(&opts.out_dir).map_err(|e| io_err(&opts.out_dir, e))?;
+    let json = serde_json::to_string_pretty(&serde_json::json!({
+        "device": gpu.info().name,
+        "arch": gpu.info().arch,
+        "heads_q": HEADS_Q,
+        "heads_kv": HEADS_KV,
+        "iters": opts.iters,
+        "warmup_ms": opts.warmup_ms,
+        "notes": notes,
+        "shapes": shapes,
+    }))
+    .map_err(|e| AttnError::InvalidInput {
+        what: format!("serialising the decode results: {e}"),
+    })?;
+    for (name, text) in [
+        ("bench-decode.json", json),
+        ("bench-decode.txt", table.clone()),
+    ] {
+        let path = opts.out_dir.join(name);
+        std::fs::write(&path, text).map_err(|e| io_err(&path, e))?;
+    }
+    Ok(table)
+}
+
+/// Every seqlen_q and layout of one (batch, seqlen_k, head_dim) on one pair of caches.
+fn shape_set<T: GpuElement>(
+    gpu: &Gpu,
+    opts: &BenchOptions,
+    batch: usize,
+    seqlen_k: usize,
+    d: usize,
+) -> Result<Vec<DecodeShape>> {
+    let stream = gpu.stream();
+    let row = HEADS_KV * d;
+    // One pool serves every layout: the contiguous cache is its first batch x seqlen_k rows,
+    // the paged ones use up to three spare pages of the largest size past them.
+    let largest = opts.decode_pages.iter().copied().max().unwrap_or(0).max(16);
+    let rows = batch * seqlen_k.div_ceil(largest) * largest + 3 * largest;
+    let alloc = |n: usize, what: &str| -> Result<CudaSlice<T>> {
+        // SAFETY: filled by the memset below before any read.
+        unsafe { stream.alloc::<T>(n) }.map_err(cuda_err(format!("allocating {what}")))
+    };
+    let (mut kc, mut vc) = (alloc(rows * row, "k_cache")?, alloc(rows * row, "v_cache")?);
+    // 1/16 in the element type (f16 0x2C00, bf16 0x3D80).
+    let one16: u16 = if T::DTYPE == DType::BF16 {
+        0x3D80
+    } else {
+        0x2C00
+    };
+    for c in [&kc, &vc] {
+        let (ptr, _g) = c.device_ptr(stream);
+        // SAFETY: the buffer holds rows * row elements of 2 bytes, on this stream.
+        unsafe { sys::cuMemsetD16Async(ptr, one16, rows * row, stream.cu_stream()) }
+            .result()
+            .map_err(cuda_err("filling a cache"))?;
+    }
+    let read_bytes = (2 * batch * seqlen_k * row * 2) as f64;
+    let read_gbps = read_pass(gpu, opts, &kc, &vc, batch * seqlen_k * row)? / 1e9;
+    let mut out = Vec::new();
+    for &sq in &opts.decode_q {
+        let nq = batch * sq * HEADS_Q * d;
+        let q = stream
+            .clone_htod(&crate::compare::random_vec::<T>(nq, 7))
+            .map_err(cuda_err("copying q"))?;
+        let mut o: CudaSlice<T> = stream.alloc_zeros(nq).map_err(cuda_err("allocating o"))?;
+        let mut lse: CudaSlice<f32> = stream
+            .alloc_zeros(batch * sq * HEADS_Q)
+            .map_err(cuda_err("allocating lse"))?;
+        let bytes = read_bytes + (2 * nq * 2) as f64;
+        let contiguous = KvCacheProblem::new(
+            batch,
+            sq,
+            HEADS_Q,
+            HEADS_KV,
+            d,
+            CacheLayout::Contiguous {
+                seqlen_cache: seqlen_k,
+            },
+            vec![seqlen_k as i32; batch],
+            0,
+        )?;
+        let mut lines = Vec::new();
+        for &page in &opts.decode_pages {
+            let (layout, p) = if page == 0 {
+                ("contiguous".to_string(), contiguous.clone())
+            } else {
+                (
+                    format!("paged{page}"),
+                    shuffled_pages(&contiguous, page, 42)?,
+                )
+            };
+            let plan = DecodePlan::new(gpu, &p, None)?;
+            let what = format!("decode {layout} b{batch} sk{seqlen_k} sq{sq}");
+            let timed = time_launches(
+                gpu,
+                &what,
+                opts.iters as usize,
+                (opts.warmup as usize, opts.warmup_ms),
+                |_| plan.run(gpu, &q, &mut kc, &mut vc, None, &mut o, &mut lse),
+            )?;
+            let t = stats::summarize(&timed.times, bytes).ok_or_else(|| AttnError::Cuda {
+                context: what.clone(),
+                message: "no valid event times".into(),
+            })?;
+            lines.push(DecodeLine {
+                layout,
+                median_us: t.median_ms * 1e3,
+                gbps: t.tflops * 1e3,
+                splits: plan.splits(),
+            });
+        }
+        out.push(DecodeShape {
+            dtype: T::DTYPE.name().into(),
+            batch,
+            seqlen_k,
+            seqlen_q: sq,
+            head_dim: d,
+            bytes,
+            read_gbps,
+            lines,
+            peers: Vec::new(),
+        });
+    }
+    Ok(out)
+}
+
+/// Bytes per second of read_pass over the first `n` elements of both caches (median of the
+/// bench's iterations, same warm-up).
+fn read_pass<T: GpuElement>(
+    gpu: &Gpu,
+    opts: &BenchOptions,
+    kc: &CudaSlice<T>,
+    vc: &CudaSlice<T>,
+    n: usize,
+) -> Result<f64> {
+    let stream = gpu.stream();
+    let k = gpu.kernel(KernelSource::ReadPass, "read_pass", &[])?;
+    let blocks = (gpu.info().sm_count.max(1) as u32) * 4;
+    let sink: CudaSlice<u32> = stream
+        .alloc_zeros(blocks as usize)
+        .map_err(cuda_err("allocating the read sink"))?;
+    let (a, _ga) = kc.device_ptr(stream);
+    let (b, _gb) = vc.device_ptr(stream);
+    let (s, _gs) = sink.device_ptr(stream);
+    let chunks = (n * 2 / 16) as u64; // 16-byte pieces (n * 2 bytes is a multiple of 16)
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (512, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let timed = time_launches(
+        gpu,
+        "read pass",
+        opts.iters as usize,
+        (opts.warmup as usize, opts.warmup_ms),
+        |_| {
+            let mut l = stream.launch_builder(&k.function);
+            l.arg(&a).arg(&chunks).arg(&b).arg(&chunks).arg(&s);
+            // SAFETY: both buffers hold at least `chunks` 16-byte pieces; the sink one word
+            // per block.
+            unsafe { l.launch(cfg) }.map_err(cuda_err("read_pass launch"))?;
+            Ok(crate::cuda::LaunchInfo {
+                kernel: crate::cuda::KernelKind::Mma,
+                why: "read pass".into(),
+                config: None,
+                registers: k.stats.registers,
+                spill_bytes: 0,
+                smem_bytes: 0,
+            })
+        },
+    )?;
+    let bytes = (2 * n * 2) as f64;
+    let t = stats::summarize(&timed.times, bytes).ok_or_else(|| AttnError::Cuda {
+        context: "read pass".into(),
+        message: "no valid event times".into(),
+    })?;
+    Ok(t.tflops * 1e12)
+}
+
+fn peers(opts: &BenchOptions, shapes: &[DecodeShape]) -> std::result::Result<PeerResponse, String> {
+    let script = find_script()?;
+    let request = PeerRequest {
+        iters: opts.iters as usize,
+        warmup: opts.warmup as usize,
+        warmup_ms: opts.warmup_ms,
+        peers: super::report::PEERS.iter().map(|s| s.to_string()).collect(),
+        cases: shapes
+            .iter()
+            .map(|s| PeerCase {
+                id: shape_id(s),
+                dtype: s.dtype.clone(),
+                batch: s.batch,
+                seqlen: s.seqlen_k,
+                seqlen_q: s.seqlen_q,
+                heads: HEADS_Q,
+                heads_kv: HEADS_KV,
+                head_dim: s.head_dim,
+                causal: false,
+                flops: s.bytes,
+                sets: 1,
+            })
+            .collect(),
+    };
+    run_script(&python(), &script, &[], &request)
+}
+
+fn shape_id(s: &DecodeShape) -> String {
+    format!(
+        "decode-{}-b{}-sk{}-sq{}-d{}",
+        s.dtype, s.batch, s.seqlen_k, s.seqlen_q, s.head_dim
+    )
+}
+
+fn merge(shapes: &mut [DecodeShape], resp: &PeerResponse) {
+    for s in shapes {
+        let id = shape_id(s);
+        for peer in super::report::PEERS {
+            let r = resp.results.iter().find(|r| r.id == id && r.peer == peer);
+            let median = r.and_then(|r| r.median_ms);
+            s.peers.push(PeerLine {
+                peer: peer.to_string(),
+                median_us: median.map(|m| m * 1e3),
+                gbps: median.map(|m| s.bytes / (m * 1e-3) / 1e9),
+                skipped: match r {
+                    None => Some(resp.error.clone().unwrap_or_else(|| "no result".into())),
+                    Some(r) => r.skipped.clone(),
+                },
+            });
+        }
+    }
+}
+
+fn table(gpu: &Gpu, shapes: &[DecodeShape], notes: &[String]) -> String {
+    let mut out = format!(
+        "flashattn {} bench --decode on {} {}: GB/s (median, CUDA events) of k, v, q and o bytes; heads {HEADS_Q} q / {HEADS_KV} kv; read = a read-only pass over the same k and v bytes\n",
+        env!("CARGO_PKG_VERSION"),
+        gpu.info().name,
+        gpu.info().arch,
+    );
+    let layouts: Vec<String> = shapes
+        .first()
+        .map(|s| s.lines.iter().map(|l| l.layout.clone()).collect())
+        .unwrap_or_default();
+    let peers: Vec<String> = shapes
+        .first()
+        .map(|s| s.peers.iter().map(|p| p.peer.clone()).collect())
+        .unwrap_or_default();
+    let _ = write!(
+        out,
+        "{:<5} {:>4} {:>4} {:>7} {:>3} {:>7}",
+        "dtype", "d", "b", "sk", "sq", "read"
+    );
+    for l in &layouts {
+        let _ = write!(out, " {l:>11} {:>8}", "us");
+    }
+    for p in &peers {
+        let _ = write!(out, " {p:>9}");
+    }
+    out.push_str("  ours/read");
+    if !peers.is_empty() {
+        out.push_str("  ours/bestSDPA  ours/flash");
+    }
+    out.push('\n');
+    for s in shapes {
+        let _ = write!(
+            out,
+            "{:<5} {:>4} {:>4} {:>7} {:>3} {:>7.0}",
+            s.dtype, s.head_dim, s.batch, s.seqlen_k, s.seqlen_q, s.read_gbps
+        );
+        for l in &s.lines {
+            let _ = write!(out, " {:>11.0} {:>8.1}", l.gbps, l.median_us);
+        }
+        for p in &s.peers {
+            match p.gbps {
+                Some(g) => {
+                    let _ = write!(out, " {g:>9.0}");
+                }
+                None => {
+                    let _ = write!(out, " {:>9}", "-");
+                }
+            }
+        }
+        // The worst of our layouts against each reference.
+        let ours = s.lines.iter().map(|l| l.gbps).fold(f64::INFINITY, f64::min);
+        let _ = write!(out, "  {:>9.2}", ours / s.read_gbps);
+        if !s.peers.is_empty() {
+            let best = s
+                .peers
+                .iter()
+                .filter_map(|p| p.gbps)
+                .fold(f64::NAN, f64::max);
+            let flash = s
+                .peers
+                .iter()
+                .find(|p| p.peer == "flash")
+                .and_then(|p| p.gbps)
+                .unwrap_or(f64::NAN);
+            let _ = write!(out, "  {:>13.2}  {:>10.2}", ours / best, ours / flash);
+        }
+        out.push('\n');
+    }
+    for n in notes {
+        let _ = writeln!(out, "note: {n}");
+    }
+    out
+}

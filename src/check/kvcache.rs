@@ -1,0 +1,358 @@
+//! Decoding against a KV cache ([`crate::kvcache`]) on the GPU against the f64 oracle
+//! ([`crate::cuda::decode`]), with the cases the decoding issue names: cache lengths 0 and at
+//! capacity; page sizes 16, 64 and 256 with shuffled block tables; lengths that differ within
+//! a batch, including a sequence with fewer key blocks than splits; appended rows crossing a
+//! page boundary; seqlen_q 1, 2, 4, 16 with GQA 1, 4, 8 and MQA; every split count from 1 to
+//! past the number of key blocks (and the heuristic's pick) against the same reference;
+//! causal, window, softcap, ALiBi; head dims 40 to 256; both dtypes.
+//!
+//! Unused cache rows hold NaN (a read of one would reach o), outputs are poisoned with a guard
+//! past the end, the caches after the call must equal the CPU's append byte for byte, and the
+//! heuristic's split count must give the same bytes on a second run.
+
+use super::{CaseResult, Poisoned, to_bits};
+use crate::compare::{Tolerance, diff_rows, random_vec};
+use crate::cuda::decode::forward_device;
+use crate::cuda::device::cuda_err;
+use crate::cuda::{Gpu, GpuElement, KernelKind};
+use crate::dtype::{DType, Element};
+use crate::error::Result;
+use crate::kvcache::{
+    CacheLayout, KvCacheProblem, MAX_SPLITS, SPLIT_BLOCK, append, place, reference, shuffled_pages,
+};
+use crate::mask::Mask;
+use crate::reference::Reference;
+use crate::scores::{Alibi, ScoreMods, Window};
+use half::{bf16, f16};
+
+/// One decoding call of the sweep.
+#[derive(Debug, Clone)]
+pub struct KvCase {
+    /// Description: dtype, layout, lengths, heads, head_dim, mask, modifiers.
+    pub label: String,
+    /// Element type.
+    pub dtype: DType,
+    /// The call (contiguous or paged).
+    pub problem: KvCacheProblem,
+    /// Split counts to run (`None`: the heuristic's).
+    pub splits: Vec<Option<usize>>,
+}
+
+/// The split counts of a call: 1 to two past the number of key blocks of its longest
+/// sequence (so some splits are empty for every sequence), at most [`MAX_SPLITS`], and the
+/// heuristic's.
+fn split_counts(p: &KvCacheProblem) -> Vec<Option<usize>> {
+    let blocks = p.max_seqlen_k().div_ceil(SPLIT_BLOCK).max(1);
+    let mut out: Vec<Option<usize>> = (1..=(blocks + 2).min(MAX_SPLITS)).map(Some).collect();
+    out.push(None);
+    out
+}
+
+/// The sweep's calls.
+pub fn cases() -> Vec<KvCase> {
+    // (batch lengths, seqlen_new, capacity, seqlen_q, heads_q, heads_kv, head_dim, mask, mods)
+    type Spec = (
+        Vec<i32>,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        Mask,
+        ScoreMods,
+    );
+    let plain = ScoreMods::default;
+    let mut specs: Vec<Spec> = Vec::new();
+    // seqlen_q 1, 2, 4, 16 with GQA 1, 4, 8 and MQA; lengths that differ (one at 0, one with
+    // fewer key blocks than splits); three appended rows, crossing a 16-key page boundary.
+    for (sq, hq, hkv) in [(1, 4, 4), (2, 8, 2), (4, 8, 1), (16, 4, 1), (1, 32, 8)] {
+        for mask in [Mask::None, Mask::Causal] {
+            specs.push((vec![300, 0, 14], 3, 320, sq, hq, hkv, 128, mask, plain()));
+        }
+    }
+    // Cache lengths 0 and at capacity; all empty.
+    specs.push((vec![0, 256], 0, 256, 2, 4, 2, 64, Mask::Causal, plain()));
+    specs.push((vec![0, 0], 0, 256, 1, 4, 2, 64, Mask::None, plain()));
+    specs.push((vec![250, 200], 6, 256, 2, 4, 1, 64, Mask::Causal, plain()));
+    // A long cache (many splits), head dims 40 and 256.
+    specs.push((vec![3000, 700], 1, 3072, 1, 16, 2, 128, Mask::None, plain()));
+    specs.push((vec![1000, 37], 2, 1024, 3, 6, 2, 40, Mask::Causal, plain()));
+    specs.push((vec![1000, 37], 2, 1024, 4, 4, 2, 256, Mask::Causal, plain()));
+    // Window, softcap and ALiBi per (batch, head).
+    specs.push((
+        vec![700, 37],
+        2,
+        768,
+        4,
+        8,
+        2,
+        128,
+        Mask::Causal,
+        ScoreMods {
+            window: Window::from_fa(100, 0).expect("valid window"),
+            softcap: Some(30.0),
+            alibi: Some(Alibi {
+                slopes: (0..16).map(|i| 0.5f32.powi(i % 8 + 1)).collect(),
+                per_batch: true,
+            }),
+        },
+    ));
+    let mut out = Vec::new();
+    for dtype in [DType::F16, DType::BF16] {
+        for (n, (lens, new, cap, sq, hq, hkv, d, mask, mods)) in specs.iter().enumerate() {
+            let contiguous = KvCacheProblem::new(
+                lens.len(),
+                *sq,
+                *hq,
+                *hkv,
+                *d,
+                CacheLayout::Contiguous { seqlen_cache: *cap },
+                lens.clone(),
+                *new,
+            )
+            .and_then(|p| p.with_mask(*mask).with_scores(mods.clone()))
+            .expect("valid sweep call");
+            // Contiguous, and paged with one of the three page sizes (rotating through the
+            // specs), pages shuffled.
+            let page = [16, 64, 256][n % 3];
+            let paged = shuffled_pages(&contiguous, page, n as u64 + 1).expect("valid pages");
+            for (layout, p) in [
+                ("contiguous".to_string(), contiguous),
+                (format!("paged{page}"), paged),
+            ] {
+                let label = format!(
+                    "{dtype} kvcache {layout} lens{lens:?}+{new} sq={sq} hq={hq} hkv={hkv} d={d} {}{}",
+                    mask.name(),
+                    super::cases::describe_scores(mods)
+                );
+                out.push(KvCase {
+                    label,
+                    dtype,
+                    splits: split_counts(&p),
+                    problem: p,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Runs one call at every split count of the case; one result (the worst split count's
+/// errors, and every failing count named).
+///
+/// # Errors
+/// Oracle errors and copy failures; kernel failures are recorded as failed results.
+pub fn run_case(gpu: &Gpu, case: &KvCase, seed: u64) -> Result<CaseResult> {
+    match case.dtype {
+        DType::BF16 => run_typed::<bf16>(gpu, case, seed),
+        _ => run_typed::<f16>(gpu, case, seed),
+    }
+}
+
+/// Random logical caches, q and new rows of a call.
+struct Data<T> {
+    k_cache: Vec<T>,
+    v_cache: Vec<T>,
+    q: Vec<T>,
+    k_new: Vec<T>,
+    v_new: Vec<T>,
+}
+
+fn data<T: Element>(p: &KvCacheProblem, seed: u64) -> Data<T> {
+    let row = p.heads_kv * p.head_dim;
+    let logical = |s: u64| -> Vec<Vec<T>> {
+        p.cache_seqlens
+            .iter()
+            .enumerate()
+            .map(|(b, &l)| random_vec(l as usize * row, s ^ (b as u64 * 77)))
+            .collect()
+    };
+    let nn = p.batch * p.seqlen_new * row;
+    Data {
+        k_cache: place(p, &logical(seed ^ 11)),
+        v_cache: place(p, &logical(seed ^ 12)),
+        q: random_vec(p.batch * p.seqlen_q * p.heads_q * p.head_dim, seed ^ 13),
+        k_new: random_vec(nn, seed ^ 14),
+        v_new: random_vec(nn, seed ^ 15),
+    }
+}
+
+/// What one GPU call produced.
+struct Produced<T> {
+    o: Vec<T>,
+    lse: Vec<f32>,
+    guard_written: usize,
+    k_cache: Vec<T>,
+    v_cache: Vec<T>,
+}
+
+fn run_once<T: GpuElement>(
+    gpu: &Gpu,
+    p: &KvCacheProblem,
+    x: &Data<T>,
+    splits: Option<usize>,
+) -> Result<Result<Produced<T>>> {
+    let stream = gpu.stream();
+    let up = |v: &[T]| stream.clone_htod(v).map_err(cuda_err("copying inputs"));
+    let (dq, mut dkc, mut dvc) = (up(&x.q)?, up(&x.k_cache)?, up(&x.v_cache)?);
+    // At least one element, so that a call without new rows still has buffers to view.
+    let pad = |v: &[T]| {
+        if v.is_empty() {
+            vec![T::from_f32(0.0)]
+        } else {
+            v.to_vec()
+        }
+    };
+    let (dkn, dvn) = (up(&pad(&x.k_new))?, up(&pad(&x.v_new))?);
+    let n_o = x.q.len();
+    let n_lse = p.batch * p.heads_q * p.seqlen_q;
+    let mut outs = Poisoned::<T>::new(gpu, n_o, n_lse)?;
+    let new = (p.seqlen_new > 0).then(|| (dkn.as_view(), dvn.as_view()));
+    let launched = forward_device(
+        gpu,
+        p,
+        &dq,
+        &mut dkc,
+        &mut dvc,
+        new.as_ref().map(|(k, v)| (k, v)),
+        &mut outs.o.slice_mut(0..n_o),
+        &mut outs.lse.slice_mut(0..n_lse),
+        splits,
+    )
+    .and_then(|info| {
+        stream
+            .synchronize()
+            .map_err(cuda_err("kvcache decode launch"))?;
+        Ok(info)
+    });
+    if let Err(e) = launched {
+        return Ok(Err(e));
+    }
+    let (o, lse, guard_written) = outs.read(gpu)?;
+    let back = |d: &cudarc::driver::CudaSlice<T>| {
+        stream
+            .clone_dtoh(d)
+            .map_err(cuda_err("copying a cache back"))
+    };
+    Ok(Ok(Produced {
+        o,
+        lse,
+        guard_written,
+        k_cache: back(&dkc)?,
+        v_cache: back(&dvc)?,
+    }))
+}
+
+fn run_typed<T: GpuElement>(gpu: &Gpu, case: &KvCase, seed: u64) -> Result<CaseResult> {
+    let p = &case.problem;
+    let x = data::<T>(p, seed);
+    // The CPU's append gives the caches the call must leave, and the oracle's inputs.
+    let (mut kc, mut vc) = (x.k_cache.clone(), x.v_cache.clone());
+    append(p, &mut kc, &mut vc, &x.k_new, &x.v_new)?;
+    let exact: Reference = reference(p, &x.q, &kc, &vc)?;
+    let tol = Tolerance::for_dtype(case.dtype);
+    let mut result = CaseResult::new(&case.label, KernelKind::Mma);
+    result.kernel = "decode".into();
+    let (mut worst_l2, mut worst_abs, mut worst_lse) = (0.0f64, 0.0f64, 0.0f64);
+    let mut problems = Vec::new();
+    let (hq, sq, d) = (p.heads_q, p.seqlen_q, p.head_dim);
+    let row_of = |n: usize| {
+        let row = n / d; // (b, i, h)
+        let (b, i, h) = (row / (sq * hq), (row / hq) % sq, row % hq);
+        (b * hq + h) * sq + i
+    };
+    let mut guard = 0;
+    for &splits in &case.splits {
+        let name = splits.map_or("heuristic".to_string(), |s| s.to_string());
+        let got = match run_once(gpu, p, &x, splits)? {
+            Ok(g) => g,
+            Err(e) => {
+                problems.push(format!("splits {name}: {e}"));
+                continue;
+            }
+        };
+        guard += got.guard_written;
+        let (od, ld) = diff_rows(
+            got.o.iter().map(|v| v.to_f64()),
+            got.lse.iter().map(|&v| f64::from(v)),
+            &exact,
+            d,
+            row_of,
+        );
+        worst_l2 = worst_l2.max(od.rel_l2);
+        worst_abs = worst_abs.max(od.max_abs);
+        worst_lse = worst_lse.max(ld.max_abs);
+        if let Err(e) = tol.check(&format!("splits {name}"), &od, &ld) {
+            problems.push(e.to_string());
+        }
+        let same = |a: &[T], b: &[T]| a.iter().zip(b).all(|(x, y)| to_bits(*x) == to_bits(*y));
+        if !same(&got.k_cache, &kc) || !same(&got.v_cache, &vc) {
+            problems.push(format!(
+                "splits {name}: the caches after the call differ from the CPU's append"
+            ));
+        }
+        if splits.is_none() {
+            // Same bytes run to run.
+            if let Ok(again) = run_once(gpu, p, &x, splits)? {
+                let bits = |o: &[T]| o.iter().map(|v| to_bits(*v)).collect::<Vec<_>>();
+                if bits(&again.o) != bits(&got.o)
+                    || again
+                        .lse
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .ne(got.lse.iter().map(|v| v.to_bits()))
+                {
+                    problems.push("a second run gave other bytes".into());
+                }
+            }
+        }
+    }
+    result.o_rel_l2 = worst_l2;
+    result.o_max_abs = worst_abs;
+    result.lse_max_abs = worst_lse;
+    result.guard_overwritten = guard;
+    let notes = vec![format!("{} split counts", case.splits.len())];
+    result.conclude(problems, notes);
+    Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kvcache_sweep_has_the_issue_cases() {
+        let cs = cases();
+        assert!(cs.iter().all(|c| c.problem.validate().is_ok()));
+        let has = |f: &dyn Fn(&KvCacheProblem) -> bool| cs.iter().any(|c| f(&c.problem));
+        let page = |p: &KvCacheProblem, n| matches!(p.layout, CacheLayout::Paged { page_size, .. } if page_size == n);
+        for n in [16, 64, 256] {
+            assert!(has(&|p| page(p, n)), "page size {n}");
+        }
+        assert!(has(&|p| p.cache_seqlens.contains(&0)));
+        assert!(has(&|p| p
+            .cache_seqlens
+            .iter()
+            .any(|&l| l as usize == p.capacity())));
+        for sq in [1, 2, 4, 16] {
+            assert!(has(&|p| p.seqlen_q == sq), "seqlen_q {sq}");
+        }
+        for g in [1, 4, 8] {
+            assert!(has(&|p| p.heads_q / p.heads_kv == g), "group {g}");
+        }
+        assert!(has(&|p| p.heads_kv == 1), "MQA");
+        // Appended rows crossing a 16-key page boundary.
+        assert!(has(&|p| page(p, 16)
+            && p.seqlen_new > 0
+            && p.cache_seqlens
+                .iter()
+                .any(|&l| (l as usize % 16) + p.seqlen_new > 16)));
+        // Every split count from 1 past the key blocks, and the heuristic's.
+        for c in &cs {
+            let blocks = c.problem.max_seqlen_k().div_ceil(SPLIT_BLOCK).max(1);
+            assert!(c.splits.contains(&Some(1)) && c.splits.contains(&None));
+            assert!(c.splits.len() > blocks.min(MAX_SPLITS - 2));
+        }
+    }
+}

@@ -1,0 +1,751 @@
+//! Decoding against a KV cache on the GPU ([`crate::kvcache`]'s semantics): new rows appended
+//! in place (kv_append.cu), then attn_decode.cu over split-KV blocks with the query heads of
+//! each kv head packed into one block, then attn_combine.cu merging the splits exactly (only
+//! when there is more than one split: with one, attn_decode writes o and lse itself).
+//!
+//! Every call is validated on the host before anything is launched or written: the problem
+//! ([`KvCacheProblem::validate`]: cache lengths, capacity, page indices), buffer lengths,
+//! contexts and 16-byte alignment. The cache lengths and the block table are copied to the
+//! device with each call (stream-ordered, on `gpu.stream()`).
+
+use super::attention::{check_alignment, check_contexts, upload_slopes};
+use super::device::{Gpu, cuda_err};
+use super::launch::{
+    FlashParams, GpuElement, KernelKind, Launch, LaunchInfo, launch_context, score_defines,
+    set_dynamic_smem,
+};
+use super::sources::KernelSource;
+use crate::dtype::DType;
+use crate::error::{AttnError, Result};
+use crate::kvcache::{CacheLayout, KvCacheProblem, MAX_SPLITS, num_splits};
+use crate::shape::{AttnProblem, AttnShape, Strides};
+use cudarc::driver::{
+    CudaSlice, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, LaunchConfig,
+    PushKernelArg,
+};
+
+/// Packed (query, head) rows per attn_decode block.
+pub const DECODE_ROWS: usize = 16;
+/// Keys per attn_decode tile (16 per warp, four warps).
+pub const DECODE_BC: usize = 64;
+
+/// The pipeline depth and Q placement of attn_decode for a head_dim, and its shared memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeTile {
+    /// cp.async stages of K and V (2 or 3).
+    pub stages: usize,
+    /// Keep Q's A fragments in registers (up to d128; d256 would spill).
+    pub q_in_regs: bool,
+}
+
+impl DecodeTile {
+    /// Three stages where they fit in `smem_limit` bytes per block and head_dim <= 128 (they
+    /// keep two 32 KB tiles of K and V in flight per block at d128), else two.
+    pub fn for_head_dim(head_dim: usize, smem_limit: usize) -> Self {
+        let three = DecodeTile {
+            stages: 3,
+            q_in_regs: head_dim <= 128,
+        };
+        if head_dim <= 128 && three.smem_bytes(head_dim) <= smem_limit {
+            three
+        } else {
+            DecodeTile { stages: 2, ..three }
+        }
+    }
+
+    /// Dynamic shared memory: the Q rows, then `stages` tiles of K and of V (rows padded by one
+    /// 16-byte chunk), or the warps' f32 partial results when those are larger.
+    pub fn smem_bytes(&self, head_dim: usize) -> usize {
+        let dp = head_dim.div_ceil(16) * 16;
+        let row = (dp / 8 + 1) * 16;
+        let stages = 2 * self.stages * DECODE_BC * row;
+        let merge = 4 * DECODE_ROWS * (dp + 2) * 4;
+        DECODE_ROWS * row + stages.max(merge)
+    }
+
+    /// NVRTC defines of attn_decode.cu (score modifiers apart: [`score_defines`]).
+    pub fn defines(
+        &self,
+        dtype: DType,
+        head_dim: usize,
+        causal: bool,
+        paged: bool,
+    ) -> Vec<(String, String)> {
+        let flag = |x: bool| u8::from(x).to_string();
+        vec![
+            ("HEAD_DIM".into(), head_dim.to_string()),
+            ("IS_BF16".into(), flag(dtype == DType::BF16)),
+            ("IS_CAUSAL".into(), flag(causal)),
+            ("IS_PAGED".into(), flag(paged)),
+            ("NSTAGES".into(), self.stages.to_string()),
+            ("Q_IN_REGS".into(), flag(self.q_in_regs)),
+        ]
+    }
+}
+
+/// kv_cache.cuh's `CacheMap`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct CacheMap {
+    cache_seqlens: u64,
+    block_table: u64,
+    max_blocks: i32,
+    page_size: i32,
+    seqlen_new: i32,
+}
+
+/// attn_decode.cu's `DecodeParams`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct DecodeParams {
+    o_accum: u64,
+    lse_accum: u64,
+    num_splits: i32,
+    map: CacheMap,
+}
+
+/// kv_append.cu's `AppendParams`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct AppendParams {
+    k_new: u64,
+    v_new: u64,
+    k_cache: u64,
+    v_cache: u64,
+    kn: [i64; 3],
+    vn: [i64; 3],
+    kc: [i64; 3],
+    vc: [i64; 3],
+    batch: i32,
+    heads_kv: i32,
+    chunks: i64,
+    map: CacheMap,
+}
+
+/// attn_combine.cu's `CombineParams`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct CombineParams {
+    o_accum: u64,
+    lse_accum: u64,
+    o: u64,
+    lse: u64,
+    o_strides: [i64; 3],
+    batch: i32,
+    heads_q: i32,
+    seqlen_q: i32,
+    num_splits: i32,
+}
+
+// SAFETY: plain old data with C layout, mirrored field by field in the kernels.
+unsafe impl DeviceRepr for CacheMap {}
+unsafe impl DeviceRepr for DecodeParams {}
+unsafe impl DeviceRepr for AppendParams {}
+unsafe impl DeviceRepr for CombineParams {}
+
+/// The split count a call gets: `splits` when given (1..=[`MAX_SPLITS`]), else
+/// [`num_splits`] over the blocks of one split (kv heads x row blocks x batch) against two
+/// blocks per SM (attn_decode fits two per SM at d128).
+///
+/// # Errors
+/// [`AttnError::InvalidInput`] for a given count outside 1..=[`MAX_SPLITS`].
+pub fn splits_for(p: &KvCacheProblem, sm_count: usize, splits: Option<usize>) -> Result<usize> {
+    match splits {
+        Some(s) if s == 0 || s > MAX_SPLITS => Err(AttnError::InvalidInput {
+            what: format!("num_splits = {s}: use 1..={MAX_SPLITS} (or 0 / None for the heuristic)"),
+        }),
+        Some(s) => Ok(s),
+        None => Ok(num_splits(
+            row_blocks(p) * p.heads_kv * p.batch,
+            2 * sm_count,
+            p.max_seqlen_k(),
+        )),
+    }
+}
+
+/// Row blocks per (sequence, kv head): the packed rows `seqlen_q x group` in blocks of 16.
+fn row_blocks(p: &KvCacheProblem) -> usize {
+    (p.seqlen_q * (p.heads_q / p.heads_kv)).div_ceil(DECODE_ROWS)
+}
+
+/// The dense problem whose parameter block attn_decode reads: q and o dense
+/// `[batch, seqlen_q, heads_q, head_dim]`, the caches' strides (batch stride = the page stride
+/// when paged), seqlen_k = capacity (each block reads its sequence's own length).
+fn envelope(p: &KvCacheProblem) -> Result<AttnProblem> {
+    let row_k = p.heads_kv * p.head_dim;
+    let sb = match &p.layout {
+        CacheLayout::Contiguous { seqlen_cache } => seqlen_cache * row_k,
+        CacheLayout::Paged { page_size, .. } => page_size * row_k,
+    };
+    let shape = AttnShape {
+        batch: p.batch,
+        seqlen_q: p.seqlen_q,
+        seqlen_k: p.capacity().max(1),
+        heads_q: p.heads_q,
+        heads_kv: p.heads_kv,
+        head_dim: p.head_dim,
+    };
+    let dense = Strides::contiguous(p.seqlen_q, p.heads_q, p.head_dim);
+    let cache = Strides {
+        batch: sb,
+        seq: row_k,
+        head: p.head_dim,
+    };
+    let mut e = AttnProblem::new(shape)?
+        .with_mask(p.mask)
+        .with_scale(p.softmax_scale)?
+        .with_scores(p.scores.clone())?;
+    // Set directly: a paged cache's "batch" stride is a page, which the dense rules would
+    // refuse as overlapping; KvCacheProblem::validate has checked every page index instead.
+    e.q_strides = dense;
+    e.o_strides = dense;
+    e.k_strides = cache;
+    e.v_strides = cache;
+    Ok(e)
+}
+
+/// Checks what only the GPU path needs: head_dim, and sizes against the kernels' 32-bit
+/// indices and grid limits.
+fn check_gpu(p: &KvCacheProblem) -> Result<()> {
+    if !p.head_dim.is_multiple_of(8) || p.head_dim > 256 {
+        return Err(AttnError::UnsupportedHeadDim {
+            head_dim: p.head_dim,
+            backend: "attn_decode".into(),
+            supported: "multiples of 8 up to 256 (use the CPU backend for others)".into(),
+        });
+    }
+    let too_large = |reason: String| {
+        Err(AttnError::TooLarge {
+            kernel: "attn_decode",
+            reason,
+        })
+    };
+    if p.batch > 65_535 {
+        return too_large(format!(
+            "batch {} is above the grid's 65535: split the batch",
+            p.batch
+        ));
+    }
+    if p.capacity() > i32::MAX as usize / 2 || p.seqlen_q * p.heads_q > i32::MAX as usize / 2 {
+        return too_large("a cache or query count above 2^30 rows".into());
+    }
+    if let CacheLayout::Paged {
+        num_blocks,
+        max_blocks,
+        ..
+    } = &p.layout
+        && (*num_blocks > i32::MAX as usize || p.batch * max_blocks > i32::MAX as usize)
+    {
+        return too_large("more than 2^31-1 pages or block-table entries".into());
+    }
+    Ok(())
+}
+
+/// A decoding call prepared for the GPU: the problem validated, the split count chosen, and
+/// its metadata (cache lengths, block table, ALiBi slopes) and split-KV workspace on the
+/// device. [`DecodePlan::run`] then only launches kernels, so a decoding loop that keeps its
+/// shapes pays for this once; [`forward_device`] plans and runs in one call.
+pub struct DecodePlan {
+    problem: KvCacheProblem,
+    env: AttnProblem,
+    splits: usize,
+    seqlens: CudaSlice<i32>,
+    table: Option<CudaSlice<i32>>,
+    slopes: Option<CudaSlice<f32>>,
+    partials: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
+}
+
+impl DecodePlan {
+    /// Validates `p` for the GPU, picks the split count (`splits`, or the heuristic for
+    /// `None`: [`splits_for`]) and copies the metadata to the device (on `gpu.stream()`).
+    ///
+    /// # Errors
+    /// [`KvCacheProblem::validate`]'s; [`AttnError::UnsupportedHeadDim`] for a head_dim that
+    /// is not a multiple of 8 up to 256; [`AttnError::InvalidInput`] for a split count out of
+    /// range; [`AttnError::TooLarge`]; allocation and copy failures as [`AttnError::Cuda`].
+    pub fn new(gpu: &Gpu, p: &KvCacheProblem, splits: Option<usize>) -> Result<Self> {
+        p.validate()?;
+        check_gpu(p)?;
+        let splits = splits_for(p, gpu.info().sm_count.max(1) as usize, splits)?;
+        let stream = gpu.stream();
+        let up = |x: &[i32], what: &str| -> Result<CudaSlice<i32>> {
+            stream
+                .clone_htod(x)
+                .map_err(cuda_err(format!("copying {what} to the device")))
+        };
+        let table = match &p.layout {
+            CacheLayout::Paged { block_table, .. } => Some(up(block_table, "block_table")?),
+            CacheLayout::Contiguous { .. } => None,
+        };
+        let rows = p.batch * p.heads_q * p.seqlen_q;
+        let partials = if splits > 1 {
+            let alloc = |n: usize, what: &str| -> Result<CudaSlice<f32>> {
+                stream
+                    .alloc_zeros(n)
+                    .map_err(cuda_err(format!("allocating the split-KV partial {what}")))
+            };
+            Some((
+                alloc(splits * rows * p.head_dim, "o")?,
+                alloc(splits * rows, "lse")?,
+            ))
+        } else {
+            None
+        };
+        Ok(DecodePlan {
+            env: envelope(p)?,
+            splits,
+            seqlens: up(&p.cache_seqlens, "cache_seqlens")?,
+            table,
+            slopes: upload_slopes(gpu, &p.scores)?,
+            partials,
+            problem: p.clone(),
+        })
+    }
+
+    /// The split count the plan runs.
+    pub fn splits(&self) -> usize {
+        self.splits
+    }
+
+    /// The planned problem.
+    pub fn problem(&self) -> &KvCacheProblem {
+        &self.problem
+    }
+
+    /// Runs the planned call on device buffers: `q` `[batch, seqlen_q, heads_q, head_dim]`,
+    /// the caches in the problem's layout (modified in place when `new` rows are given),
+    /// `new` = (k, v) `[batch, seqlen_new, heads_kv, head_dim]` when `seqlen_new > 0`, `o`
+    /// like q, `lse` `[batch, heads_q, seqlen_q]` f32; all dense, 16-byte aligned, in `gpu`'s
+    /// context. Asynchronous on `gpu.stream()`: kv_append (with new rows), attn_decode, and
+    /// attn_combine (with more than one split). The same bytes run to run; rows that see no
+    /// key get o = 0 and lse = -inf.
+    ///
+    /// # Errors
+    /// [`AttnError::BufferTooShort`]; [`AttnError::InvalidInput`] for new rows missing or
+    /// given against `seqlen_new`; [`AttnError::ShapeMismatch`] for a buffer of another
+    /// context; [`AttnError::InvalidStrides`] for a misaligned buffer; [`AttnError::TooLarge`];
+    /// [`AttnError::Compile`]/[`AttnError::Cuda`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn run<T, Q, KC, VC, O, L>(
+        &self,
+        gpu: &Gpu,
+        q: &Q,
+        k_cache: &mut KC,
+        v_cache: &mut VC,
+        new: Option<(&CudaView<'_, T>, &CudaView<'_, T>)>,
+        o: &mut O,
+        lse: &mut L,
+    ) -> Result<LaunchInfo>
+    where
+        T: GpuElement,
+        Q: DevicePtr<T>,
+        KC: DevicePtrMut<T>,
+        VC: DevicePtrMut<T>,
+        O: DevicePtrMut<T>,
+        L: DevicePtrMut<f32>,
+    {
+        let p = &self.problem;
+        let (new_k_len, new_v_len) = match (&new, p.seqlen_new) {
+            (Some((k, v)), n) if n > 0 => (k.len(), v.len()),
+            (None, 0) => (0, 0),
+            (Some(_), _) => {
+                return Err(AttnError::InvalidInput {
+                    what: "new k/v rows were given but seqlen_new is 0: set seqlen_new to their row count".into(),
+                });
+            }
+            (None, n) => {
+                return Err(AttnError::InvalidInput {
+                    what: format!("seqlen_new is {n} but no new k/v rows were given"),
+                });
+            }
+        };
+        p.check_buffers(&[
+            ("q", q.len()),
+            ("k_cache", k_cache.len()),
+            ("v_cache", v_cache.len()),
+            ("k", new_k_len),
+            ("v", new_v_len),
+            ("o", o.len()),
+            ("lse", lse.len()),
+        ])?;
+        check_contexts(
+            gpu,
+            [
+                ("q", q.stream().context().cu_ctx()),
+                ("k_cache", k_cache.stream().context().cu_ctx()),
+                ("v_cache", v_cache.stream().context().cu_ctx()),
+                ("o", o.stream().context().cu_ctx()),
+                ("lse", lse.stream().context().cu_ctx()),
+            ],
+        )?;
+        let stream = gpu.stream();
+        let (qp, _gq) = q.device_ptr(stream);
+        let (kcp, _gkc) = k_cache.device_ptr_mut(stream);
+        let (vcp, _gvc) = v_cache.device_ptr_mut(stream);
+        let (op, _go) = o.device_ptr_mut(stream);
+        let (lp, _gl) = lse.device_ptr_mut(stream);
+        for (name, ptr) in [("q", qp), ("k_cache", kcp), ("v_cache", vcp), ("o", op)] {
+            check_alignment(name, ptr)?;
+        }
+        let (sl, _gsl) = self.seqlens.device_ptr(stream);
+        let bt = self.table.as_ref().map(|t| t.device_ptr(stream));
+        let (page_size, max_blocks) = match &p.layout {
+            CacheLayout::Paged {
+                page_size,
+                max_blocks,
+                ..
+            } => (*page_size as i32, *max_blocks as i32),
+            CacheLayout::Contiguous { .. } => (0, 0),
+        };
+        let map = CacheMap {
+            cache_seqlens: sl,
+            block_table: bt.as_ref().map_or(0, |(ptr, _)| *ptr),
+            max_blocks,
+            page_size,
+            seqlen_new: p.seqlen_new as i32,
+        };
+        let paged = self.table.is_some();
+        if let Some((k, v)) = &new {
+            check_contexts(
+                gpu,
+                [
+                    ("k", k.stream().context().cu_ctx()),
+                    ("v", v.stream().context().cu_ctx()),
+                ],
+            )?;
+            let (kp, _gk) = k.device_ptr(stream);
+            let (vp, _gv) = v.device_ptr(stream);
+            check_alignment("k", kp)?;
+            check_alignment("v", vp)?;
+            append(gpu, p, &self.env, [kp, vp, kcp, vcp], map, paged)?;
+        }
+        if p.batch * p.seqlen_q == 0 {
+            return Ok(info(
+                KernelKind::Mma,
+                "no query rows: nothing launched".into(),
+                0,
+            ));
+        }
+        let alibi = self.slopes.as_ref().map(|d| d.device_ptr(stream));
+        let launch = Launch {
+            problem: &self.env,
+            dtype: T::DTYPE,
+            q: qp,
+            k: kcp,
+            v: vcp,
+            o: op,
+            lse: lp,
+            alibi: alibi.as_ref().map_or(0, |(ptr, _)| *ptr),
+            varlen: None,
+            lse_head_stride: None,
+        };
+        let acc = self
+            .partials
+            .as_ref()
+            .map(|(o, l)| (o.device_ptr(stream), l.device_ptr(stream)));
+        let dp = DecodeParams {
+            o_accum: acc.as_ref().map_or(0, |((ptr, _), _)| *ptr),
+            lse_accum: acc.as_ref().map_or(0, |(_, (ptr, _))| *ptr),
+            num_splits: self.splits as i32,
+            map,
+        };
+        let mut result = decode(gpu, p, &launch, dp, paged)?;
+        if let Some(((oa, _), (la, _))) = &acc {
+            combine(gpu, p, &launch, [*oa, *la], self.splits)?;
+        }
+        let splits = self.splits;
+        result.why = format!(
+            "KV-cache decode: {} cache, {splits} split{}{}",
+            if paged { "paged" } else { "contiguous" },
+            if splits == 1 { "" } else { "s + attn_combine" },
+            if p.seqlen_new > 0 {
+                format!(", {} rows appended by kv_append", p.seqlen_new)
+            } else {
+                String::new()
+            }
+        );
+        Ok(result)
+    }
+}
+
+/// Plans and runs one decoding call ([`DecodePlan::new`], then [`DecodePlan::run`]).
+///
+/// # Errors
+/// Those of both.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_device<T, Q, KC, VC, O, L>(
+    gpu: &Gpu,
+    p: &KvCacheProblem,
+    q: &Q,
+    k_cache: &mut KC,
+    v_cache: &mut VC,
+    new: Option<(&CudaView<'_, T>, &CudaView<'_, T>)>,
+    o: &mut O,
+    lse: &mut L,
+    splits: Option<usize>,
+) -> Result<LaunchInfo>
+where
+    T: GpuElement,
+    Q: DevicePtr<T>,
+    KC: DevicePtrMut<T>,
+    VC: DevicePtrMut<T>,
+    O: DevicePtrMut<T>,
+    L: DevicePtrMut<f32>,
+{
+    DecodePlan::new(gpu, p, splits)?.run(gpu, q, k_cache, v_cache, new, o, lse)
+}
+
+/// Launches kv_append: one thread per 16-byte chunk of the new rows.
+fn append(
+    gpu: &Gpu,
+    p: &KvCacheProblem,
+    env: &AttnProblem,
+    [kp, vp, kcp, vcp]: [u64; 4],
+    map: CacheMap,
+    paged: bool,
+) -> Result<()> {
+    let rows = p.batch * p.seqlen_new * p.heads_kv;
+    if rows == 0 {
+        return Ok(());
+    }
+    let defines = vec![
+        ("HEAD_DIM".to_string(), p.head_dim.to_string()),
+        ("IS_PAGED".to_string(), u8::from(paged).to_string()),
+    ];
+    let k = gpu.kernel(KernelSource::KvAppend, "kv_append", &defines)?;
+    let new = [
+        (p.seqlen_new * p.heads_kv * p.head_dim) as i64,
+        (p.heads_kv * p.head_dim) as i64,
+        p.head_dim as i64,
+    ];
+    let st = |s: Strides| [s.batch as i64, s.seq as i64, s.head as i64];
+    let chunks = rows * p.head_dim / 8;
+    let params = AppendParams {
+        k_new: kp,
+        v_new: vp,
+        k_cache: kcp,
+        v_cache: vcp,
+        kn: new,
+        vn: new,
+        kc: st(env.k_strides),
+        vc: st(env.v_strides),
+        batch: p.batch as i32,
+        heads_kv: p.heads_kv as i32,
+        chunks: chunks as i64,
+        map,
+    };
+    let blocks = u32::try_from(chunks.div_ceil(256)).map_err(|_| AttnError::TooLarge {
+        kernel: "kv_append",
+        reason: "more than 2^31 blocks of new rows: append in pieces".into(),
+    })?;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.stream().launch_builder(&k.function);
+    b.arg(&params);
+    // SAFETY: the parameters mirror the kernel's struct; validate() checked that every
+    // appended row lies inside its sequence's capacity and every page index inside the pool.
+    unsafe { b.launch(cfg) }.map_err(cuda_err(launch_context("kv_append", env)))?;
+    Ok(())
+}
+
+/// Launches attn_decode: grid (row blocks x kv heads, splits, batch).
+fn decode(
+    gpu: &Gpu,
+    p: &KvCacheProblem,
+    l: &Launch,
+    dp: DecodeParams,
+    paged: bool,
+) -> Result<LaunchInfo> {
+    let allowed = gpu.info().smem_per_block_optin as usize;
+    let tile = DecodeTile::for_head_dim(p.head_dim, allowed);
+    let smem = tile.smem_bytes(p.head_dim);
+    if smem > allowed {
+        return Err(AttnError::TooLarge {
+            kernel: "attn_decode",
+            reason: format!(
+                "head_dim {} needs {smem} bytes of shared memory per block, the device allows {allowed}: use the CPU backend",
+                p.head_dim
+            ),
+        });
+    }
+    let mut defines = tile.defines(l.dtype, p.head_dim, p.mask.is_causal(), paged);
+    defines.extend(score_defines(l.problem));
+    let k = gpu.kernel(KernelSource::AttnDecode, "attn_decode", &defines)?;
+    let ctx = launch_context("attn_decode", l.problem);
+    set_dynamic_smem(&k.function, smem, &ctx)?;
+    let mut params = FlashParams::new(l, DECODE_ROWS as u32);
+    let m_blocks = row_blocks(p);
+    params.num_m_blocks = m_blocks as i32;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            (m_blocks * p.heads_kv) as u32,
+            dp.num_splits as u32,
+            p.batch as u32,
+        ),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    let mut b = gpu.stream().launch_builder(&k.function);
+    b.arg(&params);
+    b.arg(&dp);
+    // SAFETY: the parameters mirror the kernel's structs; the caller validated the problem
+    // (lengths within capacity, page indices within the pool) and every buffer's length.
+    unsafe { b.launch(cfg) }.map_err(cuda_err(ctx))?;
+    Ok(LaunchInfo {
+        kernel: KernelKind::Mma,
+        why: String::new(),
+        config: Some(format!(
+            "attn_decode 16 rows x Bc{DECODE_BC}, {} stages{}",
+            tile.stages,
+            if tile.q_in_regs {
+                ", Q in registers"
+            } else {
+                ""
+            }
+        )),
+        registers: k.stats.registers,
+        spill_bytes: k.stats.spill_stores,
+        smem_bytes: smem,
+    })
+}
+
+/// Launches attn_combine: one warp per query row, four per block.
+fn combine(
+    gpu: &Gpu,
+    p: &KvCacheProblem,
+    l: &Launch,
+    [oa, la]: [u64; 2],
+    splits: usize,
+) -> Result<()> {
+    let defines = vec![
+        ("HEAD_DIM".to_string(), p.head_dim.to_string()),
+        (
+            "IS_BF16".to_string(),
+            u8::from(l.dtype == DType::BF16).to_string(),
+        ),
+    ];
+    let k = gpu.kernel(KernelSource::AttnCombine, "attn_combine", &defines)?;
+    let rows = p.batch * p.heads_q * p.seqlen_q;
+    let o = l.problem.o_strides;
+    let params = CombineParams {
+        o_accum: oa,
+        lse_accum: la,
+        o: l.o,
+        lse: l.lse,
+        o_strides: [o.batch as i64, o.seq as i64, o.head as i64],
+        batch: p.batch as i32,
+        heads_q: p.heads_q as i32,
+        seqlen_q: p.seqlen_q as i32,
+        num_splits: splits as i32,
+    };
+    let blocks = u32::try_from(rows.div_ceil(4)).map_err(|_| AttnError::TooLarge {
+        kernel: "attn_combine",
+        reason: "more than 2^31 blocks of query rows: split the batch".into(),
+    })?;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.stream().launch_builder(&k.function);
+    b.arg(&params);
+    // SAFETY: the parameters mirror the kernel's struct; the partials hold splits x rows
+    // entries (allocated by the caller) and o/lse were checked against the problem.
+    unsafe { b.launch(cfg) }.map_err(cuda_err(launch_context("attn_combine", l.problem)))?;
+    Ok(())
+}
+
+/// A LaunchInfo with no kernel statistics.
+fn info(kernel: KernelKind, why: String, smem_bytes: usize) -> LaunchInfo {
+    LaunchInfo {
+        kernel,
+        why,
+        config: None,
+        registers: 0,
+        spill_bytes: 0,
+        smem_bytes,
+    }
+}
+
+/// Host-memory convenience of [`forward_device`]: copies q, the caches and the new rows in,
+/// runs, and copies o, lse and the caches (with the appended rows) back; like
+/// [`crate::kvcache::forward_cpu`], the caches are updated in place. Pass empty `k_new` /
+/// `v_new` when `seqlen_new` is 0.
+///
+/// # Errors
+/// As [`forward_device`], plus allocation and copy failures as [`AttnError::Cuda`].
+#[allow(clippy::too_many_arguments)]
+pub fn forward_host<T: GpuElement>(
+    gpu: &Gpu,
+    p: &KvCacheProblem,
+    q: &[T],
+    k_cache: &mut [T],
+    v_cache: &mut [T],
+    k_new: &[T],
+    v_new: &[T],
+    splits: Option<usize>,
+) -> Result<(crate::kvcache::KvCacheOutput<T>, LaunchInfo)> {
+    p.validate()?;
+    check_gpu(p)?;
+    p.check_buffers(&[
+        ("q", q.len()),
+        ("k_cache", k_cache.len()),
+        ("v_cache", v_cache.len()),
+        ("k", k_new.len()),
+        ("v", v_new.len()),
+    ])?;
+    let stream = gpu.stream();
+    let up = |x: &[T], what: &str| {
+        stream
+            .clone_htod(x)
+            .map_err(cuda_err(format!("copying {what} to the device")))
+    };
+    let dq = up(q, "q")?;
+    let (mut dkc, mut dvc) = (up(k_cache, "k_cache")?, up(v_cache, "v_cache")?);
+    // One element at least, so that a call without new rows still has buffers to view.
+    let one = [T::from_f32(0.0)];
+    let nonempty = |x: &'_ [T]| -> Vec<T> {
+        if x.is_empty() {
+            one.to_vec()
+        } else {
+            x.to_vec()
+        }
+    };
+    let (dkn, dvn) = (up(&nonempty(k_new), "k")?, up(&nonempty(v_new), "v")?);
+    let n_lse = p.batch * p.heads_q * p.seqlen_q;
+    let mut d_o: CudaSlice<T> = stream
+        .alloc_zeros(q.len().max(1))
+        .map_err(cuda_err("allocating o"))?;
+    let mut d_lse: CudaSlice<f32> = stream
+        .alloc_zeros(n_lse.max(1))
+        .map_err(cuda_err("allocating lse"))?;
+    let new = (p.seqlen_new > 0).then(|| (dkn.as_view(), dvn.as_view()));
+    let info = forward_device(
+        gpu,
+        p,
+        &dq,
+        &mut dkc,
+        &mut dvc,
+        new.as_ref().map(|(k, v)| (k, v)),
+        &mut d_o,
+        &mut d_lse,
+        splits,
+    )?;
+    let back = |d: &CudaSlice<T>, what: &str| {
+        stream
+            .clone_dtoh(d)
+            .map_err(cuda_err(format!("decode: copying {what} back")))
+    };
+    let mut o = back(&d_o, "o")?;
+    o.truncate(q.len());
+    let mut lse = stream
+        .clone_dtoh(&d_lse)
+        .map_err(cuda_err("decode: copying lse back"))?;
+    lse.truncate(n_lse);
+    k_cache.copy_from_slice(&back(&dkc, "k_cache")?);
+    v_cache.copy_from_slice(&back(&dvc, "v_cache")?);
+    Ok((crate::kvcache::KvCacheOutput { o, lse }, info))
+}
