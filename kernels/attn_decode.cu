@@ -39,6 +39,10 @@ constexpr int KS = DP / 16;            // k-steps of S = Q K^T
 constexpr int ND = DP / 8;             // n8 tiles of O
 constexpr u32 STAGE = BC * RS * 2;     // bytes of one stage of K (or V)
 static_assert(NSTAGES >= 2, "NSTAGES must be at least 2");
+// Shared memory: Q rows, then the K/V stages (or, after the loop, the warps' f32 partial
+// results), then the staged page numbers (src/cuda/decode.rs DecodeTile::smem_bytes).
+constexpr int SMEM_MERGE = 4 * ROWS * (DP + 2) * 4;
+constexpr int SMEM_PAGES = ROWS * RS * 2 + (2 * NSTAGES * (int)STAGE > SMEM_MERGE ? 2 * NSTAGES * (int)STAGE : SMEM_MERGE);
 
 struct DecodeParams {
     float *o_accum;   // [num_splits, batch, heads_q, seqlen_q, D] (num_splits > 1)
@@ -55,21 +59,44 @@ FA_DEVICE void mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1
 #endif
 }
 
-// Copies keys [n0, n0 + BC) of sequence b (kv head hk) into a stage. Keys at or past
-// seqlen_k and the pad columns are zero-filled without a read.
-FA_DEVICE void load_kv(u32 dst, const u16 *base, i64 sb, i64 ss, const CacheMap &map, int b, int n0,
-                       int seqlen_k) {
+// Pages of a tile, staged in shared memory one tile ahead (IS_PAGED): a 64-key tile spans at
+// most BC / 16 + 1 pages (page sizes are multiples of 16).
+constexpr int TILE_PAGES = BC / 16 + 1;
+
+// Copies keys [n0, n0 + BC) of sequence b (K and V: the caches share one layout) into a
+// stage. Keys at or past seqlen_k and the pad columns are zero-filled without a read. Paged:
+// with `staged`, the tile's pages come from shared memory (sp[i] = page of keys
+// (n0 / page_size + i) * page_size..), else from the block table in global memory.
+FA_DEVICE void load_kv(u32 dK, u32 dV, const u16 *kb, const u16 *vb, i64 sb, i64 ss, const CacheMap &map,
+                       int b, int n0, int seqlen_k, const int *sp) {
     constexpr int TOTAL = BC * CH;
 #pragma unroll 4
     for (int it = 0; it < (TOTAL + NT - 1) / NT; ++it) {
         const int n = it * NT + (int)threadIdx.x;
         if (TOTAL % NT == 0 || n < TOTAL) {
-            const int r = n / CH, c = n % CH;
-            const bool ok = n0 + r < seqlen_k && c * 8 < D;
-            const u16 *g = ok ? base + cache_row(map, sb, ss, b, n0 + r) + c * 8 : base;
-            cp_async_16(dst + (u32)(r * RS + c * 8) * 2, g, ok ? 16 : 0);
+            const int r = n / CH, c = n % CH, j = n0 + r;
+            const bool ok = j < seqlen_k && c * 8 < D;
+            i64 off = 0;
+            if (ok) {
+#if IS_PAGED
+                const int page = sp ? sp[j / map.page_size - n0 / map.page_size]
+                                    : map.block_table[(i64)b * map.max_blocks + j / map.page_size];
+                off = (i64)page * sb + (i64)(j % map.page_size) * ss + c * 8;
+#else
+                off = cache_row(map, sb, ss, b, j) + c * 8;
+#endif
+            }
+            const u32 at = (u32)(r * RS + c * 8) * 2;
+            cp_async_16(dK + at, kb + off, ok ? 16 : 0);
+            cp_async_16(dV + at, vb + off, ok ? 16 : 0);
         }
     }
+}
+
+// The block-table entry of page `i` of the tile at n0 (0 past the sequence's pages: never used).
+FA_DEVICE int tile_page(const CacheMap &map, int b, int n0, int seqlen_k, int i) {
+    const int page = n0 / map.page_size + i;
+    return page * map.page_size < seqlen_k ? map.block_table[(i64)b * map.max_blocks + page] : 0;
 }
 
 extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, const DecodeParams dp) {
@@ -110,12 +137,18 @@ extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, 
 #pragma unroll
     for (int s = 0; s < NSTAGES - 1; ++s) {
         const int j = t_begin + s;
-        if (j < t_end) {
-            load_kv(sK + s * STAGE, kb, p.k_sb, p.k_ss, dp.map, b, j * BC, p.seqlen_k);
-            load_kv(sV + s * STAGE, vb, p.v_sb, p.v_ss, dp.map, b, j * BC, p.seqlen_k);
-        }
+        if (j < t_end)
+            load_kv(sK + s * STAGE, sV + s * STAGE, kb, vb, p.k_sb, p.k_ss, dp.map, b, j * BC, p.seqlen_k, nullptr);
         cp_async_commit();
     }
+#if IS_PAGED
+    // Pages of the first tile the loop loads, staged; the loop stages each next one while it
+    // computes (the block-table reads then never wait in front of the tile's copies).
+    int *sPages = (int *)((char *)smem + SMEM_PAGES); // [2][TILE_PAGES]
+    if (tid < TILE_PAGES)
+        sPages[((t_begin + NSTAGES - 1) & 1) * TILE_PAGES + tid] =
+            tile_page(dp.map, b, (t_begin + NSTAGES - 1) * BC, p.seqlen_k, tid);
+#endif
 
     float acc_o[ND][4];
 #pragma unroll
@@ -130,13 +163,18 @@ extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, 
     for (int j = t_begin; j < t_end; ++j) {
         cp_async_wait<NSTAGES - 2>();
         __syncthreads(); // tile j landed; every warp is done with tile j-1's stage
+        const int jn = j + NSTAGES - 1;
+#if IS_PAGED
+        const int *sp = sPages + (jn & 1) * TILE_PAGES;
+        // the next tile's pages: read now, stored after this tile's math
+        const int next_page = tid < TILE_PAGES && jn + 1 < t_end ? tile_page(dp.map, b, (jn + 1) * BC, p.seqlen_k, tid) : 0;
+#else
+        const int *sp = nullptr;
+#endif
         {
-            const int jn = j + NSTAGES - 1;
             const u32 st = (u32)((jn - t_begin) % NSTAGES) * STAGE;
-            if (jn < t_end) {
-                load_kv(sK + st, kb, p.k_sb, p.k_ss, dp.map, b, jn * BC, p.seqlen_k);
-                load_kv(sV + st, vb, p.v_sb, p.v_ss, dp.map, b, jn * BC, p.seqlen_k);
-            }
+            if (jn < t_end)
+                load_kv(sK + st, sV + st, kb, vb, p.k_sb, p.k_ss, dp.map, b, jn * BC, p.seqlen_k, sp);
             cp_async_commit();
         }
         const u32 st = (u32)((j - t_begin) % NSTAGES) * STAGE;
@@ -227,6 +265,9 @@ extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, 
             mma(acc_o[2 * d2], pf[0][0], pf[0][1], pf[1][0], pf[1][1], b0, b1);
             mma(acc_o[2 * d2 + 1], pf[0][0], pf[0][1], pf[1][0], pf[1][1], b2, b3);
         }
+#if IS_PAGED
+        if (tid < TILE_PAGES) sPages[((jn + 1) & 1) * TILE_PAGES + tid] = next_page;
+#endif
     }
     cp_async_wait<0>();
     __syncthreads(); // the stages are free: they hold the warps' partial results now

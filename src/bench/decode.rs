@@ -273,7 +273,7 @@ fn shape_set<T: GpuElement>(
                     shuffled_pages(&contiguous, page, 42)?,
                 )
             };
-            let plan = DecodePlan::new(gpu, &p, None)?;
+            let plan = DecodePlan::new(gpu, &p, T::DTYPE, None)?;
             let what = format!("decode {layout} b{batch} sk{seqlen_k} sq{sq}");
             let timed = time_launches(
                 gpu,

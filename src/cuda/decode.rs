@@ -9,7 +9,7 @@
 //! device with each call (stream-ordered, on `gpu.stream()`).
 
 use super::attention::{check_alignment, check_contexts, upload_slopes};
-use super::device::{Gpu, cuda_err};
+use super::device::{Gpu, LoadedKernel, cuda_err};
 use super::launch::{
     FlashParams, GpuElement, KernelKind, Launch, LaunchInfo, launch_context, score_defines,
     set_dynamic_smem,
@@ -54,13 +54,15 @@ impl DecodeTile {
     }
 
     /// Dynamic shared memory: the Q rows, then `stages` tiles of K and of V (rows padded by one
-    /// 16-byte chunk), or the warps' f32 partial results when those are larger.
+    /// 16-byte chunk), or the warps' f32 partial results when those are larger, then two
+    /// tiles' page numbers (attn_decode.cu `SMEM_PAGES`).
     pub fn smem_bytes(&self, head_dim: usize) -> usize {
         let dp = head_dim.div_ceil(16) * 16;
         let row = (dp / 8 + 1) * 16;
         let stages = 2 * self.stages * DECODE_BC * row;
         let merge = 4 * DECODE_ROWS * (dp + 2) * 4;
-        DECODE_ROWS * row + stages.max(merge)
+        let pages = 2 * (DECODE_BC / 16 + 1) * 4;
+        DECODE_ROWS * row + stages.max(merge) + pages
     }
 
     /// NVRTC defines of attn_decode.cu (score modifiers apart: [`score_defines`]).
@@ -248,7 +250,9 @@ fn check_gpu(p: &KvCacheProblem) -> Result<()> {
 pub struct DecodePlan {
     problem: KvCacheProblem,
     env: AttnProblem,
+    dtype: DType,
     splits: usize,
+    kernels: PlanKernels,
     seqlens: CudaSlice<i32>,
     table: Option<CudaSlice<i32>>,
     slopes: Option<CudaSlice<f32>>,
@@ -256,17 +260,27 @@ pub struct DecodePlan {
 }
 
 impl DecodePlan {
-    /// Validates `p` for the GPU, picks the split count (`splits`, or the heuristic for
-    /// `None`: [`splits_for`]) and copies the metadata to the device (on `gpu.stream()`).
+    /// Validates `p` for the GPU and element type `dtype` (f16 or bf16), picks the split count
+    /// (`splits`, or the heuristic for `None`: [`splits_for`]), compiles (or finds) the
+    /// kernels and copies the metadata to the device (on `gpu.stream()`).
     ///
     /// # Errors
     /// [`KvCacheProblem::validate`]'s; [`AttnError::UnsupportedHeadDim`] for a head_dim that
-    /// is not a multiple of 8 up to 256; [`AttnError::InvalidInput`] for a split count out of
-    /// range; [`AttnError::TooLarge`]; allocation and copy failures as [`AttnError::Cuda`].
-    pub fn new(gpu: &Gpu, p: &KvCacheProblem, splits: Option<usize>) -> Result<Self> {
+    /// is not a multiple of 8 up to 256; [`AttnError::DTypeMismatch`] for f32;
+    /// [`AttnError::InvalidInput`] for a split count out of range; [`AttnError::TooLarge`]
+    /// (the head_dim's shared memory on this device too); [`AttnError::Compile`]; allocation
+    /// and copy failures as [`AttnError::Cuda`].
+    pub fn new(gpu: &Gpu, p: &KvCacheProblem, dtype: DType, splits: Option<usize>) -> Result<Self> {
         p.validate()?;
         check_gpu(p)?;
+        if dtype == DType::F32 {
+            return Err(AttnError::DTypeMismatch {
+                what: "the decode kernels take f16 or bf16: convert the inputs or use the CPU backend".into(),
+            });
+        }
         let splits = splits_for(p, gpu.info().sm_count.max(1) as usize, splits)?;
+        let env = envelope(p)?;
+        let kernels = PlanKernels::new(gpu, p, &env, dtype, splits)?;
         let stream = gpu.stream();
         let up = |x: &[i32], what: &str| -> Result<CudaSlice<i32>> {
             stream
@@ -292,8 +306,10 @@ impl DecodePlan {
             None
         };
         Ok(DecodePlan {
-            env: envelope(p)?,
+            env,
+            dtype,
             splits,
+            kernels,
             seqlens: up(&p.cache_seqlens, "cache_seqlens")?,
             table,
             slopes: upload_slopes(gpu, &p.scores)?,
@@ -345,6 +361,15 @@ impl DecodePlan {
         L: DevicePtrMut<f32>,
     {
         let p = &self.problem;
+        if T::DTYPE != self.dtype {
+            return Err(AttnError::DTypeMismatch {
+                what: format!(
+                    "the plan was made for {} buffers, these are {}",
+                    self.dtype,
+                    T::DTYPE
+                ),
+            });
+        }
         let (new_k_len, new_v_len) = match (&new, p.seqlen_new) {
             (Some((k, v)), n) if n > 0 => (k.len(), v.len()),
             (None, 0) => (0, 0),
@@ -417,7 +442,9 @@ impl DecodePlan {
             let (vp, _gv) = v.device_ptr(stream);
             check_alignment("k", kp)?;
             check_alignment("v", vp)?;
-            append(gpu, p, &self.env, [kp, vp, kcp, vcp], map, paged)?;
+            if let Some(k) = &self.kernels.append {
+                append(gpu, k, p, &self.env, [kp, vp, kcp, vcp], map)?;
+            }
         }
         if p.batch * p.seqlen_q == 0 {
             return Ok(info(
@@ -449,9 +476,9 @@ impl DecodePlan {
             num_splits: self.splits as i32,
             map,
         };
-        let mut result = decode(gpu, p, &launch, dp, paged)?;
-        if let Some(((oa, _), (la, _))) = &acc {
-            combine(gpu, p, &launch, [*oa, *la], self.splits)?;
+        let mut result = decode(gpu, &self.kernels, p, &launch, dp)?;
+        if let (Some(((oa, _), (la, _))), Some(k)) = (&acc, &self.kernels.combine) {
+            combine(gpu, k, p, &launch, [*oa, *la], self.splits)?;
         }
         let splits = self.splits;
         result.why = format!(
@@ -492,27 +519,84 @@ where
     O: DevicePtrMut<T>,
     L: DevicePtrMut<f32>,
 {
-    DecodePlan::new(gpu, p, splits)?.run(gpu, q, k_cache, v_cache, new, o, lse)
+    DecodePlan::new(gpu, p, T::DTYPE, splits)?.run(gpu, q, k_cache, v_cache, new, o, lse)
+}
+
+/// The kernels of a plan, compiled (or found in the module cache) once, with attn_decode's
+/// shared-memory limit raised once.
+struct PlanKernels {
+    decode: LoadedKernel,
+    tile: DecodeTile,
+    smem: usize,
+    combine: Option<LoadedKernel>,
+    append: Option<LoadedKernel>,
+}
+
+impl PlanKernels {
+    fn new(
+        gpu: &Gpu,
+        p: &KvCacheProblem,
+        env: &AttnProblem,
+        dtype: DType,
+        splits: usize,
+    ) -> Result<Self> {
+        let allowed = gpu.info().smem_per_block_optin as usize;
+        let tile = DecodeTile::for_head_dim(p.head_dim, allowed);
+        let smem = tile.smem_bytes(p.head_dim);
+        if smem > allowed {
+            return Err(AttnError::TooLarge {
+                kernel: "attn_decode",
+                reason: format!(
+                    "head_dim {} needs {smem} bytes of shared memory per block, the device allows {allowed}: use the CPU backend",
+                    p.head_dim
+                ),
+            });
+        }
+        let paged = matches!(p.layout, CacheLayout::Paged { .. });
+        let mut defines = tile.defines(dtype, p.head_dim, p.mask.is_causal(), paged);
+        defines.extend(score_defines(env));
+        let decode = gpu.kernel(KernelSource::AttnDecode, "attn_decode", &defines)?;
+        set_dynamic_smem(&decode.function, smem, &launch_context("attn_decode", env))?;
+        let head_dim = ("HEAD_DIM".to_string(), p.head_dim.to_string());
+        let combine = (splits > 1)
+            .then(|| {
+                let bf16 = u8::from(dtype == DType::BF16).to_string();
+                let defines = [head_dim.clone(), ("IS_BF16".to_string(), bf16)];
+                gpu.kernel(KernelSource::AttnCombine, "attn_combine", &defines)
+            })
+            .transpose()?;
+        let append = (p.seqlen_new > 0)
+            .then(|| {
+                let defines = [
+                    head_dim.clone(),
+                    ("IS_PAGED".to_string(), u8::from(paged).to_string()),
+                ];
+                gpu.kernel(KernelSource::KvAppend, "kv_append", &defines)
+            })
+            .transpose()?;
+        Ok(PlanKernels {
+            decode,
+            tile,
+            smem,
+            combine,
+            append,
+        })
+    }
 }
 
 /// Launches kv_append: one thread per 16-byte chunk of the new rows.
 fn append(
     gpu: &Gpu,
+    k: &LoadedKernel,
     p: &KvCacheProblem,
     env: &AttnProblem,
     [kp, vp, kcp, vcp]: [u64; 4],
     map: CacheMap,
-    paged: bool,
 ) -> Result<()> {
     let rows = p.batch * p.seqlen_new * p.heads_kv;
     if rows == 0 {
         return Ok(());
     }
-    let defines = vec![
-        ("HEAD_DIM".to_string(), p.head_dim.to_string()),
-        ("IS_PAGED".to_string(), u8::from(paged).to_string()),
-    ];
-    let k = gpu.kernel(KernelSource::KvAppend, "kv_append", &defines)?;
     let new = [
         (p.seqlen_new * p.heads_kv * p.head_dim) as i64,
         (p.heads_kv * p.head_dim) as i64,
@@ -554,28 +638,11 @@ fn append(
 /// Launches attn_decode: grid (row blocks x kv heads, splits, batch).
 fn decode(
     gpu: &Gpu,
+    ks: &PlanKernels,
     p: &KvCacheProblem,
     l: &Launch,
     dp: DecodeParams,
-    paged: bool,
 ) -> Result<LaunchInfo> {
-    let allowed = gpu.info().smem_per_block_optin as usize;
-    let tile = DecodeTile::for_head_dim(p.head_dim, allowed);
-    let smem = tile.smem_bytes(p.head_dim);
-    if smem > allowed {
-        return Err(AttnError::TooLarge {
-            kernel: "attn_decode",
-            reason: format!(
-                "head_dim {} needs {smem} bytes of shared memory per block, the device allows {allowed}: use the CPU backend",
-                p.head_dim
-            ),
-        });
-    }
-    let mut defines = tile.defines(l.dtype, p.head_dim, p.mask.is_causal(), paged);
-    defines.extend(score_defines(l.problem));
-    let k = gpu.kernel(KernelSource::AttnDecode, "attn_decode", &defines)?;
-    let ctx = launch_context("attn_decode", l.problem);
-    set_dynamic_smem(&k.function, smem, &ctx)?;
     let mut params = FlashParams::new(l, DECODE_ROWS as u32);
     let m_blocks = row_blocks(p);
     params.num_m_blocks = m_blocks as i32;
@@ -586,48 +653,41 @@ fn decode(
             p.batch as u32,
         ),
         block_dim: (128, 1, 1),
-        shared_mem_bytes: smem as u32,
+        shared_mem_bytes: ks.smem as u32,
     };
-    let mut b = gpu.stream().launch_builder(&k.function);
+    let mut b = gpu.stream().launch_builder(&ks.decode.function);
     b.arg(&params);
     b.arg(&dp);
     // SAFETY: the parameters mirror the kernel's structs; the caller validated the problem
     // (lengths within capacity, page indices within the pool) and every buffer's length.
-    unsafe { b.launch(cfg) }.map_err(cuda_err(ctx))?;
+    unsafe { b.launch(cfg) }.map_err(cuda_err(launch_context("attn_decode", l.problem)))?;
     Ok(LaunchInfo {
         kernel: KernelKind::Mma,
         why: String::new(),
         config: Some(format!(
             "attn_decode 16 rows x Bc{DECODE_BC}, {} stages{}",
-            tile.stages,
-            if tile.q_in_regs {
+            ks.tile.stages,
+            if ks.tile.q_in_regs {
                 ", Q in registers"
             } else {
                 ""
             }
         )),
-        registers: k.stats.registers,
-        spill_bytes: k.stats.spill_stores,
-        smem_bytes: smem,
+        registers: ks.decode.stats.registers,
+        spill_bytes: ks.decode.stats.spill_stores,
+        smem_bytes: ks.smem,
     })
 }
 
 /// Launches attn_combine: one warp per query row, four per block.
 fn combine(
     gpu: &Gpu,
+    k: &LoadedKernel,
     p: &KvCacheProblem,
     l: &Launch,
     [oa, la]: [u64; 2],
     splits: usize,
 ) -> Result<()> {
-    let defines = vec![
-        ("HEAD_DIM".to_string(), p.head_dim.to_string()),
-        (
-            "IS_BF16".to_string(),
-            u8::from(l.dtype == DType::BF16).to_string(),
-        ),
-    ];
-    let k = gpu.kernel(KernelSource::AttnCombine, "attn_combine", &defines)?;
     let rows = p.batch * p.heads_q * p.seqlen_q;
     let o = l.problem.o_strides;
     let params = CombineParams {
@@ -653,7 +713,7 @@ fn combine(
     let mut b = gpu.stream().launch_builder(&k.function);
     b.arg(&params);
     // SAFETY: the parameters mirror the kernel's struct; the partials hold splits x rows
-    // entries (allocated by the caller) and o/lse were checked against the problem.
+    // entries (allocated by the plan) and o/lse were checked against the problem.
     unsafe { b.launch(cfg) }.map_err(cuda_err(launch_context("attn_combine", l.problem)))?;
     Ok(())
 }
