@@ -27,6 +27,9 @@
 #ifndef Q_IN_REGS
 #define Q_IN_REGS 1
 #endif
+#ifndef RESCALE_SLACK
+#define RESCALE_SLACK 8
+#endif
 
 constexpr int NWARPS = 4;
 constexpr int NT = NWARPS * 32;
@@ -59,44 +62,33 @@ FA_DEVICE void mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1
 #endif
 }
 
-// Pages of a tile, staged in shared memory one tile ahead (IS_PAGED): a 64-key tile spans at
-// most BC / 16 + 1 pages (page sizes are multiples of 16).
-constexpr int TILE_PAGES = BC / 16 + 1;
+// A tile is BC / 16 groups of 16 keys. A group never crosses a page (page sizes are multiples
+// of 16, groups start at multiples of 16), so its keys are consecutive rows of the cache: one
+// offset per group locates all of them. Paged, the offsets of the next tile to load are staged
+// in shared memory one tile ahead, so that the block-table reads never wait in front of a
+// tile's copies.
+constexpr int GROUPS = BC / 16;
 
 // Copies keys [n0, n0 + BC) of sequence b (K and V: the caches share one layout) into a
-// stage. Keys at or past seqlen_k and the pad columns are zero-filled without a read. Paged:
-// with `staged`, the tile's pages come from shared memory (sp[i] = page of keys
-// (n0 / page_size + i) * page_size..), else from the block table in global memory.
-FA_DEVICE void load_kv(u32 dK, u32 dV, const u16 *kb, const u16 *vb, i64 sb, i64 ss, const CacheMap &map,
-                       int b, int n0, int seqlen_k, const int *sp) {
+// stage; group_off(m) is the element offset (head 0) of key n0 + 16 m. Keys at or past
+// seqlen_k and the pad columns are zero-filled without a read.
+template <class GroupOff>
+FA_DEVICE void load_kv(u32 dK, u32 dV, const u16 *kb, const u16 *vb, i64 ss, int n0, int seqlen_k,
+                       GroupOff &&group_off) {
     constexpr int TOTAL = BC * CH;
-#pragma unroll 4
+    const bool full = n0 + BC <= seqlen_k;
+#pragma unroll
     for (int it = 0; it < (TOTAL + NT - 1) / NT; ++it) {
         const int n = it * NT + (int)threadIdx.x;
         if (TOTAL % NT == 0 || n < TOTAL) {
-            const int r = n / CH, c = n % CH, j = n0 + r;
-            const bool ok = j < seqlen_k && c * 8 < D;
-            i64 off = 0;
-            if (ok) {
-#if IS_PAGED
-                const int page = sp ? sp[j / map.page_size - n0 / map.page_size]
-                                    : map.block_table[(i64)b * map.max_blocks + j / map.page_size];
-                off = (i64)page * sb + (i64)(j % map.page_size) * ss + c * 8;
-#else
-                off = cache_row(map, sb, ss, b, j) + c * 8;
-#endif
-            }
+            const int r = n / CH, c = n % CH;
+            const bool ok = (full || n0 + r < seqlen_k) && c * 8 < D;
+            const i64 off = ok ? group_off(r >> 4) + (r & 15) * ss + c * 8 : 0;
             const u32 at = (u32)(r * RS + c * 8) * 2;
             cp_async_16(dK + at, kb + off, ok ? 16 : 0);
             cp_async_16(dV + at, vb + off, ok ? 16 : 0);
         }
     }
-}
-
-// The block-table entry of page `i` of the tile at n0 (0 past the sequence's pages: never used).
-FA_DEVICE int tile_page(const CacheMap &map, int b, int n0, int seqlen_k, int i) {
-    const int page = n0 / map.page_size + i;
-    return page * map.page_size < seqlen_k ? map.block_table[(i64)b * map.max_blocks + page] : 0;
 }
 
 extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, const DecodeParams dp) {
@@ -134,20 +126,26 @@ extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, 
         const u16 *g = ok ? p.q + b * p.q_sb + i * p.q_ss + h * p.q_sh + c * 8 : p.q;
         cp_async_16(sQ + (u32)(r * RS + c * 8) * 2, g, ok ? 16 : 0);
     }
+    // Element offset of key j's group (j < seqlen_k), straight from the map (cache_row).
+    auto direct = [&](int n0) {
+        return [&, n0](int m) { return cache_row(dp.map, p.k_sb, p.k_ss, b, n0 + 16 * m); };
+    };
 #pragma unroll
     for (int s = 0; s < NSTAGES - 1; ++s) {
         const int j = t_begin + s;
         if (j < t_end)
-            load_kv(sK + s * STAGE, sV + s * STAGE, kb, vb, p.k_sb, p.k_ss, dp.map, b, j * BC, p.seqlen_k, nullptr);
+            load_kv(sK + s * STAGE, sV + s * STAGE, kb, vb, p.k_ss, j * BC, p.seqlen_k, direct(j * BC));
         cp_async_commit();
     }
 #if IS_PAGED
-    // Pages of the first tile the loop loads, staged; the loop stages each next one while it
-    // computes (the block-table reads then never wait in front of the tile's copies).
-    int *sPages = (int *)((char *)smem + SMEM_PAGES); // [2][TILE_PAGES]
-    if (tid < TILE_PAGES)
-        sPages[((t_begin + NSTAGES - 1) & 1) * TILE_PAGES + tid] =
-            tile_page(dp.map, b, (t_begin + NSTAGES - 1) * BC, p.seqlen_k, tid);
+    // Group offsets of the first tile the loop loads, staged; the loop stages each next one
+    // while it computes. Groups past the sequence's end are never read (0).
+    i64 *sGroups = (i64 *)((char *)smem + SMEM_PAGES); // [2][GROUPS]
+    auto group_of = [&](int n0, int m) -> i64 {
+        const int key = n0 + 16 * m;
+        return key < p.seqlen_k ? cache_row(dp.map, p.k_sb, p.k_ss, b, key) : 0;
+    };
+    if (tid < GROUPS) sGroups[((t_begin + NSTAGES - 1) & 1) * GROUPS + tid] = group_of((t_begin + NSTAGES - 1) * BC, tid);
 #endif
 
     float acc_o[ND][4];
@@ -165,16 +163,16 @@ extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, 
         __syncthreads(); // tile j landed; every warp is done with tile j-1's stage
         const int jn = j + NSTAGES - 1;
 #if IS_PAGED
-        const int *sp = sPages + (jn & 1) * TILE_PAGES;
-        // the next tile's pages: read now, stored after this tile's math
-        const int next_page = tid < TILE_PAGES && jn + 1 < t_end ? tile_page(dp.map, b, (jn + 1) * BC, p.seqlen_k, tid) : 0;
+        const i64 *staged = sGroups + (jn & 1) * GROUPS;
+        // the group offsets of the tile after it: read now, stored after this tile's math
+        const i64 next_group = tid < GROUPS && jn + 1 < t_end ? group_of((jn + 1) * BC, tid) : 0;
+        auto offsets = [&](int m) { return staged[m]; };
 #else
-        const int *sp = nullptr;
+        auto offsets = direct(jn * BC);
 #endif
         {
             const u32 st = (u32)((jn - t_begin) % NSTAGES) * STAGE;
-            if (jn < t_end)
-                load_kv(sK + st, sV + st, kb, vb, p.k_sb, p.k_ss, dp.map, b, jn * BC, p.seqlen_k, sp);
+            if (jn < t_end) load_kv(sK + st, sV + st, kb, vb, p.k_ss, jn * BC, p.seqlen_k, offsets);
             cp_async_commit();
         }
         const u32 st = (u32)((j - t_begin) % NSTAGES) * STAGE;
@@ -228,18 +226,25 @@ extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, 
                     score_row<2, false>(p, at, lo, hi, center, coef);
             }
         }
-        // Online softmax of the warp's keys; P packed to the A fragment of O += P V.
+        // Online softmax of the warp's keys; P packed to the A fragment of O += P V. As in
+        // attn_mma, a row's running max only moves when the tile's max passes it by more than
+        // RESCALE_SLACK (log2 units; p <= 2^8 then, exact in f16/bf16 and f32 sums), so that
+        // most tiles of a long cache skip rescaling O (a warp-uniform vote).
         u32 pf[2][2];
+        float alpha[2];
+        bool moved = false;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             float mx = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
             mx = fmaxf(mx, shfl_xor(mx, 1));
             mx = fmaxf(mx, shfl_xor(mx, 2));
-            const float m_new = fmaxf(row_max[r], fmul_rn(mx, p.scale_log2));
+            const float m_cand = fmul_rn(mx, p.scale_log2);
+            const float m_new = m_cand > row_max[r] + (float)RESCALE_SLACK ? m_cand : row_max[r];
             // A row that has seen only masked keys keeps max -inf: subtract 0 instead, so that
             // exp2(-inf - (-inf)) never makes a NaN.
             const float m_use = m_new == neg_inf() ? 0.f : m_new;
-            const float alpha = ex2(row_max[r] - m_use);
+            alpha[r] = ex2(row_max[r] - m_use);
+            moved |= m_new != row_max[r];
             row_max[r] = m_new;
             float sum = 0.f;
 #pragma unroll
@@ -249,12 +254,13 @@ extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, 
                 sum += p0 + p1;
                 pf[nt][r] = pack2(p0, p1);
             }
-            row_sum[r] = row_sum[r] * alpha + sum;
+            row_sum[r] = row_sum[r] * alpha[r] + sum;
+        }
+        if (vote_any(moved)) {
 #pragma unroll
-            for (int nd = 0; nd < ND; ++nd) {
-                acc_o[nd][2 * r] *= alpha;
-                acc_o[nd][2 * r + 1] *= alpha;
-            }
+            for (int nd = 0; nd < ND; ++nd)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc_o[nd][e] *= alpha[e >> 1];
         }
         // O += P V: one k-step of 16 keys; V read transposed (two keys of a column per register).
 #pragma unroll
@@ -266,7 +272,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, 
             mma(acc_o[2 * d2 + 1], pf[0][0], pf[0][1], pf[1][0], pf[1][1], b2, b3);
         }
 #if IS_PAGED
-        if (tid < TILE_PAGES) sPages[((jn + 1) & 1) * TILE_PAGES + tid] = next_page;
+        if (tid < GROUPS) sGroups[((jn + 1) & 1) * GROUPS + tid] = next_group;
 #endif
     }
     cp_async_wait<0>();

@@ -55,13 +55,13 @@ impl DecodeTile {
 
     /// Dynamic shared memory: the Q rows, then `stages` tiles of K and of V (rows padded by one
     /// 16-byte chunk), or the warps' f32 partial results when those are larger, then two
-    /// tiles' page numbers (attn_decode.cu `SMEM_PAGES`).
+    /// tiles' group offsets (attn_decode.cu `SMEM_PAGES`).
     pub fn smem_bytes(&self, head_dim: usize) -> usize {
         let dp = head_dim.div_ceil(16) * 16;
         let row = (dp / 8 + 1) * 16;
         let stages = 2 * self.stages * DECODE_BC * row;
         let merge = 4 * DECODE_ROWS * (dp + 2) * 4;
-        let pages = 2 * (DECODE_BC / 16 + 1) * 4;
+        let pages = 2 * (DECODE_BC / 16) * 8;
         DECODE_ROWS * row + stages.max(merge) + pages
     }
 
