@@ -14,7 +14,7 @@ use super::options::BenchOptions;
 use super::peers::{PeerResponse, find_script, python, run_script};
 use super::report::io_err;
 use super::stats;
-use crate::cuda::decode::DecodePlan;
+use crate::cuda::decode::{DecodePlan, DecodeTile};
 use crate::cuda::device::cuda_err;
 use crate::cuda::{Gpu, GpuElement, KernelSource};
 use crate::dtype::DType;
@@ -124,7 +124,7 @@ pub fn run(opts: &BenchOptions) -> Result<String> {
         if given {
             return Err(AttnError::InvalidInput {
                 what: format!(
-                    "--decode with {name}: the decode bench takes --decode-batch, --decode-seqlen, --decode-q, --decode-pages, --max-cache-gb, --head-dim, --dtype, --iters, --warmup, --warmup-ms, --peers, --out-dir and --device"
+                    "--decode with {name}: the decode bench takes --decode-batch, --decode-seqlen, --decode-q, --decode-pages, --decode-stages, --max-cache-gb, --head-dim, --dtype, --iters, --warmup, --warmup-ms, --peers, --out-dir and --device"
                 ),
             });
         }
@@ -264,8 +264,17 @@ fn shape_set<T: GpuElement>(
             0,
         )?;
         let mut lines = Vec::new();
-        for &page in &opts.decode_pages {
-            let (layout, p) = if page == 0 {
+        let stages: Vec<Option<usize>> = if opts.decode_stages.is_empty() {
+            vec![None]
+        } else {
+            opts.decode_stages.iter().copied().map(Some).collect()
+        };
+        for (&page, st) in opts
+            .decode_pages
+            .iter()
+            .flat_map(|pg| stages.iter().map(move |s| (pg, s)))
+        {
+            let (name, p) = if page == 0 {
                 ("contiguous".to_string(), contiguous.clone())
             } else {
                 (
@@ -273,7 +282,15 @@ fn shape_set<T: GpuElement>(
                     shuffled_pages(&contiguous, page, 42)?,
                 )
             };
-            let plan = DecodePlan::new(gpu, &p, T::DTYPE, None)?;
+            let layout = match st {
+                Some(s) => format!("{name} s{s}"),
+                None => name,
+            };
+            let tile = st.map(|stages| DecodeTile {
+                stages,
+                q_in_regs: d <= 128,
+            });
+            let plan = DecodePlan::with_tile(gpu, &p, T::DTYPE, None, tile)?;
             let what = format!("decode {layout} b{batch} sk{seqlen_k} sq{sq}");
             let timed = time_launches(
                 gpu,

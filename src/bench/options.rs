@@ -139,6 +139,10 @@ pub struct BenchOptions {
         value_name = "LIST"
     )]
     pub decode_pages: Vec<usize>,
+    /// Pipeline depths of attn_decode to time (2 to 4 K/V tiles in flight), each its own line
+    /// [default: the library's choice].
+    #[arg(long = "decode-stages", value_delimiter = ',', value_name = "LIST")]
+    pub decode_stages: Vec<usize>,
     /// Skip decode shapes whose k and v caches together exceed this many GB (10^9 bytes).
     #[arg(long = "max-cache-gb", default_value_t = 64.0, value_name = "GB")]
     pub max_cache_gb: f64,

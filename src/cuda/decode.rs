@@ -146,12 +146,12 @@ unsafe impl DeviceRepr for AppendParams {}
 unsafe impl DeviceRepr for CombineParams {}
 
 /// The split count a call gets: `splits` when given (1..=[`MAX_SPLITS`]), else
-/// [`num_splits`] over the blocks of one split (kv heads x row blocks x batch) against two
-/// blocks per SM (attn_decode fits two per SM at d128).
+/// [`num_splits`] over the blocks of one split (kv heads x row blocks x batch) against
+/// `slots`, the blocks the device runs at once (SMs x blocks per SM).
 ///
 /// # Errors
 /// [`AttnError::InvalidInput`] for a given count outside 1..=[`MAX_SPLITS`].
-pub fn splits_for(p: &KvCacheProblem, sm_count: usize, splits: Option<usize>) -> Result<usize> {
+pub fn splits_for(p: &KvCacheProblem, slots: usize, splits: Option<usize>) -> Result<usize> {
     match splits {
         Some(s) if s == 0 || s > MAX_SPLITS => Err(AttnError::InvalidInput {
             what: format!("num_splits = {s}: use 1..={MAX_SPLITS} (or 0 / None for the heuristic)"),
@@ -159,7 +159,7 @@ pub fn splits_for(p: &KvCacheProblem, sm_count: usize, splits: Option<usize>) ->
         Some(s) => Ok(s),
         None => Ok(num_splits(
             row_blocks(p) * p.heads_kv * p.batch,
-            2 * sm_count,
+            slots,
             p.max_seqlen_k(),
         )),
     }
@@ -271,6 +271,21 @@ impl DecodePlan {
     /// (the head_dim's shared memory on this device too); [`AttnError::Compile`]; allocation
     /// and copy failures as [`AttnError::Cuda`].
     pub fn new(gpu: &Gpu, p: &KvCacheProblem, dtype: DType, splits: Option<usize>) -> Result<Self> {
+        Self::with_tile(gpu, p, dtype, splits, None)
+    }
+
+    /// [`DecodePlan::new`] with the pipeline depth forced (`None`:
+    /// [`DecodeTile::for_head_dim`]), for benchmarks.
+    ///
+    /// # Errors
+    /// Those of [`DecodePlan::new`]; [`AttnError::InvalidInput`] for stages outside 2..=4.
+    pub fn with_tile(
+        gpu: &Gpu,
+        p: &KvCacheProblem,
+        dtype: DType,
+        splits: Option<usize>,
+        tile: Option<DecodeTile>,
+    ) -> Result<Self> {
         p.validate()?;
         check_gpu(p)?;
         if dtype == DType::F32 {
@@ -278,9 +293,20 @@ impl DecodePlan {
                 what: "the decode kernels take f16 or bf16: convert the inputs or use the CPU backend".into(),
             });
         }
-        let splits = splits_for(p, gpu.info().sm_count.max(1) as usize, splits)?;
+        if let Some(t) = tile
+            && !(2..=4).contains(&t.stages)
+        {
+            return Err(AttnError::InvalidInput {
+                what: format!("decode stages {}: use 2 to 4", t.stages),
+            });
+        }
         let env = envelope(p)?;
-        let kernels = PlanKernels::new(gpu, p, &env, dtype, splits)?;
+        let mut kernels = PlanKernels::new(gpu, p, &env, dtype, tile)?;
+        let slots = gpu.info().sm_count.max(1) as usize * kernels.blocks_per_sm(gpu);
+        let splits = splits_for(p, slots, splits)?;
+        if splits > 1 {
+            kernels.add_combine(gpu, p, dtype)?;
+        }
         let stream = gpu.stream();
         let up = |x: &[i32], what: &str| -> Result<CudaSlice<i32>> {
             stream
@@ -538,10 +564,10 @@ impl PlanKernels {
         p: &KvCacheProblem,
         env: &AttnProblem,
         dtype: DType,
-        splits: usize,
+        tile: Option<DecodeTile>,
     ) -> Result<Self> {
         let allowed = gpu.info().smem_per_block_optin as usize;
-        let tile = DecodeTile::for_head_dim(p.head_dim, allowed);
+        let tile = tile.unwrap_or_else(|| DecodeTile::for_head_dim(p.head_dim, allowed));
         let smem = tile.smem_bytes(p.head_dim);
         if smem > allowed {
             return Err(AttnError::TooLarge {
@@ -558,13 +584,6 @@ impl PlanKernels {
         let decode = gpu.kernel(KernelSource::AttnDecode, "attn_decode", &defines)?;
         set_dynamic_smem(&decode.function, smem, &launch_context("attn_decode", env))?;
         let head_dim = ("HEAD_DIM".to_string(), p.head_dim.to_string());
-        let combine = (splits > 1)
-            .then(|| {
-                let bf16 = u8::from(dtype == DType::BF16).to_string();
-                let defines = [head_dim.clone(), ("IS_BF16".to_string(), bf16)];
-                gpu.kernel(KernelSource::AttnCombine, "attn_combine", &defines)
-            })
-            .transpose()?;
         let append = (p.seqlen_new > 0)
             .then(|| {
                 let defines = [
@@ -578,9 +597,35 @@ impl PlanKernels {
             decode,
             tile,
             smem,
-            combine,
+            combine: None,
             append,
         })
+    }
+
+    /// Compiles (or finds) attn_combine for a plan with more than one split.
+    fn add_combine(&mut self, gpu: &Gpu, p: &KvCacheProblem, dtype: DType) -> Result<()> {
+        let defines = [
+            ("HEAD_DIM".to_string(), p.head_dim.to_string()),
+            (
+                "IS_BF16".to_string(),
+                u8::from(dtype == DType::BF16).to_string(),
+            ),
+        ];
+        self.combine = Some(gpu.kernel(KernelSource::AttnCombine, "attn_combine", &defines)?);
+        Ok(())
+    }
+
+    /// attn_decode blocks one SM holds at once: its shared memory (plus the 1 KB the driver
+    /// reserves per block) and its registers (allocated per warp in units of 256), at most 16.
+    fn blocks_per_sm(&self, gpu: &Gpu) -> usize {
+        let smem = (gpu.info().smem_per_sm.max(0) as usize / (self.smem + 1024)).max(1);
+        let regs = self.decode.stats.registers as usize;
+        let by_regs = if regs == 0 {
+            16
+        } else {
+            65_536 / (regs.div_ceil(8) * 8 * 128)
+        };
+        smem.min(by_regs).clamp(1, 16)
     }
 }
 
