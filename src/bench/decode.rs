@@ -25,10 +25,6 @@ use half::{bf16, f16};
 use serde::Serialize;
 use std::fmt::Write as _;
 
-/// Query heads of the decode bench (the shape: Llama-3-8B-like GQA).
-pub const HEADS_Q: usize = 32;
-/// Key/value heads of the decode bench.
-pub const HEADS_KV: usize = 8;
 
 /// One timed layout of a decode shape.
 #[derive(Debug, Clone, Serialize)]
@@ -69,6 +65,10 @@ pub struct DecodeShape {
     pub seqlen_q: usize,
     /// Channels per head.
     pub head_dim: usize,
+    /// Query heads.
+    pub heads_q: usize,
+    /// Key/value heads.
+    pub heads_kv: usize,
     /// Bytes moved per call (k, v, q, o).
     pub bytes: f64,
     /// GB/s of the read-only pass over the same k and v bytes.
@@ -124,7 +124,7 @@ pub fn run(opts: &BenchOptions) -> Result<String> {
         if given {
             return Err(AttnError::InvalidInput {
                 what: format!(
-                    "--decode with {name}: the decode bench takes --decode-batch, --decode-seqlen, --decode-q, --decode-pages, --decode-stages, --max-cache-gb, --head-dim, --dtype, --iters, --warmup, --warmup-ms, --peers, --out-dir and --device"
+                    "--decode with {name}: the decode bench takes --decode-batch, --decode-seqlen, --decode-q, --decode-pages, --decode-stages, --decode-splits, --max-cache-gb, --head-dim, --dtype, --iters, --warmup, --warmup-ms, --peers, --out-dir and --device"
                 ),
             });
         }
@@ -151,7 +151,7 @@ pub fn run(opts: &BenchOptions) -> Result<String> {
         for &dtype in &dtypes {
             for &b in &opts.decode_batch {
                 for &sk in &opts.decode_seqlen {
-                    let cache_bytes = (2 * b * sk * HEADS_KV * d * 2) as f64;
+                    let cache_bytes = (2 * b * sk * opts.decode_heads.1 * d * 2) as f64;
                     if cache_bytes > opts.max_cache_gb * 1e9 {
                         skipped.push(format!(
                             "{dtype} batch {b} seqlen_k {sk} d{d}: caches of {:.0} GB > --max-cache-gb {}",
@@ -186,8 +186,8 @@ pub fn run(opts: &BenchOptions) -> Result<String> {
     let json = serde_json::to_string_pretty(&serde_json::json!({
         "device": gpu.info().name,
         "arch": gpu.info().arch,
-        "heads_q": HEADS_Q,
-        "heads_kv": HEADS_KV,
+        "heads_q": opts.decode_heads.0,
+        "heads_kv": opts.decode_heads.1,
         "iters": opts.iters,
         "warmup_ms": opts.warmup_ms,
         "notes": notes,
@@ -215,7 +215,8 @@ fn shape_set<T: GpuElement>(
     d: usize,
 ) -> Result<Vec<DecodeShape>> {
     let stream = gpu.stream();
-    let row = HEADS_KV * d;
+    let (heads_q, heads_kv) = opts.decode_heads;
+    let row = heads_kv * d;
     // One pool serves every layout: the contiguous cache is its first batch x seqlen_k rows,
     // the paged ones use up to three spare pages of the largest size past them.
     let largest = opts.decode_pages.iter().copied().max().unwrap_or(0).max(16);
@@ -242,20 +243,20 @@ fn shape_set<T: GpuElement>(
     let read_gbps = read_pass(gpu, opts, &kc, &vc, batch * seqlen_k * row)? / 1e9;
     let mut out = Vec::new();
     for &sq in &opts.decode_q {
-        let nq = batch * sq * HEADS_Q * d;
+        let nq = batch * sq * heads_q * d;
         let q = stream
             .clone_htod(&crate::compare::random_vec::<T>(nq, 7))
             .map_err(cuda_err("copying q"))?;
         let mut o: CudaSlice<T> = stream.alloc_zeros(nq).map_err(cuda_err("allocating o"))?;
         let mut lse: CudaSlice<f32> = stream
-            .alloc_zeros(batch * sq * HEADS_Q)
+            .alloc_zeros(batch * sq * heads_q)
             .map_err(cuda_err("allocating lse"))?;
         let bytes = read_bytes + (2 * nq * 2) as f64;
         let contiguous = KvCacheProblem::new(
             batch,
             sq,
-            HEADS_Q,
-            HEADS_KV,
+            heads_q,
+            heads_kv,
             d,
             CacheLayout::Contiguous {
                 seqlen_cache: seqlen_k,
@@ -269,10 +270,18 @@ fn shape_set<T: GpuElement>(
         } else {
             opts.decode_stages.iter().copied().map(Some).collect()
         };
-        for (&page, st) in opts
+        let splits: Vec<Option<usize>> = if opts.decode_splits.is_empty() {
+            vec![None]
+        } else {
+            opts.decode_splits.iter().copied().map(Some).collect()
+        };
+        let variants = stages
+            .iter()
+            .flat_map(|st| splits.iter().map(move |sp| (*st, *sp)));
+        for (&page, (st, sp)) in opts
             .decode_pages
             .iter()
-            .flat_map(|pg| stages.iter().map(move |s| (pg, s)))
+            .flat_map(|pg| variants.clone().map(move |v| (pg, v)))
         {
             let (name, p) = if page == 0 {
                 ("contiguous".to_string(), contiguous.clone())
@@ -282,15 +291,16 @@ fn shape_set<T: GpuElement>(
                     shuffled_pages(&contiguous, page, 42)?,
                 )
             };
-            let layout = match st {
-                Some(s) => format!("{name} s{s}"),
-                None => name,
-            };
+            let layout = format!(
+                "{name}{}{}",
+                st.map_or(String::new(), |s| format!(" s{s}")),
+                sp.map_or(String::new(), |n| format!(" x{n}"))
+            );
             let tile = st.map(|stages| DecodeTile {
                 stages,
                 q_in_regs: d <= 128,
             });
-            let plan = DecodePlan::with_tile(gpu, &p, T::DTYPE, None, tile)?;
+            let plan = DecodePlan::with_tile(gpu, &p, T::DTYPE, sp, tile)?;
             let what = format!("decode {layout} b{batch} sk{seqlen_k} sq{sq}");
             let timed = time_launches(
                 gpu,
@@ -316,6 +326,8 @@ fn shape_set<T: GpuElement>(
             seqlen_k,
             seqlen_q: sq,
             head_dim: d,
+            heads_q,
+            heads_kv,
             bytes,
             read_gbps,
             lines,
@@ -393,8 +405,8 @@ fn peers(opts: &BenchOptions, shapes: &[DecodeShape]) -> std::result::Result<Pee
                 batch: s.batch,
                 seqlen: s.seqlen_k,
                 seqlen_q: s.seqlen_q,
-                heads: HEADS_Q,
-                heads_kv: HEADS_KV,
+                heads: s.heads_q,
+                heads_kv: s.heads_kv,
                 head_dim: s.head_dim,
                 causal: false,
                 flops: s.bytes,
@@ -433,10 +445,12 @@ fn merge(shapes: &mut [DecodeShape], resp: &PeerResponse) {
 
 fn table(gpu: &Gpu, shapes: &[DecodeShape], notes: &[String]) -> String {
     let mut out = format!(
-        "flashattn {} bench --decode on {} {}: GB/s (median, CUDA events) of k, v, q and o bytes; heads {HEADS_Q} q / {HEADS_KV} kv; read = a read-only pass over the same k and v bytes\n",
+        "flashattn {} bench --decode on {} {}: GB/s (median, CUDA events) of k, v, q and o bytes; heads {} q / {} kv; read = a read-only pass over the same k and v bytes\n",
         env!("CARGO_PKG_VERSION"),
         gpu.info().name,
         gpu.info().arch,
+        shapes.first().map_or(0, |s| s.heads_q),
+        shapes.first().map_or(0, |s| s.heads_kv),
     );
     let layouts: Vec<String> = shapes
         .first()

@@ -143,6 +143,12 @@ pub struct BenchOptions {
     /// [default: the library's choice].
     #[arg(long = "decode-stages", value_delimiter = ',', value_name = "LIST")]
     pub decode_stages: Vec<usize>,
+    /// Query and key/value heads of the decode bench, `Q:KV`.
+    #[arg(long = "decode-heads", default_value = "32:8", value_parser = parse_heads, value_name = "Q:KV")]
+    pub decode_heads: (usize, usize),
+    /// Split counts of attn_decode to time, each its own line [default: the heuristic's].
+    #[arg(long = "decode-splits", value_delimiter = ',', value_name = "LIST")]
+    pub decode_splits: Vec<usize>,
     /// Skip decode shapes whose k and v caches together exceed this many GB (10^9 bytes).
     #[arg(long = "max-cache-gb", default_value_t = 64.0, value_name = "GB")]
     pub max_cache_gb: f64,
@@ -170,6 +176,20 @@ impl Default for BenchOptions {
     fn default() -> Self {
         Self::from_args(std::iter::empty::<&str>()).expect("the defaults parse")
     }
+}
+
+/// Parses `32:8` (query heads : key/value heads, the first a multiple of the second).
+fn parse_heads(s: &str) -> std::result::Result<(usize, usize), String> {
+    let bad = || format!("'{s}' is not Q:KV heads with Q a positive multiple of KV (e.g. 32:8)");
+    let (q, kv) = s.split_once(':').ok_or_else(bad)?;
+    let (q, kv): (usize, usize) = (
+        q.trim().parse().map_err(|_| bad())?,
+        kv.trim().parse().map_err(|_| bad())?,
+    );
+    if q == 0 || kv == 0 || q % kv != 0 {
+        return Err(bad());
+    }
+    Ok((q, kv))
 }
 
 /// Parses `512`, `1k`, `16K`.

@@ -147,7 +147,7 @@ unsafe impl DeviceRepr for CombineParams {}
 
 /// The split count a call gets: `splits` when given (1..=[`MAX_SPLITS`]), else
 /// [`num_splits`] over the blocks of one split (kv heads x row blocks x batch) against
-/// `slots`, the blocks the device runs at once (SMs x blocks per SM).
+/// `slots` (the SM count: see [`DecodePlan::new`]).
 ///
 /// # Errors
 /// [`AttnError::InvalidInput`] for a given count outside 1..=[`MAX_SPLITS`].
@@ -302,8 +302,10 @@ impl DecodePlan {
         }
         let env = envelope(p)?;
         let mut kernels = PlanKernels::new(gpu, p, &env, dtype, tile)?;
-        let slots = gpu.info().sm_count.max(1) as usize * kernels.blocks_per_sm(gpu);
-        let splits = splits_for(p, slots, splits)?;
+        // One block per SM: blocks sharing an SM share its slice of the bandwidth, so a grid
+        // of 1.2 blocks per SM ends with some SMs doing twice the work (measured in run 47:
+        // batch 1 ran fastest with 16 splits, 128 blocks, and slower with 20 to 128).
+        let splits = splits_for(p, gpu.info().sm_count.max(1) as usize, splits)?;
         if splits > 1 {
             kernels.add_combine(gpu, p, dtype)?;
         }
@@ -613,19 +615,6 @@ impl PlanKernels {
         ];
         self.combine = Some(gpu.kernel(KernelSource::AttnCombine, "attn_combine", &defines)?);
         Ok(())
-    }
-
-    /// attn_decode blocks one SM holds at once: its shared memory (plus the 1 KB the driver
-    /// reserves per block) and its registers (allocated per warp in units of 256), at most 16.
-    fn blocks_per_sm(&self, gpu: &Gpu) -> usize {
-        let smem = (gpu.info().smem_per_sm.max(0) as usize / (self.smem + 1024)).max(1);
-        let regs = self.decode.stats.registers as usize;
-        let by_regs = if regs == 0 {
-            16
-        } else {
-            65_536 / (regs.div_ceil(8) * 8 * 128)
-        };
-        smem.min(by_regs).clamp(1, 16)
     }
 }
 
