@@ -6,17 +6,18 @@
 //   r = i * group + (h - hk * group), so every K/V byte it loads serves all the query heads
 //   of the group (FlashAttention-2's "seqlenq_ngroups_swapped", for any seqlen_q).
 // - Split-KV: block (m_block, hk, split, b) attends to split `split` of sequence b's keys:
-//   whole 64-key tiles, ceil(tiles / num_splits) per split (src/kvcache.rs split_range).
-// - K/V tiles of 64 keys stream through an NSTAGES-deep cp.async pipeline; each of the four
-//   warps takes 16 keys of a tile with the 16 rows (mma.m16n8k16, the fragment layouts of
+//   whole tiles (16 x NWARPS keys), ceil(tiles / num_splits) per split (src/kvcache.rs
+//   split_range cuts the same way in 64-key blocks on the CPU).
+// - K/V tiles of 16 x NWARPS keys stream through an NSTAGES-deep cp.async pipeline; each
+//   warp takes 16 keys of a tile with the 16 rows (mma.m16n8k16, the fragment layouts of
 //   attn_mma.cu proven by layout_probe.cu) and keeps its own online softmax; the warps merge
 //   through shared memory at the end.
 // - The cache is contiguous or paged (kv_cache.cuh); rows past a sequence's length are
 //   zero-filled and masked, never read.
 // - Output: with one split, o in the element type and lse (natural log) directly; with more,
 //   f32 partials o_accum/lse_accum that attn_combine.cu merges.
-// Specialised by HEAD_DIM (multiple of 8, <= 256), IS_BF16, IS_CAUSAL, IS_PAGED, NSTAGES,
-// Q_IN_REGS and the score modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP, HAS_ALIBI).
+// Specialised by HEAD_DIM (multiple of 8, <= 256), IS_BF16, IS_CAUSAL, IS_PAGED, NWARPS (4 or
+// 8), NSTAGES, Q_IN_REGS and the score modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP, HAS_ALIBI).
 #include "ptx.cuh"
 #include "attn_common.cuh"
 #include "kv_cache.cuh"
@@ -31,7 +32,9 @@
 #define RESCALE_SLACK 8
 #endif
 
-constexpr int NWARPS = 4;
+#ifndef NWARPS
+#define NWARPS 4
+#endif
 constexpr int NT = NWARPS * 32;
 constexpr int BC = 16 * NWARPS;        // keys per tile: 16 per warp
 constexpr int ROWS = 16;               // packed (query, head) rows per block
@@ -44,7 +47,7 @@ constexpr u32 STAGE = BC * RS * 2;     // bytes of one stage of K (or V)
 static_assert(NSTAGES >= 2, "NSTAGES must be at least 2");
 // Shared memory: Q rows, then the K/V stages (or, after the loop, the warps' f32 partial
 // results), then the staged page numbers (src/cuda/decode.rs DecodeTile::smem_bytes).
-constexpr int SMEM_MERGE = 4 * ROWS * (DP + 2) * 4;
+constexpr int SMEM_MERGE = NWARPS * ROWS * (DP + 2) * 4;
 constexpr int SMEM_PAGES = ROWS * RS * 2 + (2 * NSTAGES * (int)STAGE > SMEM_MERGE ? 2 * NSTAGES * (int)STAGE : SMEM_MERGE);
 
 struct DecodeParams {
@@ -138,14 +141,18 @@ extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, 
         cp_async_commit();
     }
 #if IS_PAGED
-    // Group offsets of the first tile the loop loads, staged; the loop stages each next one
-    // while it computes. Groups past the sequence's end are never read (0).
-    i64 *sGroups = (i64 *)((char *)smem + SMEM_PAGES); // [2][GROUPS]
+    // Group offsets of the first tile the loop loads, staged; the loop reads the block table
+    // two tiles ahead (a whole iteration for the read to land) and stores each value one
+    // iteration later, into a ring of three tiles. Groups past the sequence's end are never
+    // read (0). (With one block per SM, a read one tile ahead stalled every iteration: run 48.)
+    i64 *sGroups = (i64 *)((char *)smem + SMEM_PAGES); // [3][GROUPS]
     auto group_of = [&](int n0, int m) -> i64 {
         const int key = n0 + 16 * m;
         return key < p.seqlen_k ? cache_row(dp.map, p.k_sb, p.k_ss, b, key) : 0;
     };
-    if (tid < GROUPS) sGroups[((t_begin + NSTAGES - 1) & 1) * GROUPS + tid] = group_of((t_begin + NSTAGES - 1) * BC, tid);
+    if (tid < GROUPS) sGroups[((t_begin + NSTAGES - 1) % 3) * GROUPS + tid] = group_of((t_begin + NSTAGES - 1) * BC, tid);
+    // the tile after it, in flight through the first iteration
+    i64 pending_group = tid < GROUPS && t_begin + NSTAGES < t_end ? group_of((t_begin + NSTAGES) * BC, tid) : 0;
 #endif
 
     float acc_o[ND][4];
@@ -163,9 +170,9 @@ extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, 
         __syncthreads(); // tile j landed; every warp is done with tile j-1's stage
         const int jn = j + NSTAGES - 1;
 #if IS_PAGED
-        const i64 *staged = sGroups + (jn & 1) * GROUPS;
-        // the group offsets of the tile after it: read now, stored after this tile's math
-        const i64 next_group = tid < GROUPS && jn + 1 < t_end ? group_of((jn + 1) * BC, tid) : 0;
+        const i64 *staged = sGroups + (jn % 3) * GROUPS;
+        // the group offsets two tiles ahead: read now, stored after the next tile's math
+        const i64 fresh_group = tid < GROUPS && jn + 2 < t_end ? group_of((jn + 2) * BC, tid) : 0;
         auto offsets = [&](int m) { return staged[m]; };
 #else
         auto offsets = direct(jn * BC);
@@ -272,7 +279,8 @@ extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, 
             mma(acc_o[2 * d2 + 1], pf[0][0], pf[0][1], pf[1][0], pf[1][1], b2, b3);
         }
 #if IS_PAGED
-        if (tid < GROUPS) sGroups[((jn + 1) & 1) * GROUPS + tid] = next_group;
+        if (tid < GROUPS) sGroups[((jn + 1) % 3) * GROUPS + tid] = pending_group;
+        pending_group = fresh_group;
 #endif
     }
     cp_async_wait<0>();

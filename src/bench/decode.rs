@@ -124,7 +124,7 @@ pub fn run(opts: &BenchOptions) -> Result<String> {
         if given {
             return Err(AttnError::InvalidInput {
                 what: format!(
-                    "--decode with {name}: the decode bench takes --decode-batch, --decode-seqlen, --decode-q, --decode-pages, --decode-stages, --decode-splits, --max-cache-gb, --head-dim, --dtype, --iters, --warmup, --warmup-ms, --peers, --out-dir and --device"
+                    "--decode with {name}: the decode bench takes --decode-batch, --decode-seqlen, --decode-q, --decode-pages, --decode-tiles, --decode-splits, --decode-heads, --max-cache-gb, --head-dim, --dtype, --iters, --warmup, --warmup-ms, --peers, --out-dir and --device"
                 ),
             });
         }
@@ -265,10 +265,10 @@ fn shape_set<T: GpuElement>(
             0,
         )?;
         let mut lines = Vec::new();
-        let stages: Vec<Option<usize>> = if opts.decode_stages.is_empty() {
+        let stages: Vec<Option<(usize, usize)>> = if opts.decode_tiles.is_empty() {
             vec![None]
         } else {
-            opts.decode_stages.iter().copied().map(Some).collect()
+            opts.decode_tiles.iter().copied().map(Some).collect()
         };
         let splits: Vec<Option<usize>> = if opts.decode_splits.is_empty() {
             vec![None]
@@ -293,10 +293,11 @@ fn shape_set<T: GpuElement>(
             };
             let layout = format!(
                 "{name}{}{}",
-                st.map_or(String::new(), |s| format!(" s{s}")),
+                st.map_or(String::new(), |(w, s)| format!(" {w}x{s}")),
                 sp.map_or(String::new(), |n| format!(" x{n}"))
             );
-            let tile = st.map(|stages| DecodeTile {
+            let tile = st.map(|(warps, stages)| DecodeTile {
+                warps,
                 stages,
                 q_in_regs: d <= 128,
             });

@@ -139,10 +139,10 @@ pub struct BenchOptions {
         value_name = "LIST"
     )]
     pub decode_pages: Vec<usize>,
-    /// Pipeline depths of attn_decode to time (2 to 4 K/V tiles in flight), each its own line
-    /// [default: the library's choice].
-    #[arg(long = "decode-stages", value_delimiter = ',', value_name = "LIST")]
-    pub decode_stages: Vec<usize>,
+    /// attn_decode tiles to time, `WARPSxSTAGES` (4 or 8 warps, 2 to 4 stages), each its own
+    /// line [default: the library's choice].
+    #[arg(long = "decode-tiles", value_delimiter = ',', value_parser = parse_decode_tile, value_name = "LIST")]
+    pub decode_tiles: Vec<(usize, usize)>,
     /// Query and key/value heads of the decode bench, `Q:KV`.
     #[arg(long = "decode-heads", default_value = "32:8", value_parser = parse_heads, value_name = "Q:KV")]
     pub decode_heads: (usize, usize),
@@ -176,6 +176,20 @@ impl Default for BenchOptions {
     fn default() -> Self {
         Self::from_args(std::iter::empty::<&str>()).expect("the defaults parse")
     }
+}
+
+/// Parses `8x3` (warps x stages of attn_decode).
+fn parse_decode_tile(s: &str) -> std::result::Result<(usize, usize), String> {
+    let bad = || format!("'{s}' is not WARPSxSTAGES (4 or 8 warps, 2 to 4 stages; e.g. 8x3)");
+    let (w, st) = s.split_once(['x', 'X']).ok_or_else(bad)?;
+    let (w, st): (usize, usize) = (
+        w.trim().parse().map_err(|_| bad())?,
+        st.trim().parse().map_err(|_| bad())?,
+    );
+    if !matches!(w, 4 | 8) || !(2..=4).contains(&st) {
+        return Err(bad());
+    }
+    Ok((w, st))
 }
 
 /// Parses `32:8` (query heads : key/value heads, the first a multiple of the second).

@@ -26,42 +26,54 @@ use cudarc::driver::{
 
 /// Packed (query, head) rows per attn_decode block.
 pub const DECODE_ROWS: usize = 16;
-/// Keys per attn_decode tile (16 per warp, four warps).
-pub const DECODE_BC: usize = 64;
-
-/// The pipeline depth and Q placement of attn_decode for a head_dim, and its shared memory.
+/// The warps, pipeline depth and Q placement of attn_decode, and its shared memory. A tile
+/// holds 16 keys per warp.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodeTile {
-    /// cp.async stages of K and V (2 or 3).
+    /// Warps per block (4 or 8); a tile holds `16 x warps` keys.
+    pub warps: usize,
+    /// cp.async stages of K and V (2 to 4).
     pub stages: usize,
     /// Keep Q's A fragments in registers (up to d128; d256 would spill).
     pub q_in_regs: bool,
 }
 
 impl DecodeTile {
-    /// Three stages where they fit in `smem_limit` bytes per block and head_dim <= 128 (they
-    /// keep two 32 KB tiles of K and V in flight per block at d128), else two.
+    /// The first of these that fits in `smem_limit` bytes per block: 8 warps and 3 stages
+    /// (head_dim <= 128), 8 warps and 2 stages, 4 warps and 2 stages. Eight warps stream one
+    /// (sequence, kv head) twice as fast as four, so the split heuristic needs half the
+    /// concurrent streams, which read the cache faster (runs 47-49).
     pub fn for_head_dim(head_dim: usize, smem_limit: usize) -> Self {
-        let three = DecodeTile {
-            stages: 3,
-            q_in_regs: head_dim <= 128,
+        let q_in_regs = head_dim <= 128;
+        let tile = |warps, stages| DecodeTile {
+            warps,
+            stages,
+            q_in_regs,
         };
-        if head_dim <= 128 && three.smem_bytes(head_dim) <= smem_limit {
-            three
-        } else {
-            DecodeTile { stages: 2, ..three }
+        let mut options = vec![tile(8, 2), tile(4, 2)];
+        if head_dim <= 128 {
+            options.insert(0, tile(8, 3));
         }
+        options
+            .into_iter()
+            .find(|t| t.smem_bytes(head_dim) <= smem_limit)
+            .unwrap_or(tile(4, 2))
+    }
+
+    /// Keys per tile.
+    pub fn bc(&self) -> usize {
+        16 * self.warps
     }
 
     /// Dynamic shared memory: the Q rows, then `stages` tiles of K and of V (rows padded by one
-    /// 16-byte chunk), or the warps' f32 partial results when those are larger, then two
+    /// 16-byte chunk), or the warps' f32 partial results when those are larger, then three
     /// tiles' group offsets (attn_decode.cu `SMEM_PAGES`).
     pub fn smem_bytes(&self, head_dim: usize) -> usize {
         let dp = head_dim.div_ceil(16) * 16;
         let row = (dp / 8 + 1) * 16;
-        let stages = 2 * self.stages * DECODE_BC * row;
-        let merge = 4 * DECODE_ROWS * (dp + 2) * 4;
-        let pages = 2 * (DECODE_BC / 16) * 8;
+        let stages = 2 * self.stages * self.bc() * row;
+        let merge = self.warps * DECODE_ROWS * (dp + 2) * 4;
+        let pages = 3 * (self.bc() / 16) * 8;
         DECODE_ROWS * row + stages.max(merge) + pages
     }
 
@@ -79,6 +91,7 @@ impl DecodeTile {
             ("IS_BF16".into(), flag(dtype == DType::BF16)),
             ("IS_CAUSAL".into(), flag(causal)),
             ("IS_PAGED".into(), flag(paged)),
+            ("NWARPS".into(), self.warps.to_string()),
             ("NSTAGES".into(), self.stages.to_string()),
             ("Q_IN_REGS".into(), flag(self.q_in_regs)),
         ]
@@ -274,11 +287,12 @@ impl DecodePlan {
         Self::with_tile(gpu, p, dtype, splits, None)
     }
 
-    /// [`DecodePlan::new`] with the pipeline depth forced (`None`:
+    /// [`DecodePlan::new`] with the tile forced (`None`:
     /// [`DecodeTile::for_head_dim`]), for benchmarks.
     ///
     /// # Errors
-    /// Those of [`DecodePlan::new`]; [`AttnError::InvalidInput`] for stages outside 2..=4.
+    /// Those of [`DecodePlan::new`]; [`AttnError::InvalidInput`] for a tile other than 4 or 8
+    /// warps and 2 to 4 stages.
     pub fn with_tile(
         gpu: &Gpu,
         p: &KvCacheProblem,
@@ -294,10 +308,13 @@ impl DecodePlan {
             });
         }
         if let Some(t) = tile
-            && !(2..=4).contains(&t.stages)
+            && (!(2..=4).contains(&t.stages) || !matches!(t.warps, 4 | 8))
         {
             return Err(AttnError::InvalidInput {
-                what: format!("decode stages {}: use 2 to 4", t.stages),
+                what: format!(
+                    "decode tile of {} warps and {} stages: use 4 or 8 warps and 2 to 4 stages",
+                    t.warps, t.stages
+                ),
             });
         }
         let env = envelope(p)?;
@@ -686,7 +703,7 @@ fn decode(
             dp.num_splits as u32,
             p.batch as u32,
         ),
-        block_dim: (128, 1, 1),
+        block_dim: (32 * ks.tile.warps as u32, 1, 1),
         shared_mem_bytes: ks.smem as u32,
     };
     let mut b = gpu.stream().launch_builder(&ks.decode.function);
@@ -699,7 +716,9 @@ fn decode(
         kernel: KernelKind::Mma,
         why: String::new(),
         config: Some(format!(
-            "attn_decode 16 rows x Bc{DECODE_BC}, {} stages{}",
+            "attn_decode 16 rows x Bc{}, {} warps, {} stages{}",
+            ks.tile.bc(),
+            ks.tile.warps,
             ks.tile.stages,
             if ks.tile.q_in_regs {
                 ", Q in registers"
