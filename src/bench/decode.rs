@@ -25,7 +25,6 @@ use half::{bf16, f16};
 use serde::Serialize;
 use std::fmt::Write as _;
 
-
 /// One timed layout of a decode shape.
 #[derive(Debug, Clone, Serialize)]
 pub struct DecodeLine {

@@ -60,6 +60,32 @@ impl DecodeTile {
             .unwrap_or(tile(4, 2))
     }
 
+    /// The tile of a call: [`DecodeTile::for_head_dim`], except that a call with one split and
+    /// at least two blocks per SM takes 4 warps and 3 stages where they fit (two blocks per SM
+    /// then overlap one block's start with the other's stream: 0.5-1.6 % at batch 64, run 49).
+    pub fn for_call(
+        head_dim: usize,
+        smem_limit: usize,
+        splits: usize,
+        blocks: usize,
+        sms: usize,
+    ) -> Self {
+        let four = DecodeTile {
+            warps: 4,
+            stages: 3,
+            q_in_regs: head_dim <= 128,
+        };
+        if splits == 1
+            && blocks >= 2 * sms
+            && head_dim <= 128
+            && four.smem_bytes(head_dim) <= smem_limit
+        {
+            four
+        } else {
+            Self::for_head_dim(head_dim, smem_limit)
+        }
+    }
+
     /// Keys per tile.
     pub fn bc(&self) -> usize {
         16 * self.warps
@@ -287,8 +313,8 @@ impl DecodePlan {
         Self::with_tile(gpu, p, dtype, splits, None)
     }
 
-    /// [`DecodePlan::new`] with the tile forced (`None`:
-    /// [`DecodeTile::for_head_dim`]), for benchmarks.
+    /// [`DecodePlan::new`] with the tile forced (`None`: the library's choice,
+    /// [`DecodeTile::for_call`]), for benchmarks.
     ///
     /// # Errors
     /// Those of [`DecodePlan::new`]; [`AttnError::InvalidInput`] for a tile other than 4 or 8
@@ -304,7 +330,9 @@ impl DecodePlan {
         check_gpu(p)?;
         if dtype == DType::F32 {
             return Err(AttnError::DTypeMismatch {
-                what: "the decode kernels take f16 or bf16: convert the inputs or use the CPU backend".into(),
+                what:
+                    "the decode kernels take f16 or bf16: convert the inputs or use the CPU backend"
+                        .into(),
             });
         }
         if let Some(t) = tile
@@ -318,11 +346,16 @@ impl DecodePlan {
             });
         }
         let env = envelope(p)?;
-        let mut kernels = PlanKernels::new(gpu, p, &env, dtype, tile)?;
         // One block per SM: blocks sharing an SM share its slice of the bandwidth, so a grid
         // of 1.2 blocks per SM ends with some SMs doing twice the work (measured in run 47:
         // batch 1 ran fastest with 16 splits, 128 blocks, and slower with 20 to 128).
-        let splits = splits_for(p, gpu.info().sm_count.max(1) as usize, splits)?;
+        let sms = gpu.info().sm_count.max(1) as usize;
+        let splits = splits_for(p, sms, splits)?;
+        let allowed = gpu.info().smem_per_block_optin as usize;
+        let blocks = row_blocks(p) * p.heads_kv * p.batch;
+        let tile =
+            tile.unwrap_or_else(|| DecodeTile::for_call(p.head_dim, allowed, splits, blocks, sms));
+        let mut kernels = PlanKernels::new(gpu, p, &env, dtype, tile)?;
         if splits > 1 {
             kernels.add_combine(gpu, p, dtype)?;
         }
@@ -583,10 +616,9 @@ impl PlanKernels {
         p: &KvCacheProblem,
         env: &AttnProblem,
         dtype: DType,
-        tile: Option<DecodeTile>,
+        tile: DecodeTile,
     ) -> Result<Self> {
         let allowed = gpu.info().smem_per_block_optin as usize;
-        let tile = tile.unwrap_or_else(|| DecodeTile::for_head_dim(p.head_dim, allowed));
         let smem = tile.smem_bytes(p.head_dim);
         if smem > allowed {
             return Err(AttnError::TooLarge {
