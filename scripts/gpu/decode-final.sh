@@ -12,9 +12,9 @@ el() { echo "[t=$(( $(date +%s)-t0 ))s] $*" | tee -a $L; }
 el "check kvcache"
 timeout 150 $B check --kernel mma --filter kvcache > $OUT/h200-check-kvcache.txt 2>&1; echo "check exit $?" | tee -a $L
 tail -1 $OUT/h200-check-kvcache.txt | tee -a $L; grep -v "^\[PASS\]" $OUT/h200-check-kvcache.txt | head -12 | cut -c1-400 | tee -a $L
-timeout 100 compute-sanitizer --tool memcheck $B check --kernel mma --filter "kvcache paged" > /tmp/san.txt 2>&1; echo "memcheck exit $?" | tee -a $L
+timeout 120 compute-sanitizer --tool memcheck $B check --kernel mma --filter "kvcache paged" > /tmp/san.txt 2>&1; echo "memcheck exit $?" | tee -a $L
 grep -E "ERROR SUMMARY|passed," /tmp/san.txt | sort | uniq -c | head -3 | tee -a $L
-timeout 100 compute-sanitizer --tool racecheck $B check --kernel mma --filter "f16 kvcache contiguous" > /tmp/race.txt 2>&1; echo "racecheck exit $?" | tee -a $L
+timeout 100 compute-sanitizer --tool racecheck $B check --kernel mma --filter "kvcache paged16" > /tmp/race.txt 2>&1; echo "racecheck exit $?" | tee -a $L
 grep -E "RACECHECK SUMMARY|passed," /tmp/race.txt | sort | uniq -c | head -3 | tee -a $L
 el "bench --decode --peers (the issue's shapes)"
 timeout 420 $B bench --decode --peers --warmup-ms 200 --iters 20 --out-dir /tmp/bd > /tmp/bd.log 2>&1; echo "bench exit $?" | tee -a $L
