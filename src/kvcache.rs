@@ -17,6 +17,8 @@
 //! Split-KV: the keys of each sequence are cut into `splits` runs of whole 64-key blocks, each
 //! run gives a partial `(o, lse)`, and [`crate::merge`] combines them exactly; a split with no
 //! keys contributes nothing. [`num_splits`] picks the count from the SM count and the lengths.
+//! The GPU path ([`crate::cuda::decode`], reached through [`forward`]) cuts splits the same way
+//! in whole tiles of its own key block (64 or 128 keys).
 
 use crate::dtype::Element;
 use crate::error::{AttnError, Result};

@@ -894,3 +894,72 @@ pub fn forward_host<T: GpuElement>(
     v_cache.copy_from_slice(&back(&dvc, "v_cache")?);
     Ok((crate::kvcache::KvCacheOutput { o, lse }, info))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_fit_the_shared_memory_they_are_chosen_for() {
+        for limit in [99 * 1024, 163 * 1024, 227 * 1024] {
+            for d in (8..=256).step_by(8) {
+                let t = DecodeTile::for_head_dim(d, limit);
+                // Only d > 128 on a 99 KB part is left without a fitting tile (refused as
+                // TooLarge by the plan).
+                assert!(
+                    t.smem_bytes(d) <= limit || (d > 128 && limit < 140 * 1024),
+                    "d{d} limit {limit}: {t:?} needs {}",
+                    t.smem_bytes(d)
+                );
+                assert_eq!(t.q_in_regs, d <= 128);
+                let c = DecodeTile::for_call(d, limit, 1, 512, 132);
+                assert!(c.smem_bytes(d) <= limit || c == t);
+            }
+        }
+        // The H200 defaults: 8 warps x 3 stages at d128; 4 x 3 for big one-split calls.
+        let h200 = 227 * 1024;
+        assert_eq!(
+            (
+                DecodeTile::for_head_dim(128, h200).warps,
+                DecodeTile::for_head_dim(128, h200).stages
+            ),
+            (8, 3)
+        );
+        let big = DecodeTile::for_call(128, h200, 1, 512, 132);
+        assert_eq!((big.warps, big.stages), (4, 3));
+        let split = DecodeTile::for_call(128, h200, 16, 8, 132);
+        assert_eq!((split.warps, split.stages), (8, 3));
+    }
+
+    #[test]
+    fn split_counts_are_checked_and_chosen_per_sm() {
+        let p = KvCacheProblem::new(
+            1,
+            1,
+            32,
+            8,
+            128,
+            CacheLayout::Contiguous {
+                seqlen_cache: 32768,
+            },
+            vec![32768],
+            0,
+        )
+        .unwrap();
+        assert!(matches!(
+            splits_for(&p, 132, Some(0)),
+            Err(AttnError::InvalidInput { .. })
+        ));
+        assert!(splits_for(&p, 132, Some(MAX_SPLITS + 1)).is_err());
+        assert_eq!(splits_for(&p, 132, Some(7)).unwrap(), 7);
+        // 8 blocks per split on 132 SMs: 16 splits (128 blocks), as measured best (run 47).
+        assert_eq!(splits_for(&p, 132, None).unwrap(), 16);
+        assert!(
+            check_gpu(&KvCacheProblem {
+                head_dim: 36,
+                ..p.clone()
+            })
+            .is_err()
+        );
+    }
+}
