@@ -32,7 +32,7 @@ pub enum Command {
     /// Check every GPU kernel against the f64 oracle over a sweep of shapes; exit 1 on any failure.
     Check(check::CheckArgs),
     /// Time our kernels against PyTorch SDPA (flash, cuDNN, memory-efficient): table, JSON, plots.
-    Bench(flashattn::bench::BenchOptions),
+    Bench(Box<flashattn::bench::BenchOptions>),
     /// Redraw the benchmark plots from a bench.json.
     BenchPlot(flashattn::bench::PlotOptions),
     /// Print what this machine offers (CPU threads, GPU).
