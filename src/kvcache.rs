@@ -327,6 +327,20 @@ impl KvCacheProblem {
         Ok(())
     }
 
+    /// [`Self::check_buffers`] for a whole call: q, the two caches and the two new-row tensors.
+    ///
+    /// # Errors
+    /// [`AttnError::BufferTooShort`].
+    pub fn check_call(&self, q: usize, caches: [usize; 2], new: [usize; 2]) -> Result<()> {
+        self.check_buffers(&[
+            ("q", q),
+            ("k_cache", caches[0]),
+            ("v_cache", caches[1]),
+            ("k", new[0]),
+            ("v", new[1]),
+        ])
+    }
+
     /// The keys of every sequence gathered into packed `[total_k, heads_kv, head_dim]` tensors,
     /// and the same call as a [`VarlenProblem`] (queries packed `[batch * seqlen_q, ...]`, which
     /// is q's own layout).
@@ -529,13 +543,11 @@ pub fn forward_cpu<T: Element>(
     splits: usize,
 ) -> Result<KvCacheOutput<T>> {
     p.validate()?;
-    p.check_buffers(&[
-        ("q", q.len()),
-        ("k_cache", k_cache.len()),
-        ("v_cache", v_cache.len()),
-        ("k", k_new.len()),
-        ("v", v_new.len()),
-    ])?;
+    p.check_call(
+        q.len(),
+        [k_cache.len(), v_cache.len()],
+        [k_new.len(), v_new.len()],
+    )?;
     if splits == 0 || splits > MAX_SPLITS {
         return Err(AttnError::InvalidInput {
             what: format!("splits = {splits}: use 1..={MAX_SPLITS}"),
@@ -615,13 +627,11 @@ pub fn forward<T: Element>(
     splits: Option<usize>,
 ) -> Result<KvCacheRun<T>> {
     p.validate()?;
-    p.check_buffers(&[
-        ("q", q.len()),
-        ("k_cache", k_cache.len()),
-        ("v_cache", v_cache.len()),
-        ("k", k_new.len()),
-        ("v", v_new.len()),
-    ])?;
+    p.check_call(
+        q.len(),
+        [k_cache.len(), v_cache.len()],
+        [k_new.len(), v_new.len()],
+    )?;
     let mut why = "asked for".to_string();
     if choice != crate::BackendChoice::Cpu {
         match crate::cuda::try_host_kvcache(p, q, k_cache, v_cache, k_new, v_new, splits) {

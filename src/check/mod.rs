@@ -69,6 +69,15 @@ pub struct CheckOptions {
     pub tile: Option<MmaTile>,
 }
 
+impl CheckOptions {
+    /// Whether a case with this label is in the run (`--filter`).
+    pub fn selects(&self, label: &str) -> bool {
+        self.filter
+            .as_ref()
+            .is_none_or(|f| label.contains(f.as_str()))
+    }
+}
+
 /// Runs the sweep, printing one line per (case, kernel) with `print`. Returns every result.
 ///
 /// # Errors
@@ -77,14 +86,7 @@ pub struct CheckOptions {
 pub fn run(gpu: &Gpu, opts: &CheckOptions, mut print: impl FnMut(&str)) -> Result<Vec<CaseResult>> {
     let mut results = Vec::new();
     let all = cases(opts.quick);
-    let selected: Vec<&Case> = all
-        .iter()
-        .filter(|c| {
-            opts.filter
-                .as_ref()
-                .is_none_or(|f| c.label.contains(f.as_str()))
-        })
-        .collect();
+    let selected: Vec<&Case> = all.iter().filter(|c| opts.selects(&c.label)).collect();
     print(&format!(
         "checking {} cases x {} kernels on {} ({}), seed {} (replay with FLASHATTN_SEED={})",
         selected.len(),
@@ -109,11 +111,7 @@ pub fn run(gpu: &Gpu, opts: &CheckOptions, mut print: impl FnMut(&str)) -> Resul
     // Packed variable-length batches: one launch over every sequence.
     let packed: Vec<varlen::VarlenCase> = varlen::cases()
         .into_iter()
-        .filter(|c| {
-            opts.filter
-                .as_ref()
-                .is_none_or(|f| c.label.contains(f.as_str()))
-        })
+        .filter(|c| opts.selects(&c.label))
         .collect();
     for (i, case) in packed.iter().enumerate() {
         let seed = opts
@@ -129,11 +127,7 @@ pub fn run(gpu: &Gpu, opts: &CheckOptions, mut print: impl FnMut(&str)) -> Resul
     if opts.kernels.iter().any(|k| k.has_score_mods()) {
         let calls: Vec<kvcache::KvCase> = kvcache::cases()
             .into_iter()
-            .filter(|c| {
-                opts.filter
-                    .as_ref()
-                    .is_none_or(|f| c.label.contains(f.as_str()))
-            })
+            .filter(|c| opts.selects(&c.label))
             .collect();
         for (i, case) in calls.iter().enumerate() {
             let seed = opts

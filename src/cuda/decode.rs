@@ -667,6 +667,35 @@ impl PlanKernels {
     }
 }
 
+/// Launches `k` on a 1-D grid of `items.div_ceil(per_block)` blocks of `threads` threads with
+/// one parameter block.
+///
+/// # Safety
+/// `params` must mirror the kernel's parameter struct, and every address in it must be valid
+/// for what the kernel reads and writes over that grid.
+unsafe fn launch_1d<P: DeviceRepr>(
+    gpu: &Gpu,
+    k: &LoadedKernel,
+    (items, per_block, threads): (usize, usize, u32),
+    params: &P,
+    (kernel, ctx): (&'static str, String),
+) -> Result<()> {
+    let blocks = u32::try_from(items.div_ceil(per_block)).map_err(|_| AttnError::TooLarge {
+        kernel,
+        reason: "more than 2^32 blocks: split the batch".into(),
+    })?;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.stream().launch_builder(&k.function);
+    b.arg(params);
+    // SAFETY: the caller's contract.
+    unsafe { b.launch(cfg) }.map_err(cuda_err(ctx))?;
+    Ok(())
+}
+
 /// Launches kv_append: one thread per 16-byte chunk of the new rows.
 fn append(
     gpu: &Gpu,
@@ -701,21 +730,17 @@ fn append(
         chunks: chunks as i64,
         map,
     };
-    let blocks = u32::try_from(chunks.div_ceil(256)).map_err(|_| AttnError::TooLarge {
-        kernel: "kv_append",
-        reason: "more than 2^31 blocks of new rows: append in pieces".into(),
-    })?;
-    let cfg = LaunchConfig {
-        grid_dim: (blocks, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let mut b = gpu.stream().launch_builder(&k.function);
-    b.arg(&params);
     // SAFETY: the parameters mirror the kernel's struct; validate() checked that every
     // appended row lies inside its sequence's capacity and every page index inside the pool.
-    unsafe { b.launch(cfg) }.map_err(cuda_err(launch_context("kv_append", env)))?;
-    Ok(())
+    unsafe {
+        launch_1d(
+            gpu,
+            k,
+            (chunks, 256, 256),
+            &params,
+            ("kv_append", launch_context("kv_append", env)),
+        )
+    }
 }
 
 /// Launches attn_decode: grid (row blocks x kv heads, splits, batch).
@@ -786,21 +811,17 @@ fn combine(
         seqlen_q: p.seqlen_q as i32,
         num_splits: splits as i32,
     };
-    let blocks = u32::try_from(rows.div_ceil(4)).map_err(|_| AttnError::TooLarge {
-        kernel: "attn_combine",
-        reason: "more than 2^31 blocks of query rows: split the batch".into(),
-    })?;
-    let cfg = LaunchConfig {
-        grid_dim: (blocks, 1, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let mut b = gpu.stream().launch_builder(&k.function);
-    b.arg(&params);
     // SAFETY: the parameters mirror the kernel's struct; the partials hold splits x rows
     // entries (allocated by the plan) and o/lse were checked against the problem.
-    unsafe { b.launch(cfg) }.map_err(cuda_err(launch_context("attn_combine", l.problem)))?;
-    Ok(())
+    unsafe {
+        launch_1d(
+            gpu,
+            k,
+            (rows, 4, 128),
+            &params,
+            ("attn_combine", launch_context("attn_combine", l.problem)),
+        )
+    }
 }
 
 /// A LaunchInfo with no kernel statistics.
@@ -835,13 +856,11 @@ pub fn forward_host<T: GpuElement>(
 ) -> Result<(crate::kvcache::KvCacheOutput<T>, LaunchInfo)> {
     p.validate()?;
     check_gpu(p)?;
-    p.check_buffers(&[
-        ("q", q.len()),
-        ("k_cache", k_cache.len()),
-        ("v_cache", v_cache.len()),
-        ("k", k_new.len()),
-        ("v", v_new.len()),
-    ])?;
+    p.check_call(
+        q.len(),
+        [k_cache.len(), v_cache.len()],
+        [k_new.len(), v_new.len()],
+    )?;
     let stream = gpu.stream();
     let up = |x: &[T], what: &str| {
         stream
