@@ -12,6 +12,7 @@
 use super::gpu::time_launches;
 use super::options::BenchOptions;
 use super::peers::{PeerResponse, find_script, python, run_script};
+use super::plot;
 use super::report::io_err;
 use super::stats;
 use crate::cuda::decode::{DecodePlan, DecodeTile};
@@ -22,11 +23,11 @@ use crate::error::{AttnError, Result};
 use crate::kvcache::{CacheLayout, KvCacheProblem, shuffled_pages};
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg, sys};
 use half::{bf16, f16};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 
 /// One timed layout of a decode shape.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DecodeLine {
     /// `contiguous`, `paged16`, `paged256`, ...
     pub layout: String,
@@ -39,7 +40,7 @@ pub struct DecodeLine {
 }
 
 /// One SDPA backend on the same contiguous shape.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PeerLine {
     /// `flash`, `cudnn`, `efficient`.
     pub peer: String,
@@ -52,7 +53,7 @@ pub struct PeerLine {
 }
 
 /// One (dtype, batch, seqlen_k, seqlen_q) shape.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DecodeShape {
     /// f16 or bf16.
     pub dtype: String,
@@ -202,7 +203,125 @@ pub fn run(opts: &BenchOptions) -> Result<String> {
         let path = opts.out_dir.join(name);
         std::fs::write(&path, text).map_err(|e| io_err(&path, e))?;
     }
+    if !opts.no_plot {
+        let out = plot::write_figures(
+            figures(&shapes, &gpu.info().name),
+            &opts.out_dir,
+            "bench-decode",
+        );
+        for e in out.errors {
+            eprintln!("plot failed: {e}");
+        }
+    }
     Ok(table)
+}
+
+/// The decode plots: one figure per dtype, one panel per batch (seqlen_q 1), GB/s against
+/// seqlen_k for our layouts, the read-only pass and the SDPA peers.
+pub fn figures(shapes: &[DecodeShape], device: &str) -> Vec<plot::Figure> {
+    let mut dtypes: Vec<String> = Vec::new();
+    for s in shapes {
+        if !dtypes.contains(&s.dtype) {
+            dtypes.push(s.dtype.clone());
+        }
+    }
+    dtypes
+        .into_iter()
+        .map(|dt| {
+            let mine: Vec<&DecodeShape> = shapes
+                .iter()
+                .filter(|s| s.dtype == dt && s.seqlen_q == 1)
+                .collect();
+            let mut batches: Vec<usize> = mine.iter().map(|s| s.batch).collect();
+            batches.sort_unstable();
+            batches.dedup();
+            let mut names: Vec<String> = Vec::new();
+            for s in &mine {
+                let here = s
+                    .lines
+                    .iter()
+                    .map(|l| l.layout.clone())
+                    .chain(std::iter::once("read".to_string()))
+                    .chain(s.peers.iter().filter(|p| p.gbps.is_some()).map(|p| p.peer.clone()));
+                for n in here {
+                    if !names.contains(&n) {
+                        names.push(n);
+                    }
+                }
+            }
+            let value = |s: &DecodeShape, n: &str| -> Option<f64> {
+                if n == "read" {
+                    return Some(s.read_gbps);
+                }
+                s.lines
+                    .iter()
+                    .find(|l| l.layout == n)
+                    .map(|l| l.gbps)
+                    .or_else(|| s.peers.iter().find(|p| p.peer == n).and_then(|p| p.gbps))
+            };
+            let panels = batches
+                .iter()
+                .map(|&b| {
+                    let mut pts: Vec<&&DecodeShape> = mine.iter().filter(|s| s.batch == b).collect();
+                    pts.sort_by_key(|s| s.seqlen_k);
+                    plot::Panel {
+                        title: format!("batch {b}, seqlen_q 1"),
+                        series: names
+                            .iter()
+                            .filter(|n| pts.iter().any(|s| value(s, n).is_some()))
+                            .map(|n| plot::Series {
+                                name: n.clone(),
+                                label: plot::label(n),
+                                points: pts.iter().map(|s| (s.seqlen_k, value(s, n))).collect(),
+                            })
+                            .collect(),
+                    }
+                })
+                .collect::<Vec<_>>();
+            let (heads_q, heads_kv, d) = mine
+                .first()
+                .map_or((0, 0, 0), |s| (s.heads_q, s.heads_kv, s.head_dim));
+            plot::Figure {
+                title: format!("KV-cache decoding, {dt}, {device}"),
+                subtitle: format!(
+                    "GB/s of k, v, q and o against cached keys per sequence; heads {heads_q} q / {heads_kv} kv, head_dim {d}"
+                ),
+                rows: batches.len().div_ceil(2).max(1),
+                cols: batches.len().clamp(1, 2),
+                panels,
+                dtype: dt,
+                legend: names,
+                x_desc: "keys per sequence (seqlen_k)".into(),
+                y_desc: "GB/s".into(),
+            }
+        })
+        .collect()
+}
+
+/// Redraws the decode plots from a bench-decode.json into `out_dir` (`bench-plot`).
+///
+/// # Errors
+/// [`AttnError::Io`] when the file cannot be read, [`AttnError::InvalidInput`] when it is not a
+/// bench-decode.json.
+pub fn plots_from_json(
+    json: &std::path::Path,
+    out_dir: &std::path::Path,
+) -> Result<plot::PlotOutput> {
+    let text = std::fs::read_to_string(json).map_err(|e| io_err(json, e))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| AttnError::InvalidInput {
+            what: format!("{}: not JSON: {e}", json.display()),
+        })?;
+    let shapes: Vec<DecodeShape> =
+        serde_json::from_value(v["shapes"].clone()).map_err(|e| AttnError::InvalidInput {
+            what: format!("{}: not a bench-decode.json ({e})", json.display()),
+        })?;
+    let device = v["device"].as_str().unwrap_or("unknown GPU");
+    Ok(plot::write_figures(
+        figures(&shapes, device),
+        out_dir,
+        "bench-decode",
+    ))
 }
 
 /// Every seqlen_q and layout of one (batch, seqlen_k, head_dim) on one pair of caches.
@@ -518,4 +637,72 @@ fn table(gpu: &Gpu, shapes: &[DecodeShape], notes: &[String]) -> String {
         let _ = writeln!(out, "note: {n}");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(batch: usize, seqlen_k: usize, gbps: f64) -> DecodeShape {
+        DecodeShape {
+            dtype: "f16".into(),
+            batch,
+            seqlen_k,
+            seqlen_q: 1,
+            head_dim: 128,
+            heads_q: 32,
+            heads_kv: 8,
+            bytes: 1e9,
+            read_gbps: 4000.0,
+            lines: vec![DecodeLine {
+                layout: "contiguous".into(),
+                median_us: 1e3,
+                gbps,
+                splits: 1,
+            }],
+            peers: vec![PeerLine {
+                peer: "cudnn".into(),
+                median_us: None,
+                gbps: None,
+                skipped: Some("not run".into()),
+            }],
+        }
+    }
+
+    #[test]
+    fn decode_figures_have_a_panel_per_batch_and_render() {
+        let shapes = vec![
+            shape(1, 8192, 1700.0),
+            shape(1, 32768, 2900.0),
+            shape(64, 8192, 4100.0),
+        ];
+        let figs = figures(&shapes, "test GPU");
+        assert_eq!(figs.len(), 1);
+        let f = &figs[0];
+        assert_eq!(f.panels.len(), 2);
+        assert_eq!((f.rows, f.cols), (1, 2));
+        // Our layout and the read pass; the skipped peer has no curve.
+        assert_eq!(f.legend, vec!["contiguous".to_string(), "read".to_string()]);
+        assert_eq!(
+            f.panels[0].series[0].points,
+            vec![(8192, Some(1700.0)), (32768, Some(2900.0))]
+        );
+        let svg = plot::svg(f).unwrap();
+        assert!(svg.contains("GB/s") && svg.contains("batch 64"));
+        // The JSON round trip that bench-plot reads.
+        let dir =
+            std::env::temp_dir().join(format!("flashattn-decode-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let json = dir.join("bench-decode.json");
+        std::fs::write(
+            &json,
+            serde_json::to_string(&serde_json::json!({"device": "test GPU", "shapes": shapes}))
+                .unwrap(),
+        )
+        .unwrap();
+        let out = plots_from_json(&json, &dir).unwrap();
+        assert!(out.errors.is_empty(), "{:?}", out.errors);
+        assert_eq!(out.files.len(), 2);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

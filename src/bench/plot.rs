@@ -83,6 +83,10 @@ pub struct Figure {
     pub panels: Vec<Panel>,
     /// Every series name of the figure, in legend order.
     pub legend: Vec<String>,
+    /// Axis titles (x: the log2 axis of lengths; y: the measure).
+    pub x_desc: String,
+    /// Y axis title.
+    pub y_desc: String,
 }
 
 /// Legend text of a line.
@@ -91,6 +95,7 @@ pub fn label(name: &str) -> String {
         "flash" => "SDPA flash (FA2)".into(),
         "cudnn" => "SDPA cuDNN".into(),
         "efficient" => "SDPA mem-efficient".into(),
+        "read" => "read-only pass".into(),
         other => format!("flashattn {other}"),
     }
 }
@@ -223,6 +228,8 @@ pub fn figures(report: &BenchReport) -> Vec<Figure> {
                 panels,
                 dtype: dt,
                 legend,
+                x_desc: "sequence length".into(),
+                y_desc: "TFLOP/s".into(),
             }
         })
         .collect()
@@ -477,8 +484,8 @@ where
     };
     chart
         .configure_mesh()
-        .x_desc("sequence length")
-        .y_desc("TFLOP/s")
+        .x_desc(fig.x_desc.as_str())
+        .y_desc(fig.y_desc.as_str())
         .x_label_formatter(&fmt_x)
         .y_label_formatter(&fmt_y)
         .y_labels(n_y + 1)
@@ -608,21 +615,26 @@ pub struct PlotOutput {
 
 /// Writes `bench-<dtype>.svg` and `.png` for every dtype of the report into `out_dir`.
 pub fn write_all(report: &BenchReport, out_dir: &Path) -> PlotOutput {
+    write_figures(figures(report), out_dir, "bench")
+}
+
+/// Writes `<stem>-<dtype>.svg` and `.png` for every figure into `out_dir`.
+pub fn write_figures(figs: Vec<Figure>, out_dir: &Path, stem: &str) -> PlotOutput {
     let mut out = PlotOutput::default();
     if let Err(e) = std::fs::create_dir_all(out_dir) {
         out.errors
             .push(format!("creating {}: {e}", out_dir.display()));
         return out;
     }
-    for fig in figures(report) {
-        let svg_path = out_dir.join(format!("bench-{}.svg", fig.dtype));
+    for fig in figs {
+        let svg_path = out_dir.join(format!("{stem}-{}.svg", fig.dtype));
         match soft(&svg_path.display().to_string(), || {
             std::fs::write(&svg_path, svg(&fig)?).map_err(err)
         }) {
             Ok(()) => out.files.push(svg_path),
             Err(e) => out.errors.push(e),
         }
-        let png_path = out_dir.join(format!("bench-{}.png", fig.dtype));
+        let png_path = out_dir.join(format!("{stem}-{}.png", fig.dtype));
         match soft(&png_path.display().to_string(), || png(&fig, &png_path)) {
             Ok(()) => out.files.push(png_path),
             Err(e) => out.errors.push(e),

@@ -39,7 +39,16 @@ pub fn run(opts: &BenchOptions) -> Result<i32> {
 /// # Errors
 /// [`flashattn::AttnError::Io`] when the JSON cannot be read.
 pub fn plot(json: &Path, out_dir: &Path) -> Result<i32> {
-    let out = bench::plot::from_json(json, out_dir)?;
+    // A bench-decode.json has "shapes"; a bench.json has "cases".
+    let decode = std::fs::read_to_string(json)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .is_some_and(|v| v.get("shapes").is_some());
+    let out = if decode {
+        bench::decode::plots_from_json(json, out_dir)?
+    } else {
+        bench::plot::from_json(json, out_dir)?
+    };
     for f in &out.files {
         println!("wrote {}", f.display());
     }
