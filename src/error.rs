@@ -59,7 +59,7 @@ pub enum AttnError {
 
     /// A buffer holds fewer elements than its shape and strides address.
     #[error(
-        "{tensor} buffer holds {len} elements but its shape and strides address {required}: pass a longer buffer or fix the strides"
+        "{tensor} buffer holds {len} elements but its shape (and strides, where it has them) needs {required}: pass a longer buffer, or fix the strides of a strided view"
     )]
     BufferTooShort {
         /// q, k, v, o or lse.

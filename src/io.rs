@@ -265,7 +265,7 @@ impl SafeFile {
         if info.dtype != Dtype::I32 {
             return Err(AttnError::DTypeMismatch {
                 what: format!(
-                    "{}: tensor '{name}' is {:?}; offsets must be stored as I32",
+                    "{}: tensor '{name}' is {:?}; integer tensors (offsets, cache lengths, block tables) must be stored as I32: convert it (e.g. numpy .astype(np.int32))",
                     self.path, info.dtype
                 ),
             });

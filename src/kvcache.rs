@@ -193,6 +193,13 @@ impl KvCacheProblem {
                 heads_kv: self.heads_kv,
             });
         }
+        if let CacheLayout::Paged { page_size, .. } = &self.layout
+            && (*page_size == 0 || !page_size.is_multiple_of(PAGE_MULTIPLE))
+        {
+            return bad(format!(
+                "page_size {page_size} is not a positive multiple of {PAGE_MULTIPLE} (the kernels' key tile)"
+            ));
+        }
         if self.cache_seqlens.len() != self.batch {
             return bad(format!(
                 "cache_seqlens has {} entries; expected one per sequence ({})",
@@ -219,11 +226,6 @@ impl KvCacheProblem {
             max_blocks,
         } = &self.layout
         {
-            if *page_size == 0 || !page_size.is_multiple_of(PAGE_MULTIPLE) {
-                return bad(format!(
-                    "page_size {page_size} is not a positive multiple of {PAGE_MULTIPLE} (the kernels' key tile)"
-                ));
-            }
             if block_table.len() != self.batch * max_blocks {
                 return bad(format!(
                     "block_table has {} entries; expected batch x max_blocks = {} x {max_blocks}",
@@ -303,7 +305,7 @@ impl KvCacheProblem {
     }
 
     /// Checks buffer lengths: `q` (and `o`) `[batch, seqlen_q, heads_q, head_dim]`, `lse`
-    /// `[batch, heads_q, seqlen_q]`, `k_cache` and `v_cache`, and the new rows `k`, `v`
+    /// `[batch, heads_q, seqlen_q]`, `k_cache` and `v_cache`, and the new rows `k_new`, `v_new`
     /// `[batch, seqlen_new, heads_kv, head_dim]`.
     ///
     /// # Errors
@@ -313,7 +315,7 @@ impl KvCacheProblem {
             let required = match tensor {
                 "q" | "o" => self.batch * self.seqlen_q * self.heads_q * self.head_dim,
                 "lse" => self.batch * self.heads_q * self.seqlen_q,
-                "k" | "v" => self.batch * self.seqlen_new * self.heads_kv * self.head_dim,
+                "k_new" | "v_new" => self.batch * self.seqlen_new * self.heads_kv * self.head_dim,
                 _ => self.cache_len(),
             };
             if len < required {
@@ -327,18 +329,31 @@ impl KvCacheProblem {
         Ok(())
     }
 
-    /// [`Self::check_buffers`] for a whole call: q, the two caches and the two new-row tensors.
+    /// [`Self::check_buffers`] for a whole call: q, the two caches and the two new-row tensors
+    /// (which must be empty when `seqlen_new` is 0).
     ///
     /// # Errors
-    /// [`AttnError::BufferTooShort`].
+    /// [`AttnError::BufferTooShort`]; [`AttnError::InvalidInput`] for new rows with
+    /// `seqlen_new` 0.
     pub fn check_call(&self, q: usize, caches: [usize; 2], new: [usize; 2]) -> Result<()> {
+        self.check_new_rows(new)?;
         self.check_buffers(&[
             ("q", q),
             ("k_cache", caches[0]),
             ("v_cache", caches[1]),
-            ("k", new[0]),
-            ("v", new[1]),
+            ("k_new", new[0]),
+            ("v_new", new[1]),
         ])
+    }
+
+    /// New rows may only be given with `seqlen_new` > 0 (they would be dropped otherwise).
+    fn check_new_rows(&self, new: [usize; 2]) -> Result<()> {
+        if self.seqlen_new == 0 && new.iter().any(|&n| n > 0) {
+            return Err(AttnError::InvalidInput {
+                what: "new k/v rows were given but seqlen_new is 0: set seqlen_new to their row count (or pass empty slices)".into(),
+            });
+        }
+        Ok(())
     }
 
     /// The keys of every sequence gathered into packed `[total_k, heads_kv, head_dim]` tensors,
@@ -431,11 +446,12 @@ pub fn append<T: Element>(
     v_new: &[T],
 ) -> Result<()> {
     p.validate()?;
+    p.check_new_rows([k_new.len(), v_new.len()])?;
     p.check_buffers(&[
         ("k_cache", k_cache.len()),
         ("v_cache", v_cache.len()),
-        ("k", k_new.len()),
-        ("v", v_new.len()),
+        ("k_new", k_new.len()),
+        ("v_new", v_new.len()),
     ])?;
     let row = p.heads_kv * p.head_dim;
     for b in 0..p.batch {

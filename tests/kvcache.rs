@@ -347,6 +347,11 @@ fn invalid_calls_are_refused() {
         paged(vec![0, 1, 0, 3], 16, vec![5, 5], 1),
         "page 0 receives appended rows",
     );
+    // A bad page size is named as such, before any capacity rule.
+    invalid(
+        paged(vec![0, 1, 2, 3], 10, vec![5, 20], 0),
+        "multiple of 16",
+    );
     // Unused table entries are not read: anything goes there.
     assert!(paged(vec![0, 99, 2, 3], 16, vec![5, 20], 0).is_ok());
     // Buffers too short, and a bad split count, before anything is written.
@@ -358,10 +363,31 @@ fn invalid_calls_are_refused() {
     let short = forward_cpu(&p, &q, &mut kc, &mut vc, &new[..15], &new, 1);
     assert!(matches!(
         short,
-        Err(AttnError::BufferTooShort { tensor: "k", .. })
+        Err(AttnError::BufferTooShort {
+            tensor: "k_new",
+            ..
+        })
     ));
     let zero = forward_cpu(&p, &q, &mut kc, &mut vc, &new, &new, 0);
     assert!(matches!(zero, Err(AttnError::InvalidInput { .. })));
+    // New rows given to a call without seqlen_new would be dropped: refused, on every path.
+    let none = contiguous(vec![3, 4], 0).unwrap();
+    let dropped = forward_cpu(&none, &q, &mut kc, &mut vc, &new, &new, 1);
+    assert!(
+        matches!(dropped, Err(AttnError::InvalidInput { what }) if what.contains("seqlen_new is 0"))
+    );
+    let auto = flashattn::kvcache::forward(
+        flashattn::BackendChoice::Auto,
+        &none,
+        &q,
+        &mut kc,
+        &mut vc,
+        &new,
+        &new,
+        None,
+    );
+    assert!(matches!(auto, Err(AttnError::InvalidInput { .. })));
+    assert!(append(&none, &mut kc, &mut vc, &new, &new).is_err());
     assert!(
         kc.iter().all(|x| *x == f16::ONE),
         "nothing written by a refused call"

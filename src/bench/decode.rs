@@ -117,8 +117,15 @@ pub fn run(opts: &BenchOptions) -> Result<String> {
         (!opts.seqlen.is_empty(), "--seqlen (use --decode-seqlen)"),
         (opts.varlen.is_some(), "--varlen"),
         (
-            opts.causal.is_some(),
-            "--causal (the decode bench has no mask)",
+            matches!(opts.causal, Some(c) if c != super::CausalChoice::Off),
+            "--causal (the decode bench has no mask: with seqlen_q > 1, SDPA's causal mask would align top-left)",
+        ),
+        (opts.window.is_some(), "--window"),
+        (opts.softcap.is_some(), "--softcap"),
+        (opts.alibi, "--alibi"),
+        (
+            opts.quick,
+            "--quick (pick the shapes with --decode-batch and --decode-seqlen)",
         ),
     ] {
         if given {
@@ -129,10 +136,26 @@ pub fn run(opts: &BenchOptions) -> Result<String> {
             });
         }
     }
+    let bad = |what: &str| -> Result<String> { Err(AttnError::InvalidInput { what: what.into() }) };
     if opts.decode_pages.iter().any(|&p| p != 0 && p % 16 != 0) {
-        return Err(AttnError::InvalidInput {
-            what: "--decode-pages: 0 (contiguous) or multiples of 16".into(),
-        });
+        return bad("--decode-pages: 0 (contiguous) or multiples of 16");
+    }
+    if opts.decode_batch.contains(&0) || opts.decode_q.contains(&0) {
+        return bad("--decode-batch and --decode-q: positive counts");
+    }
+    if opts
+        .decode_splits
+        .iter()
+        .any(|&s| s == 0 || s > crate::kvcache::MAX_SPLITS)
+    {
+        return bad("--decode-splits: counts from 1 to 128");
+    }
+    if opts
+        .head_dim
+        .iter()
+        .any(|&d| d == 0 || d % 8 != 0 || d > 256)
+    {
+        return bad("--head-dim with --decode: multiples of 8 up to 256 (the decode kernel's)");
     }
     let gpu = Gpu::new(opts.device)?;
     let head_dims = if opts.head_dim.is_empty() {
@@ -175,6 +198,11 @@ pub fn run(opts: &BenchOptions) -> Result<String> {
         }
     }
     let mut notes = skipped;
+    if shapes.is_empty() {
+        return Err(AttnError::InvalidInput {
+            what: format!("no decode shape was timed: {}", notes.join("; ")),
+        });
+    }
     if opts.peers {
         match peers(opts, &shapes) {
             Ok(resp) => merge(&mut shapes, &resp),
@@ -216,21 +244,21 @@ pub fn run(opts: &BenchOptions) -> Result<String> {
     Ok(table)
 }
 
-/// The decode plots: one figure per dtype, one panel per batch (seqlen_q 1), GB/s against
+/// The decode plots: one figure per (dtype, seqlen_q), one panel per batch, GB/s against
 /// seqlen_k for our layouts, the read-only pass and the SDPA peers.
 pub fn figures(shapes: &[DecodeShape], device: &str) -> Vec<plot::Figure> {
-    let mut dtypes: Vec<String> = Vec::new();
+    let mut kinds: Vec<(String, usize)> = Vec::new();
     for s in shapes {
-        if !dtypes.contains(&s.dtype) {
-            dtypes.push(s.dtype.clone());
+        if !kinds.contains(&(s.dtype.clone(), s.seqlen_q)) {
+            kinds.push((s.dtype.clone(), s.seqlen_q));
         }
     }
-    dtypes
+    kinds
         .into_iter()
-        .map(|dt| {
+        .map(|(dt, sq)| {
             let mine: Vec<&DecodeShape> = shapes
                 .iter()
-                .filter(|s| s.dtype == dt && s.seqlen_q == 1)
+                .filter(|s| s.dtype == dt && s.seqlen_q == sq)
                 .collect();
             let mut batches: Vec<usize> = mine.iter().map(|s| s.batch).collect();
             batches.sort_unstable();
@@ -265,7 +293,7 @@ pub fn figures(shapes: &[DecodeShape], device: &str) -> Vec<plot::Figure> {
                     let mut pts: Vec<&&DecodeShape> = mine.iter().filter(|s| s.batch == b).collect();
                     pts.sort_by_key(|s| s.seqlen_k);
                     plot::Panel {
-                        title: format!("batch {b}, seqlen_q 1"),
+                        title: format!("batch {b}, seqlen_q {sq}"),
                         series: names
                             .iter()
                             .filter(|n| pts.iter().any(|s| value(s, n).is_some()))
@@ -282,14 +310,15 @@ pub fn figures(shapes: &[DecodeShape], device: &str) -> Vec<plot::Figure> {
                 .first()
                 .map_or((0, 0, 0), |s| (s.heads_q, s.heads_kv, s.head_dim));
             plot::Figure {
-                title: format!("KV-cache decoding, {dt}, {device}"),
+                title: format!("KV-cache decoding, {dt}, seqlen_q {sq}, {device}"),
                 subtitle: format!(
                     "GB/s of k, v, q and o against cached keys per sequence; heads {heads_q} q / {heads_kv} kv, head_dim {d}"
                 ),
                 rows: batches.len().div_ceil(2).max(1),
                 cols: batches.len().clamp(1, 2),
                 panels,
-                dtype: dt,
+                // the file name: bench-decode-f16.png for seqlen_q 1, -f16-q4 for 4
+                dtype: if sq == 1 { dt } else { format!("{dt}-q{sq}") },
                 legend: names,
                 x_desc: "keys per sequence (seqlen_k)".into(),
                 y_desc: "GB/s".into(),
@@ -316,6 +345,11 @@ pub fn plots_from_json(
         serde_json::from_value(v["shapes"].clone()).map_err(|e| AttnError::InvalidInput {
             what: format!("{}: not a bench-decode.json ({e})", json.display()),
         })?;
+    if shapes.is_empty() {
+        return Err(AttnError::InvalidInput {
+            what: format!("{}: holds no decode shapes to plot", json.display()),
+        });
+    }
     let device = v["device"].as_str().unwrap_or("unknown GPU");
     Ok(plot::write_figures(
         figures(&shapes, device),
@@ -703,6 +737,39 @@ mod tests {
         let out = plots_from_json(&json, &dir).unwrap();
         assert!(out.errors.is_empty(), "{:?}", out.errors);
         assert_eq!(out.files.len(), 2);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn options_the_decode_bench_cannot_honour_are_refused_before_the_gpu() {
+        for args in [
+            &["--decode", "--causal", "on"][..],
+            &["--decode", "--window", "10,0"],
+            &["--decode", "--softcap", "30"],
+            &["--decode", "--alibi"],
+            &["--decode", "--quick"],
+            &["--decode", "--decode-batch", "0"],
+            &["--decode", "--decode-q", "0"],
+            &["--decode", "--decode-splits", "0"],
+            &["--decode", "--head-dim", "36"],
+            &["--decode", "--decode-pages", "24"],
+        ] {
+            let opts = BenchOptions::from_args(args.iter().copied()).unwrap();
+            match run(&opts) {
+                Err(AttnError::InvalidInput { .. }) => {}
+                other => panic!("{args:?}: {other:?}"),
+            }
+        }
+        // An empty result file has nothing to plot, and says so.
+        let dir =
+            std::env::temp_dir().join(format!("flashattn-decode-empty-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let json = dir.join("bench-decode.json");
+        std::fs::write(&json, r#"{"device": "x", "shapes": []}"#).unwrap();
+        assert!(matches!(
+            plots_from_json(&json, &dir),
+            Err(AttnError::InvalidInput { .. })
+        ));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -40,8 +40,13 @@ pub enum DTypeArg {
 pub struct RunArgs {
     /// safetensors file with q, k, v (`P.q`, `P.k`, `P.v`, bshd; or packed variable-length
     /// layers: `P.cu_seqlens_q`, `P.cu_seqlens_k` i32 `[batch + 1]`, q `[total_q, heads_q,
-    /// head_dim]`, k/v `[total_k, heads_kv, head_dim]`, judged by the f64 oracle); default: the
-    /// MiniLM sample data/minilm-L6-s77.safetensors of the repository.
+    /// head_dim]`, k/v `[total_k, heads_kv, head_dim]`, judged by the f64 oracle; or KV-cache
+    /// layers: `P.q` `[batch, seqlen_q, heads_q, head_dim]`, `P.k_cache`/`P.v_cache`
+    /// contiguous `[batch, seqlen_cache, heads_kv, head_dim]` or paged `[num_blocks, page_size,
+    /// heads_kv, head_dim]` with `P.block_table` i32 `[batch, max_blocks]`, `P.cache_seqlens`
+    /// i32 `[batch]`, optional new rows `P.k`/`P.v` `[batch, seqlen_new, heads_kv, head_dim]`,
+    /// judged by the f64 oracle); default: the MiniLM sample data/minilm-L6-s77.safetensors of
+    /// the repository.
     #[arg(long, value_name = "FILE")]
     pub input: Option<PathBuf>,
     /// Run only this layer prefix (e.g. `layer3`); default: every layer in the file.
@@ -448,7 +453,15 @@ impl Ctx<'_> {
             p = p.with_scale(scale)?;
         }
         p = p.with_scores(self.score_mods(prefix, batch, hq)?)?;
+        // The caches the call must leave: the CPU's append of the new rows.
+        let (mut want_k, mut want_v) = (kc.clone(), vc.clone());
+        flashattn::kvcache::append(&p, &mut want_k, &mut want_v, &k_new, &v_new)?;
         let (mut kc, mut vc) = (kc, vc);
+        if self.a.repeat > 1 {
+            println!(
+                "note: --repeat is not applied to KV-cache layers (each call appends its rows in place)"
+            );
+        }
         let t0 = std::time::Instant::now();
         let run = flashattn::kvcache::forward(
             self.choice,
@@ -476,8 +489,28 @@ impl Ctx<'_> {
             },
             secs * 1e3
         );
-        // The oracle on the caches as the call left them (new rows appended).
-        let exact = flashattn::kvcache::reference(&p, &q, &kc, &vc)?;
+        // The appended rows as the call wrote them, against the CPU's append.
+        let row = hkv * d;
+        let appended_ok = (0..batch).all(|b| {
+            (0..seqlen_new).all(|r| {
+                let at = p.key_offset(b, p.cache_seqlens[b] as usize + r);
+                let same = |x: &[T], y: &[T]| {
+                    x.iter()
+                        .zip(y)
+                        .all(|(a, b)| a.to_f64().to_bits() == b.to_f64().to_bits())
+                };
+                same(&kc[at..at + row], &want_k[at..at + row])
+                    && same(&vc[at..at + row], &want_v[at..at + row])
+            })
+        });
+        if !appended_ok {
+            self.failures.push(format!(
+                "{label}: the appended k/v rows in the caches differ from the new rows"
+            ));
+            println!("  appended rows: FAIL (they differ from the new k/v)");
+        }
+        // The oracle on the caches the call should have left (the CPU's append).
+        let exact = flashattn::kvcache::reference(&p, &q, &want_k, &want_v)?;
         let (od, ld) = flashattn::compare::diff_rows(
             out.o.iter().map(|x| x.to_f64()),
             out.lse.iter().map(|&x| f64::from(x)),

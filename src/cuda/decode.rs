@@ -5,8 +5,9 @@
 //!
 //! Every call is validated on the host before anything is launched or written: the problem
 //! ([`KvCacheProblem::validate`]: cache lengths, capacity, page indices), buffer lengths,
-//! contexts and 16-byte alignment. The cache lengths and the block table are copied to the
-//! device with each call (stream-ordered, on `gpu.stream()`).
+//! contexts and 16-byte alignment. A [`DecodePlan`] copies the cache lengths and the block
+//! table to the device once; a decoding loop hands each step's new ones to
+//! [`DecodePlan::update`] (stream-ordered on `gpu.stream()`) before [`DecodePlan::run`].
 
 use super::attention::{check_alignment, check_contexts, upload_slopes};
 use super::device::{Gpu, LoadedKernel, cuda_err};
@@ -193,7 +194,7 @@ unsafe impl DeviceRepr for CombineParams {}
 pub fn splits_for(p: &KvCacheProblem, slots: usize, splits: Option<usize>) -> Result<usize> {
     match splits {
         Some(s) if s == 0 || s > MAX_SPLITS => Err(AttnError::InvalidInput {
-            what: format!("num_splits = {s}: use 1..={MAX_SPLITS} (or 0 / None for the heuristic)"),
+            what: format!("num_splits = {s}: use 1..={MAX_SPLITS}, or None for the heuristic"),
         }),
         Some(s) => Ok(s),
         None => Ok(num_splits(
@@ -396,6 +397,36 @@ impl DecodePlan {
         })
     }
 
+    /// Takes the next decoding step's cache lengths and block table, the only things that
+    /// change from step to step of a loop: `p` must be the planned problem in everything else
+    /// (batch, heads, head_dim, seqlen_q, seqlen_new, layout sizes, mask, scale, modifiers).
+    /// Copies them to the device on `gpu.stream()`, ordered after the launches already queued
+    /// (the previous step reads the old values). The split count stays the planned one.
+    ///
+    /// # Errors
+    /// [`KvCacheProblem::validate`]'s; [`AttnError::InvalidInput`] when `p` differs from the
+    /// plan in anything else (make a new plan); copy failures as [`AttnError::Cuda`].
+    pub fn update(&mut self, gpu: &Gpu, p: &KvCacheProblem) -> Result<()> {
+        p.validate()?;
+        if !same_but_lengths(&self.problem, p) {
+            return Err(AttnError::InvalidInput {
+                what: "DecodePlan::update takes new cache lengths and block-table entries only; this problem differs in its sizes, layout, mask or modifiers: make a new plan".into(),
+            });
+        }
+        let stream = gpu.stream();
+        stream
+            .memcpy_htod(&p.cache_seqlens, &mut self.seqlens)
+            .map_err(cuda_err("copying cache_seqlens to the device"))?;
+        if let (CacheLayout::Paged { block_table, .. }, Some(table)) = (&p.layout, &mut self.table)
+        {
+            stream
+                .memcpy_htod(block_table, table)
+                .map_err(cuda_err("copying block_table to the device"))?;
+        }
+        self.problem = p.clone();
+        Ok(())
+    }
+
     /// The split count the plan runs.
     pub fn splits(&self) -> usize {
         self.splits
@@ -466,8 +497,8 @@ impl DecodePlan {
             ("q", q.len()),
             ("k_cache", k_cache.len()),
             ("v_cache", v_cache.len()),
-            ("k", new_k_len),
-            ("v", new_v_len),
+            ("k_new", new_k_len),
+            ("v_new", new_v_len),
             ("o", o.len()),
             ("lse", lse.len()),
         ])?;
@@ -512,14 +543,14 @@ impl DecodePlan {
             check_contexts(
                 gpu,
                 [
-                    ("k", k.stream().context().cu_ctx()),
-                    ("v", v.stream().context().cu_ctx()),
+                    ("k_new", k.stream().context().cu_ctx()),
+                    ("v_new", v.stream().context().cu_ctx()),
                 ],
             )?;
             let (kp, _gk) = k.device_ptr(stream);
             let (vp, _gv) = v.device_ptr(stream);
-            check_alignment("k", kp)?;
-            check_alignment("v", vp)?;
+            check_alignment("k_new", kp)?;
+            check_alignment("v_new", vp)?;
             if let Some(k) = &self.kernels.append {
                 append(gpu, k, p, &self.env, [kp, vp, kcp, vcp], map)?;
             }
@@ -571,6 +602,22 @@ impl DecodePlan {
         );
         Ok(result)
     }
+}
+
+/// Whether `p` is `planned` but for its cache lengths and block-table entries.
+fn same_but_lengths(planned: &KvCacheProblem, p: &KvCacheProblem) -> bool {
+    let mut same = p.clone();
+    same.cache_seqlens = planned.cache_seqlens.clone();
+    if let (
+        CacheLayout::Paged { block_table, .. },
+        CacheLayout::Paged {
+            block_table: old, ..
+        },
+    ) = (&mut same.layout, &planned.layout)
+    {
+        block_table.clone_from(old);
+    }
+    same == *planned
 }
 
 /// Plans and runs one decoding call ([`DecodePlan::new`], then [`DecodePlan::run`]).
@@ -980,5 +1027,38 @@ mod tests {
             })
             .is_err()
         );
+    }
+
+    #[test]
+    fn a_plan_takes_new_lengths_and_pages_only() {
+        let p = KvCacheProblem::new(
+            2,
+            1,
+            8,
+            2,
+            64,
+            CacheLayout::Paged {
+                num_blocks: 8,
+                page_size: 16,
+                block_table: vec![0, 1, 2, 3, 4, 5, 6, 7],
+                max_blocks: 4,
+            },
+            vec![10, 20],
+            1,
+        )
+        .unwrap();
+        let mut next = p.clone();
+        next.cache_seqlens = vec![11, 21];
+        if let CacheLayout::Paged { block_table, .. } = &mut next.layout {
+            block_table.swap(0, 1);
+        }
+        assert!(same_but_lengths(&p, &next));
+        let other = KvCacheProblem {
+            seqlen_new: 2,
+            ..next.clone()
+        };
+        assert!(!same_but_lengths(&p, &other));
+        let causal = next.clone().with_mask(crate::Mask::Causal);
+        assert!(!same_but_lengths(&p, &causal));
     }
 }
