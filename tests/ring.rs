@@ -154,3 +154,40 @@ fn invalid_rings_are_refused() {
         Err(AttnError::BufferTooShort { .. })
     ));
 }
+
+/// `flashattn ring`: the simulated ring on the command line, judged against one device and the
+/// oracle; the GPU path refused by name.
+#[test]
+fn cli_ring_runs_the_simulation_and_refuses_gpus_by_name() {
+    let bin = env!("CARGO_BIN_EXE_flashattn");
+    for extra in [&["--causal"][..], &["--dtype", "bf16", "--heads-kv", "1"]] {
+        let mut args = vec![
+            "ring",
+            "--ranks",
+            "2,3",
+            "--seqlen",
+            "301",
+            "--heads",
+            "4",
+            "--head-dim",
+            "32",
+        ];
+        args.extend_from_slice(extra);
+        let out = std::process::Command::new(bin)
+            .args(&args)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.matches(" ok").count() == 2,
+            "{extra:?}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = std::process::Command::new(bin)
+        .args(["ring", "--backend", "cuda"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("NCCL"), "{stderr}");
+}

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod check;
 pub mod info;
 pub mod probe;
+pub mod ring;
 pub mod run;
 
 use clap::{Parser, Subcommand};
@@ -39,6 +40,9 @@ pub enum Command {
     Info,
     /// The single-warp fragment-layout experiment (mma.m16n8k16, ldmatrix, S->P hand-off).
     Probe(ProbeArgs),
+    /// Ring attention (one sequence over N ranks, partials merged through lse), simulated on
+    /// the CPU; checked against one device and the f64 oracle; exit 1 on a mismatch.
+    Ring(ring::RingArgs),
     /// Measure the CPU backend against the gemm crate's own rate on the same tile products.
     #[command(hide = true)]
     CpuGemmRate(info::GemmRateArgs),
@@ -93,6 +97,7 @@ fn dispatch(cli: Cli) -> Result<u8> {
             };
             probe::run(a.emulate, a.inject_fault, dtype).map(|c| c.clamp(0, 255) as u8)
         }
+        Command::Ring(a) => ring::run(&a),
         Command::CpuGemmRate(args) => info::cpu_gemm_rate(&args).map(|()| 0),
     }
 }
