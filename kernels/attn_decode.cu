@@ -7,7 +7,8 @@
 //   of the group (FlashAttention-2's "seqlenq_ngroups_swapped", for any seqlen_q).
 // - Split-KV: block (m_block, hk, split, b) attends to split `split` of sequence b's keys:
 //   whole tiles (16 x NWARPS keys), ceil(tiles / num_splits) per split (src/kvcache.rs
-//   split_range cuts the same way in 64-key blocks on the CPU).
+//   split_range cuts the same way, but in 64-key blocks: with 128-key tiles the GPU's splits
+//   differ from the CPU's, and the results only in rounding).
 // - K/V tiles of 16 x NWARPS keys stream through an NSTAGES-deep cp.async pipeline; each
 //   warp takes 16 keys of a tile with the 16 rows (mma.m16n8k16, the fragment layouts of
 //   attn_mma.cu proven by layout_probe.cu) and keeps its own online softmax; the warps merge
@@ -316,8 +317,12 @@ extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, 
         const int gr = r0 + row;
         if (gr >= nrows) continue;
         float m = neg_inf();
+        bool nan = false; // some warp's sum is NaN: the row read a NaN or an Inf
 #pragma unroll
-        for (int w = 0; w < NWARPS; ++w) m = fmaxf(m, sM[w * ROWS + row]);
+        for (int w = 0; w < NWARPS; ++w) {
+            m = fmaxf(m, sM[w * ROWS + row]);
+            nan |= sL[w * ROWS + row] != sL[w * ROWS + row];
+        }
         float l = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
         if (m != neg_inf()) {
 #pragma unroll
@@ -328,9 +333,13 @@ extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, 
                 for (int x = 0; x < 4; ++x) o[x] += e * sO[(w * ROWS + row) * DP + c + x];
             }
         }
-        // A row that saw no key (in this split): o = 0 and lse = -inf, never NaN.
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        const float lse = l > 0.f ? (m + lg2(l)) * LN2 : neg_inf();
+        // A row that saw no key (in this split): o = 0 and lse = -inf, never NaN. A row that
+        // read a NaN or Inf: o and lse NaN, as on every backend (src/check/inputs.rs), so that
+        // the combine propagates it instead of weighing it 0 (fmaxf skips a NaN max, which
+        // would otherwise leave such a row looking empty).
+        const float qnan = __int_as_float(0x7fc00000);
+        const float inv = nan ? qnan : (l > 0.f ? 1.f / l : 0.f);
+        const float lse = nan ? qnan : (l > 0.f ? (m + lg2(l)) * LN2 : neg_inf());
         const int i = gr / p.group, h = hk * p.group + gr % p.group;
         const i64 lrow = ((i64)b * p.heads_q + h) * p.seqlen_q + i; // [batch, heads_q, seqlen_q]
         if (partial) {

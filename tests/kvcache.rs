@@ -534,3 +534,45 @@ fn cli_run_reads_cache_files() {
     }
     let _ = std::fs::remove_file(&path);
 }
+
+/// A NaN read by a row makes that row NaN (o and lse) at every split count, and leaves every
+/// other row finite: the rule of every backend, which the GPU check applies too.
+#[test]
+fn nan_inputs_propagate_to_the_rows_that_read_them() {
+    let p = KvCacheProblem::new(
+        2,
+        2,
+        4,
+        2,
+        16,
+        CacheLayout::Contiguous { seqlen_cache: 256 },
+        vec![200, 40],
+        0,
+    )
+    .unwrap()
+    .with_mask(Mask::Causal);
+    let mut q: Vec<f32> = random_vec(2 * 2 * 4 * 16, 1);
+    q[0] = f32::NAN; // row (b 0, i 0, h 0)
+    let mut kc: Vec<f32> = random_vec(p.cache_len(), 2);
+    let at = p.key_offset(1, 10) + 16; // sequence 1, key 10, kv head 1: query heads 2 and 3
+    kc[at + 3] = f32::NAN;
+    let mut vc: Vec<f32> = random_vec(p.cache_len(), 3);
+    for splits in 1..=5 {
+        let out = forward_cpu(&p, &q, &mut kc, &mut vc, &[], &[], splits).unwrap();
+        for b in 0..2 {
+            for i in 0..2 {
+                for h in 0..4 {
+                    let reads_nan = (b == 0 && i == 0 && h == 0) || (b == 1 && h >= 2);
+                    let lse = out.lse[(b * 4 + h) * 2 + i];
+                    let o = &out.o[((b * 2 + i) * 4 + h) * 16..][..16];
+                    assert_eq!(
+                        lse.is_nan(),
+                        reads_nan,
+                        "b{b} i{i} h{h} splits {splits}: lse {lse}"
+                    );
+                    assert_eq!(o.iter().any(|x| x.is_nan()), reads_nan, "b{b} i{i} h{h}");
+                }
+            }
+        }
+    }
+}

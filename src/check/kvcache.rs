@@ -36,6 +36,9 @@ pub struct KvCase {
     pub problem: KvCacheProblem,
     /// Split counts to run (`None`: the heuristic's).
     pub splits: Vec<Option<usize>>,
+    /// Put a NaN in one query row and in one cached key: the rows that read them must come
+    /// out non-finite (never silently dropped), every other row within tolerance.
+    pub poison: bool,
 }
 
 /// The split counts of a call: 1 to two past the number of key blocks of its longest
@@ -131,8 +134,35 @@ pub fn cases() -> Vec<KvCase> {
                     dtype,
                     splits: split_counts(&p),
                     problem: p,
+                    poison: false,
                 });
             }
+        }
+        // NaN inputs: a NaN in q row (0, 0, head 0) and in a cached key of sequence 1 (kv head
+        // 1, read by query heads 4..7), contiguous and paged, several splits.
+        let nan = KvCacheProblem::new(
+            2,
+            2,
+            8,
+            2,
+            128,
+            CacheLayout::Contiguous { seqlen_cache: 512 },
+            vec![300, 50],
+            1,
+        )
+        .expect("valid sweep call")
+        .with_mask(Mask::Causal);
+        let paged = shuffled_pages(&nan, 16, 99).expect("valid pages");
+        for (layout, p) in [("contiguous", nan), ("paged16", paged)] {
+            out.push(KvCase {
+                label: format!(
+                    "{dtype} kvcache {layout} lens[300, 50]+1 sq=2 hq=8 hkv=2 d=128 causal NaN in q and k"
+                ),
+                dtype,
+                splits: vec![Some(1), Some(3), None],
+                problem: p,
+                poison: true,
+            });
         }
     }
     out
@@ -246,17 +276,35 @@ fn run_once<T: GpuElement>(
 
 fn run_typed<T: GpuElement>(gpu: &Gpu, case: &KvCase, seed: u64) -> Result<CaseResult> {
     let p = &case.problem;
-    let x = data::<T>(p, seed);
+    let mut x = data::<T>(p, seed);
+    if case.poison {
+        // q row (b 0, i 0, h 0), and key 10 of sequence 1, kv head 1, channel 5.
+        x.q[0] = T::from_f32(f32::NAN);
+        let at = p.key_offset(1, 10) + p.head_dim + 5;
+        x.k_cache[at] = T::from_f32(f32::NAN);
+    }
     // The CPU's append gives the caches the call must leave, and the oracle's inputs.
     let (mut kc, mut vc) = (x.k_cache.clone(), x.v_cache.clone());
     append(p, &mut kc, &mut vc, &x.k_new, &x.v_new)?;
-    let exact: Reference = reference(p, &x.q, &kc, &vc)?;
+    let mut exact: Reference = reference(p, &x.q, &kc, &vc)?;
+    // Rows whose exact result is not finite (they read the NaN): judged apart, by the rule of
+    // every backend (src/check/inputs.rs): they must come out non-finite too.
+    let bad: Vec<bool> = exact.lse.iter().map(|l| l.is_nan()).collect();
+    let (hq, sq, d) = (p.heads_q, p.seqlen_q, p.head_dim);
+    // o row (b, i, h) of lse row (b, h, i), and back.
+    let o_row = |r: usize| {
+        let (b, h, i) = (r / (hq * sq), (r / sq) % hq, r % sq);
+        (b * sq + i) * hq + h
+    };
+    for r in (0..bad.len()).filter(|&r| bad[r]) {
+        exact.lse[r] = 0.0;
+        exact.o[o_row(r) * d..(o_row(r) + 1) * d].fill(0.0);
+    }
     let tol = Tolerance::for_dtype(case.dtype);
     let mut result = CaseResult::new(&case.label, KernelKind::Mma);
     result.kernel = "decode".into();
     let (mut worst_l2, mut worst_abs, mut worst_lse) = (0.0f64, 0.0f64, 0.0f64);
     let mut problems = Vec::new();
-    let (hq, sq, d) = (p.heads_q, p.seqlen_q, p.head_dim);
     let row_of = |n: usize| {
         let row = n / d; // (b, i, h)
         let (b, i, h) = (row / (sq * hq), (row / hq) % sq, row % hq);
@@ -273,13 +321,25 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &KvCase, seed: u64) -> Result<CaseR
             }
         };
         guard += got.guard_written;
-        let (od, ld) = diff_rows(
-            got.o.iter().map(|v| v.to_f64()),
-            got.lse.iter().map(|&v| f64::from(v)),
-            &exact,
-            d,
-            row_of,
+        let (mut go, mut gl): (Vec<f64>, Vec<f64>) = (
+            got.o.iter().map(|v| v.to_f64()).collect(),
+            got.lse.iter().map(|&v| f64::from(v)).collect(),
         );
+        let mut dropped = 0;
+        for r in (0..bad.len()).filter(|&r| bad[r]) {
+            let row = &mut go[o_row(r) * d..(o_row(r) + 1) * d];
+            if row.iter().all(|v| v.is_finite()) && gl[r].is_finite() {
+                dropped += 1;
+            }
+            row.fill(0.0);
+            gl[r] = 0.0;
+        }
+        if dropped > 0 {
+            problems.push(format!(
+                "splits {name}: {dropped} rows that read a NaN came out finite (the NaN was dropped)"
+            ));
+        }
+        let (od, ld) = diff_rows(go, gl, &exact, d, row_of);
         worst_l2 = worst_l2.max(od.rel_l2);
         worst_abs = worst_abs.max(od.max_abs);
         worst_lse = worst_lse.max(ld.max_abs);
@@ -349,7 +409,8 @@ mod tests {
                 .iter()
                 .any(|&l| (l as usize % 16) + p.seqlen_new > 16)));
         // Every split count from 1 past the key blocks, and the heuristic's.
-        for c in &cs {
+        assert!(cs.iter().any(|c| c.poison));
+        for c in cs.iter().filter(|c| !c.poison) {
             let blocks = c.problem.max_seqlen_k().div_ceil(SPLIT_BLOCK).max(1);
             assert!(c.splits.contains(&Some(1)) && c.splits.contains(&None));
             assert!(c.splits.len() > blocks.min(MAX_SPLITS - 2));
