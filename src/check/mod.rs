@@ -137,6 +137,14 @@ pub fn run(gpu: &Gpu, opts: &CheckOptions, mut print: impl FnMut(&str)) -> Resul
             print(&result_line(&x));
             results.push(x);
         }
+        for (i, dtype) in [DType::F16, DType::BF16].into_iter().enumerate() {
+            if opts.selects(&kvcache::loop_label(dtype)) {
+                let seed = opts.seed.wrapping_add((1000 + i) as u64 * 0x9E37_79B9);
+                let x = kvcache::run_loop(gpu, dtype, seed)?;
+                print(&result_line(&x));
+                results.push(x);
+            }
+        }
     }
     if opts.filter.is_none() {
         for x in bad_input::run(gpu)? {
