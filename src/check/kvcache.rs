@@ -208,6 +208,12 @@ fn data<T: Element>(p: &KvCacheProblem, seed: u64) -> Data<T> {
     }
 }
 
+/// Whether two buffers hold the same bytes, element by element (over the shorter one; NaNs
+/// compare by their bits).
+fn same_bits<T: GpuElement>(a: &[T], b: &[T]) -> bool {
+    a.iter().zip(b).all(|(x, y)| to_bits(*x) == to_bits(*y))
+}
+
 /// What one GPU call produced.
 struct Produced<T> {
     o: Vec<T>,
@@ -346,25 +352,23 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &KvCase, seed: u64) -> Result<CaseR
         if let Err(e) = tol.check(&format!("splits {name}"), &od, &ld) {
             problems.push(e.to_string());
         }
-        let same = |a: &[T], b: &[T]| a.iter().zip(b).all(|(x, y)| to_bits(*x) == to_bits(*y));
-        if !same(&got.k_cache, &kc) || !same(&got.v_cache, &vc) {
+        if !same_bits(&got.k_cache, &kc) || !same_bits(&got.v_cache, &vc) {
             problems.push(format!(
                 "splits {name}: the caches after the call differ from the CPU's append"
             ));
         }
         if splits.is_none() {
             // Same bytes run to run.
-            if let Ok(again) = run_once(gpu, p, &x, splits)? {
-                let bits = |o: &[T]| o.iter().map(|v| to_bits(*v)).collect::<Vec<_>>();
-                if bits(&again.o) != bits(&got.o)
+            if let Ok(again) = run_once(gpu, p, &x, splits)?
+                && (again.o.len() != got.o.len()
+                    || !same_bits(&again.o, &got.o)
                     || again
                         .lse
                         .iter()
                         .map(|v| v.to_bits())
-                        .ne(got.lse.iter().map(|v| v.to_bits()))
-                {
-                    problems.push("a second run gave other bytes".into());
-                }
+                        .ne(got.lse.iter().map(|v| v.to_bits())))
+            {
+                problems.push("a second run gave other bytes".into());
             }
         }
     }
@@ -490,8 +494,7 @@ fn run_loop_typed<T: GpuElement>(gpu: &Gpu, seed: u64) -> Result<CaseResult> {
                 .clone_dtoh(x)
                 .map_err(cuda_err("copying a cache back"))
         };
-        let same = |a: &[T], b: &[T]| a.iter().zip(b).all(|(x, y)| to_bits(*x) == to_bits(*y));
-        if !same(&back(&dkc)?, &kc) || !same(&back(&dvc)?, &vc) {
+        if !same_bits(&back(&dkc)?, &kc) || !same_bits(&back(&dvc)?, &vc) {
             problems.push(format!(
                 "step {step}: the caches differ from the CPU's appends"
             ));
