@@ -70,11 +70,12 @@ pub struct CheckOptions {
 }
 
 impl CheckOptions {
-    /// Whether a case with this label is in the run (`--filter`).
+    /// Whether a case with this label is in the run (`--filter`: every `&`-separated part
+    /// appears in the label).
     pub fn selects(&self, label: &str) -> bool {
         self.filter
             .as_ref()
-            .is_none_or(|f| label.contains(f.as_str()))
+            .is_none_or(|f| f.split('&').all(|part| label.contains(part)))
     }
 }
 
@@ -355,4 +356,25 @@ fn result_line(x: &CaseResult) -> String {
 pub(crate) fn to_bits<T: GpuElement>(x: T) -> u16 {
     // SAFETY: T is f16 or bf16, both 16-bit plain data.
     unsafe { std::mem::transmute_copy::<T, u16>(&x) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filter_parts_must_all_appear() {
+        let opts = |f: &str| CheckOptions {
+            kernels: Vec::new(),
+            quick: false,
+            seed: 0,
+            filter: Some(f.into()),
+            tile: None,
+        };
+        let label = "bf16 b=2 sq=127 sk=129 hq=3 hkv=1 d=128 causal";
+        assert!(opts("b=2&d=128").selects(label));
+        assert!(opts("d=128").selects(label));
+        assert!(!opts("b=2&d=64").selects(label));
+        assert!(!opts("b=1").selects(label));
+    }
 }

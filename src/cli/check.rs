@@ -17,7 +17,8 @@ pub struct CheckArgs {
     /// A small sweep (for compute-sanitizer).
     #[arg(long)]
     pub quick: bool,
-    /// Only cases whose label contains this text (e.g. "bf16", "d=128", "causal", "decode").
+    /// Only cases whose label contains this text (e.g. "bf16", "d=128", "causal", "decode");
+    /// `&` joins several that must all appear ("b=2&d=128").
     #[arg(long)]
     pub filter: Option<String>,
     /// Override the mma tile: mt,nwarps,bc[,q][,l][,p][,e][,h] (flags: Q in registers, lazy
