@@ -76,9 +76,6 @@ static_assert(!IS_VARLEN, "packed variable-length batches run on attn_mma (TMA b
 #ifndef CONSUMERS
 #define CONSUMERS 2
 #endif
-#ifndef OVERLAP
-#define OVERLAP 0
-#endif
 
 // ---- geometry -------------------------------------------------------------------------------
 constexpr int DP = D;                    // padded head_dim (HEAD_DIM)
@@ -108,13 +105,11 @@ static_assert((NCONS * CONSUMER_REGS + PRODUCER_REGS) * 128 <= (65536 / NT / 8 *
 constexpr u32 BAR_SCHED = 1;             // + consumer index: "consumer c may issue its wgmmas"
 constexpr u32 BAR_EPI = BAR_SCHED + NCONS; // + consumer index: the consumer's 128 threads
 // The producer's warp hands each round's tile to the consumers: it writes the tile slot and
-// arrives on one barrier per consumer; that consumer's threads sync, then read. A named
-// barrier rather than the q_full mbarrier's release/acquire (equally correct) so that
-// compute-sanitizer's racecheck, which models bar.sync/bar.arrive, sees the order; one per
-// consumer so that a consumer never waits for another to reach its tile's end.
-constexpr u32 BAR_TILE = BAR_EPI + NCONS; // + consumer index
-constexpr u32 TILE_HANDOFF_THREADS = 32 + 128;
-static_assert(BAR_TILE + NCONS <= 16, "16 named barriers");
+// arrives; the consumer threads sync, then read. A named barrier rather than the q_full
+// mbarrier's release/acquire (equally correct) so that compute-sanitizer's racecheck, which
+// models bar.sync/bar.arrive, sees the order.
+constexpr u32 BAR_TILE = BAR_EPI + NCONS;
+constexpr u32 TILE_HANDOFF_THREADS = 32 + NCONS * 128;
 
 // O is staged for its TMA store in a buffer of its own when it fits beside Q and the K/V
 // stages (then the next tile's Q loads while this tile's last P V and epilogue run);
@@ -122,39 +117,31 @@ static_assert(BAR_TILE + NCONS <= 16, "16 named barriers");
 #ifndef SMEM_LIMIT
 #define SMEM_LIMIT (227 * 1024)
 #endif
-// OVERLAP (the host sets it only where it fits: d <= 128) adds a second Q buffer, so that a
-// consumer can start the next tile's S = Q K^T before this tile's last P V and epilogue.
-constexpr int QBUFS = OVERLAP ? 2 : 1;
-constexpr u32 SLACK_BYTES = 1024 + 8 * (5 + 4 * STAGES); // alignment, mbarriers, tile slots
 constexpr u32 CORE_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES;
-constexpr bool O_OWN = CORE_BYTES + Q_BYTES + SLACK_BYTES <= SMEM_LIMIT;
-static_assert(!OVERLAP || CORE_BYTES + 2 * Q_BYTES + SLACK_BYTES <= SMEM_LIMIT,
-              "OVERLAP needs two Q buffers and an O tile in shared memory");
-// Arrivals that free a Q buffer: every consumer warp after its last S = Q K^T (O_OWN), or
+constexpr bool O_OWN = CORE_BYTES + Q_BYTES + 1024 + 8 * (3 + 4 * STAGES) <= SMEM_LIMIT;
+// Arrivals that free the Q tile: every consumer warp after its last S = Q K^T (O_OWN), or
 // each consumer's storing thread once its TMA store has read O out of the Q tile.
 constexpr u32 Q_EMPTY_COUNT = O_OWN ? NCONS * 4 : NCONS;
 
-// Shared memory: Q buffers | K stages | V stages | [O] | mbarriers, from a 1024-byte-aligned
-// base (the swizzle atoms must be 1024-byte aligned); src/cuda/wgmma.rs sizes it the same way.
-// Round r (the r-th tile of the block) uses Q buffer r % QBUFS.
+// Shared memory: Q | K stages | V stages | [O] | mbarriers, from a 1024-byte-aligned base
+// (the swizzle atoms must be 1024-byte aligned); src/cuda/wgmma.rs sizes it the same way.
 struct Smem {
     u32 q, k, v, o, bars;
-    FA_DEVICE u32 q_buf(u32 round) const { return q + (round % QBUFS) * Q_BYTES; }
     FA_DEVICE u32 k_stage(int s) const { return k + (u32)s * KV_BYTES; }
     FA_DEVICE u32 v_stage(int s) const { return v + (u32)s * KV_BYTES; }
-    FA_DEVICE u32 q_full(u32 round) const { return bars + 8 * (round % QBUFS); }
-    FA_DEVICE u32 q_empty(u32 round) const { return bars + 8 * (2 + round % QBUFS); }
-    FA_DEVICE u32 k_full(int s) const { return bars + 8 * (4 + s); }
-    FA_DEVICE u32 v_full(int s) const { return bars + 8 * (4 + STAGES + s); }
-    FA_DEVICE u32 k_empty(int s) const { return bars + 8 * (4 + 2 * STAGES + s); }
-    FA_DEVICE u32 v_empty(int s) const { return bars + 8 * (4 + 3 * STAGES + s); }
+    FA_DEVICE u32 q_full() const { return bars; }
+    FA_DEVICE u32 q_empty() const { return bars + 8; }
+    FA_DEVICE u32 k_full(int s) const { return bars + 8 * (2 + s); }
+    FA_DEVICE u32 v_full(int s) const { return bars + 8 * (2 + STAGES + s); }
+    FA_DEVICE u32 k_empty(int s) const { return bars + 8 * (2 + 2 * STAGES + s); }
+    FA_DEVICE u32 v_empty(int s) const { return bars + 8 * (2 + 3 * STAGES + s); }
     // The tile of round r in slot r % 2 (-1: no more tiles), written by the producer before it
     // arrives on BAR_TILE. Two slots: the producer writes round r+1's while the consumers may
-    // still read round r's.
-    FA_DEVICE u32 tile_slot(u32 round) const { return bars + 8 * (4 + 4 * STAGES) + 4 * (round & 1); }
+    // still read round r's. It rewrites slot r % 2 in round r+2 only after the q_empty wait
+    // that follows the consumers' reads of round r (release/acquire through the mbarrier;
+    // racecheck, which does not model mbarriers, reports this WAR when a block runs 3+ tiles).
+    FA_DEVICE u32 tile_slot(u32 round) const { return bars + 8 * (2 + 4 * STAGES) + 4 * (round & 1); }
 };
-// The parity of a Q buffer's use in round r.
-FA_DEVICE u32 q_parity(u32 round) { return (round / QBUFS) & 1; }
 
 struct WgmmaParams {
     TmaMap tq;  // q: dims (head_dim, seqlen_q, heads_q, batch), box (64, BR, 1, 1)
@@ -189,21 +176,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     Smem sm;
     sm.q = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    sm.k = sm.q + QBUFS * Q_BYTES;
+    sm.k = sm.q + Q_BYTES;
     sm.v = sm.k + STAGES * KV_BYTES;
     sm.o = O_OWN ? sm.v + STAGES * KV_BYTES : sm.q;
-    sm.bars = sm.q + CORE_BYTES + (QBUFS - 1 + (O_OWN ? 1 : 0)) * Q_BYTES;
+    sm.bars = sm.q + CORE_BYTES + (O_OWN ? Q_BYTES : 0);
 
     const Params &p = w.p;
     const int tid = threadIdx.x, wg = tid / 128;
     const int tiles = p.num_m_blocks * p.heads_q * p.batch;
 
     if (tid == 0) {
-#pragma unroll
-        for (u32 b = 0; b < QBUFS; ++b) {
-            mbar_init(sm.q_full(b), 1);
-            mbar_init(sm.q_empty(b), Q_EMPTY_COUNT);
-        }
+        mbar_init(sm.q_full(), 1);
+        mbar_init(sm.q_empty(), Q_EMPTY_COUNT);
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(sm.k_full(s), 1);
@@ -230,28 +214,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             bool wrapped = false;
             int tile = blockIdx.x;
             for (u32 round = 0;; ++round) {
-                // The consumers are done with this Q buffer's previous use (and have read the
+                // The previous round's consumers are done with the Q tile (and have read the
                 // tile slot of two rounds ago).
-                if (round >= QBUFS) mbar_wait(sm.q_empty(round), q_parity(round) ^ 1);
+                if (round > 0) mbar_wait(sm.q_empty(), (round - 1) & 1);
                 st_shared_u32(sm.tile_slot(round), tile < tiles ? (u32)tile : 0xFFFFFFFFu);
-#pragma unroll
-                for (int c = 0; c < NCONS; ++c) named_arrive_unaligned(BAR_TILE + c, TILE_HANDOFF_THREADS);
+                named_arrive_unaligned(BAR_TILE, TILE_HANDOFF_THREADS);
                 if (tile >= tiles) break; // the consumers read -1 and stop
-#if DYNAMIC
-                // The next round's tile, drawn now so that the atomic's latency passes under
-                // this tile's loads. Every launch advances the counter by exactly `tiles`
-                // (tiles - grid successful draws, one failed draw per block), which the host
-                // adds to the next base.
-                const int next = (int)gridDim.x + (int)(atomicAdd(w.tile_counter, 1u) - w.tile_base);
-#else
-                const int next = tile + (int)gridDim.x;
-#endif
                 const BlockCoords bc = block_coords(p, (unsigned)tile);
                 const int row0 = bc.m_block * BR;
-                mbar_arrive_expect_tx(sm.q_full(round), Q_BYTES);
+                mbar_arrive_expect_tx(sm.q_full(), Q_BYTES);
 #pragma unroll
-                for (int j = 0; j < NSUB; ++j)
-                    tma_load_4d(sm.q_buf(round) + j * SUB_Q, w.tq, sm.q_full(round), 64 * j, row0, bc.h, bc.b);
+                for (int j = 0; j < NSUB; ++j) tma_load_4d(sm.q + j * SUB_Q, w.tq, sm.q_full(), 64 * j, row0, bc.h, bc.b);
                 const KeyTiles kt = key_tiles(p, row0);
                 for (int n = kt.begin; n < kt.end; ++n) {
                     // This use of the stage waits for the consumers' release of the previous one
@@ -272,7 +245,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                         wrapped = true;
                     }
                 }
-                tile = next;
+#if DYNAMIC
+                // Every launch advances the counter by exactly `tiles` (tiles - grid successful
+                // draws, one failed draw per block), which the host adds to the next base.
+                tile = (int)gridDim.x + (int)(atomicAdd(w.tile_counter, 1u) - w.tile_base);
+#else
+                tile += gridDim.x;
+#endif
             }
         }
         return;
@@ -284,174 +263,212 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
     const int ctid = tid - 128 * wg;         // thread in the warpgroup
     const int warp = ctid / 32, lane = ctid % 32;
     const int g = lane / 4, t = lane % 4;
-    const u32 so_rows = sm.o + (u32)cons * 64 * 128; // this consumer's rows in the O staging tile
+    const u32 sq_rows = sm.q + (u32)cons * 64 * 128; // this consumer's rows in every Q sub-tile
+    const u32 so_rows = sm.o + (u32)cons * 64 * 128; // ... and in the O staging tile
     // seqlen_k - seqlen_q; with both below 2^30, the row limits below stay inside int.
     const int diag = p.seqlen_k - p.seqlen_q;
     // One arrival per warp on an empty barrier, after the warp's wgmma reads are complete.
     auto release = [&](u32 bar) {
         if (lane == 0) mbar_arrive(bar);
     };
-    // The tile of round r (-1: none left), handed over by the producer's warp.
-    auto fetch_tile = [&](u32 r) {
-        // The consumer index from %tid again: held through the tile loop, it spilled (d64,
-        // three consumers, causal).
-        named_sync(BAR_TILE + (fresh_tid_x() / 128 - 1), TILE_HANDOFF_THREADS);
-        return (int)ld_shared_u32(sm.tile_slot(r));
-    };
-    // The first row of a lane's accumulator rows in a block starting at row0 (g + 8 follows).
-    auto lane_row = [&](int row0) { return row0 + cons * 64 + warp * 16 + g; };
 
-    // The tile being computed: its first query row, key tiles, ALiBi slope, Q rows.
-    int row0 = 0, nb = 0, n_blocks = 0, wrow = 0;
-    KeyTiles kt{};
-    float coef = 0.f;
-    u32 sq_rows = 0;
-    auto turn_wait = [&]() {
+    int it = 0; // K/V tiles consumed so far (all tiles)
+    for (u32 round = 0;; ++round) {
+        named_sync(BAR_TILE, TILE_HANDOFF_THREADS);
+        const int tile = (int)ld_shared_u32(sm.tile_slot(round));
+        if (tile < 0) break;
+        mbar_wait(sm.q_full(), round & 1);
+        const BlockCoords tc = block_coords(p, (unsigned)tile);
+        const int row0 = tc.m_block * BR;
+        const float coef = alibi_coef(p, tc.b, tc.h);
+        const KeyTiles kt = key_tiles(p, row0);
+        // Tiles run: n_blocks of them from kt.begin (relative index n below, tile nb + n).
+        const int nb = kt.begin, n_blocks = kt.end - kt.begin;
+        // The first row of this lane's accumulator rows (g and g + 8 follow).
+        const int wrow = row0 + cons * 64 + warp * 16 + g;
+
 #if PINGPONG
-        named_sync(BAR_SCHED + cons, 256);
+        // Consumer 0 takes the first turn of each tile; each passes the turn to the next in the
+        // ring. The last skips its last hand-back (below), so every barrier sees as many
+        // arrivals as waits per tile.
+        if (cons == 0 && n_blocks > 0) named_arrive(BAR_SCHED + 0, 256);
 #endif
-    };
-    // The last consumer skips its hand-back on a tile's last turn (each tile starts the ring
-    // afresh, below), so every barrier sees as many arrivals as waits per tile.
-    auto turn_pass = [&](int n) {
+        auto turn_wait = [&]() {
 #if PINGPONG
-        if (!(cons == NCONS - 1 && n == n_blocks - 1)) named_arrive(BAR_SCHED + (cons + 1) % NCONS, 256);
+            named_sync(BAR_SCHED + cons, 256);
 #endif
-    };
+        };
+        auto turn_pass = [&](int n) {
+#if PINGPONG
+            if (!(cons == NCONS - 1 && n == n_blocks - 1)) named_arrive(BAR_SCHED + (cons + 1) % NCONS, 256);
+#endif
+        };
 
-    float o[NO];
+        float o[NO];
 #pragma unroll
-    for (int i = 0; i < NO; ++i) o[i] = 0.f;
-    float s[NS];
-    u32 pf[NS / 2];
-    float row_max[2], row_sum[2], alpha[2] = {1.f, 1.f};
-    bool moved = false;
+        for (int i = 0; i < NO; ++i) o[i] = 0.f;
+        float s[NS];
+        u32 pf[NS / 2];
+        float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f}, alpha[2] = {1.f, 1.f};
+        bool moved = false;
 
-    auto gemm_s = [&](int stage) {
-        const u32 sk = sm.k_stage(stage);
-        wgmma_fence();
+        auto gemm_s = [&](int stage) {
+            const u32 sk = sm.k_stage(stage);
+            wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) wgmma_ss<BC, 0>(s, q_desc(sq_rows, kk), k_desc(sk, kk), kk > 0);
-        wgmma_commit();
-    };
-    // O += P V, or O = P V for a tile's first key tile (accumulate false): O is never zeroed
-    // by other instructions, which ptxas would order against the wgmmas in flight (C7515).
-    auto gemm_pv = [&](int stage, bool accumulate) {
-        const u32 sv = sm.v_stage(stage);
-        wgmma_fence();
+            for (int kk = 0; kk < KSTEPS; ++kk) wgmma_ss<BC, 0>(s, q_desc(sq_rows, kk), k_desc(sk, kk), kk > 0);
+            wgmma_commit();
+        };
+        auto gemm_pv = [&](int stage) {
+            const u32 sv = sm.v_stage(stage);
+            wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < PSTEPS; ++kk)
-            wgmma_rs<DP, 1>(o, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3], v_desc(sv, kk), (kk > 0 || accumulate) ? 1 : 0);
-        wgmma_commit();
-    };
-    auto rescale_o = [&]() {
-        if (vote_any(moved)) {
+            for (int kk = 0; kk < PSTEPS; ++kk)
+                wgmma_rs<DP, 1>(o, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3], v_desc(sv, kk), 1);
+            wgmma_commit();
+        };
+        auto rescale_o = [&]() {
+            if (vote_any(moved)) {
 #pragma unroll
-            for (int i = 0; i < NO; ++i) o[i] *= alpha[(i / 2) % 2];
-        }
-    };
-    // Score modifiers, mask and online softmax of key tile n (absolute index) in s[];
-    // leaves p = 2^(s*scale - m) in s[] and the rescale factor of O in alpha[]. Only the
-    // tiles outside [kt.inner_begin, kt.inner_end) pay for the mask.
-    auto softmax = [&](int n) {
-        const int n0 = n * BC;
-        constexpr bool MODS = HAS_SOFTCAP || HAS_ALIBI;
-        const bool mask_tile = n < kt.inner_begin || n >= kt.inner_end;
-        if (MODS || mask_tile) {
-            // Row r of the block sees keys [lo_block + r, min(lim_block + r, seqlen_k)),
-            // recomputed per tile from the parameters rather than held in registers.
-            const int lim_block = key_hi(p, row0);
-            const int lo_block = key_lo(p, row0);
+                for (int i = 0; i < NO; ++i) o[i] *= alpha[(i / 2) % 2];
+            }
+        };
+        // Score modifiers, mask and online softmax of key tile n (absolute index) in s[];
+        // leaves p = 2^(s*scale - m) in s[] and the rescale factor of O in alpha[]. Only the
+        // tiles outside [kt.inner_begin, kt.inner_end) pay for the mask.
+        auto softmax = [&](int n) {
+            const int n0 = n * BC;
+            constexpr bool MODS = HAS_SOFTCAP || HAS_ALIBI;
+            const bool mask_tile = n < kt.inner_begin || n >= kt.inner_end;
+            if (MODS || mask_tile) {
+                // Row r of the block sees keys [lo_block + r, min(lim_block + r, seqlen_k)),
+                // recomputed per tile from the parameters rather than held in registers.
+                const int lim_block = key_hi(p, row0);
+                const int lo_block = key_lo(p, row0);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int off = wrow + 8 * h - row0; // the row in the block
+                    const int col0 = n0 + 2 * t;         // the lane's first key in the tile
+                    // keys this row sees, counted from the lane's first key
+                    const int hi = ((IS_CAUSAL || IS_LOCAL) ? min(lim_block + off, p.seqlen_k) : p.seqlen_k) - col0;
+                    const int lo = IS_LOCAL ? lo_block + off - col0 : -(1 << 30);
+                    const int center = wrow + 8 * h + diag - col0;
+                    auto at = [&](int nt, int e) -> float & { return s[4 * nt + 2 * h + e]; };
+                    if (mask_tile)
+                        score_row<BC / 8, true>(p, at, lo, hi, center, coef);
+                    else
+                        score_row<BC / 8, false>(p, at, lo, hi, center, coef);
+                }
+            }
+            moved = false;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int off = wrow + 8 * h - row0; // the row in the block
-                const int col0 = n0 + 2 * t;         // the lane's first key in the tile
-                // keys this row sees, counted from the lane's first key
-                const int hi = ((IS_CAUSAL || IS_LOCAL) ? min(lim_block + off, p.seqlen_k) : p.seqlen_k) - col0;
-                const int lo = IS_LOCAL ? lo_block + off - col0 : -(1 << 30);
-                const int center = wrow + 8 * h + diag - col0;
-                auto at = [&](int nt, int e) -> float & { return s[4 * nt + 2 * h + e]; };
-                if (mask_tile)
-                    score_row<BC / 8, true>(p, at, lo, hi, center, coef);
-                else
-                    score_row<BC / 8, false>(p, at, lo, hi, center, coef);
+                float mx = neg_inf();
+#pragma unroll
+                for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * h], s[4 * nt + 2 * h + 1]));
+                mx = fmaxf(mx, shfl_xor(mx, 1));
+                mx = fmaxf(mx, shfl_xor(mx, 2));
+                const float m_old = row_max[h];
+                const float m_cand = fmul_rn(mx, p.scale_log2);
+                const float m_new = m_cand > m_old + (float)RESCALE_SLACK ? m_cand : m_old;
+                // A row that has seen only masked keys keeps max -inf: subtract 0 instead.
+                const float m_use = m_new == neg_inf() ? 0.f : m_new;
+                alpha[h] = ex2(m_old - m_use);
+                moved |= m_new != m_old;
+                row_max[h] = m_new;
+                float sum = 0.f;
+                // p = 2^(s*scale - m) in one FFMA per element. For the row's largest s this
+                // leaves the rounding error of round(s_max*scale) = m (at most half an ulp of
+                // m: below 1 while |m| < 2^22, so p <= 2^0.5; the lazy rescale already allows
+                // 2^8). Larger |m| (logits near 1e7 and beyond) take the exact two-step path,
+                // whose max element gives exactly 2^0.
+                if (fabsf(m_use) < 4194304.f) {
+#pragma unroll
+                    for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int i = 4 * nt + 2 * h + e;
+                            s[i] = ex2(fmaf(s[i], p.scale_log2, -m_use));
+                            sum += s[i];
+                        }
+                } else {
+#pragma unroll
+                    for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int i = 4 * nt + 2 * h + e;
+                            s[i] = ex2(fmul_rn(s[i], p.scale_log2) - m_use);
+                            sum += s[i];
+                        }
+                }
+                row_sum[h] = row_sum[h] * alpha[h] + sum; // per-lane partial; the quad sums it at the end
             }
-        }
-        moved = false;
+        };
+        auto pack_p = [&]() {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float mx = neg_inf();
-#pragma unroll
-            for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * h], s[4 * nt + 2 * h + 1]));
-            mx = fmaxf(mx, shfl_xor(mx, 1));
-            mx = fmaxf(mx, shfl_xor(mx, 2));
-            const float m_old = row_max[h];
-            const float m_cand = fmul_rn(mx, p.scale_log2);
-            const float m_new = m_cand > m_old + (float)RESCALE_SLACK ? m_cand : m_old;
-            // A row that has seen only masked keys keeps max -inf: subtract 0 instead.
-            const float m_use = m_new == neg_inf() ? 0.f : m_new;
-            alpha[h] = ex2(m_old - m_use);
-            moved |= m_new != m_old;
-            row_max[h] = m_new;
-            float sum = 0.f;
-            // p = 2^(s*scale - m) in one FFMA per element. For the row's largest s this
-            // leaves the rounding error of round(s_max*scale) = m (at most half an ulp of
-            // m: below 1 while |m| < 2^22, so p <= 2^0.5; the lazy rescale already allows
-            // 2^8). Larger |m| (logits near 1e7 and beyond) take the exact two-step path,
-            // whose max element gives exactly 2^0.
-            if (fabsf(m_use) < 4194304.f) {
-#pragma unroll
-                for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int i = 4 * nt + 2 * h + e;
-                        s[i] = ex2(fmaf(s[i], p.scale_log2, -m_use));
-                        sum += s[i];
-                    }
-            } else {
-#pragma unroll
-                for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int i = 4 * nt + 2 * h + e;
-                        s[i] = ex2(fmul_rn(s[i], p.scale_log2) - m_use);
-                        sum += s[i];
-                    }
-            }
-            row_sum[h] = row_sum[h] * alpha[h] + sum; // per-lane partial; the quad sums it at the end
-        }
-    };
-    auto pack_p = [&]() {
-#pragma unroll
-        for (int r = 0; r < NS / 2; ++r) pf[r] = pack2(s[2 * r], s[2 * r + 1]);
-    };
-    int it = 0; // K/V tiles consumed so far (all tiles)
-    auto stage_of = [&](int n) { return (it + n) % STAGES; };
-    auto parity_of = [&](int n) { return (u32)((it + n) / STAGES) & 1; };
+            for (int r = 0; r < NS / 2; ++r) pf[r] = pack2(s[2 * r], s[2 * r + 1]);
+        };
+        auto stage_of = [&](int n) { return (it + n) % STAGES; };
+        auto parity_of = [&](int n) { return (u32)((it + n) / STAGES) & 1; };
 
-    // The end of a tile's rows: the quad's row sums, lse, and the factor 1 / row_sum that O is
-    // scaled by (a row that saw no key: o = 0 and lse = -inf).
-    auto finish_rows = [&](int tile, float (&inv)[2]) {
+        if (n_blocks > 0) {
+            // ---- prologue: S_0 and its softmax
+            mbar_wait(sm.k_full(stage_of(0)), parity_of(0));
+            turn_wait();
+            gemm_s(stage_of(0));
+            turn_pass(0);
+            wgmma_wait<0>();
+            fence_regs(s);
+            release(sm.k_empty(stage_of(0)));
+            softmax(nb);
+            pack_p();
+            // ---- main loop: S_n with P_{n-1} V_{n-1} in flight
+            for (int n = 1; n < n_blocks; ++n) {
+                mbar_wait(sm.k_full(stage_of(n)), parity_of(n));
+                turn_wait();
+                gemm_s(stage_of(n));
+                rescale_o(); // by the factor of tile n-1, while S_n runs
+                mbar_wait(sm.v_full(stage_of(n - 1)), parity_of(n - 1));
+                gemm_pv(stage_of(n - 1));
+                turn_pass(n);
+                wgmma_wait<1>(); // S_n done
+                fence_regs(s);
+                release(sm.k_empty(stage_of(n)));
+                softmax(nb + n);
+                wgmma_wait<0>(); // P_{n-1} V_{n-1} done
+                fence_regs(o);
+                release(sm.v_empty(stage_of(n - 1)));
+                pack_p();
+            }
+        }
+        // Every S = Q K^T of this tile is complete: with its own O buffer, the Q tile is free.
+        if (O_OWN) release(sm.q_empty());
+        if (n_blocks > 0) {
+            // ---- tail: the last P V
+            rescale_o();
+            mbar_wait(sm.v_full(stage_of(n_blocks - 1)), parity_of(n_blocks - 1));
+            gemm_pv(stage_of(n_blocks - 1));
+            wgmma_wait<0>();
+            fence_regs(o);
+            release(sm.v_empty(stage_of(n_blocks - 1)));
+        }
+        it += n_blocks;
+
+        // ---- epilogue: O / row_sum staged as TMA expects (128-byte swizzle), TMA store.
+        // The tile's coordinates are recomputed here rather than held through the loop.
         const BlockCoords bc = block_coords(p, (unsigned)tile);
-        const int r0 = lane_row(bc.m_block * BR);
+        float inv[2];
         float *lse = p.lse + lse_offset(p, bc.b, bc.h, 0);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float l = row_sum[h];
             l += shfl_xor(l, 1);
             l += shfl_xor(l, 2);
-            // l == 0: no key seen (o = 0, lse = -inf); a NaN l (the row read a NaN or Inf)
-            // stays NaN in o and lse.
-            inv[h] = l == 0.f ? 0.f : 1.f / l;
-            const int row = r0 + 8 * h;
-            if (t == 0 && row < p.seqlen_q) lse[row] = l == 0.f ? neg_inf() : (row_max[h] + lg2(l)) * LN2;
+            // A row that saw no key: o = 0 and lse = -inf (never NaN).
+            inv[h] = l > 0.f ? 1.f / l : 0.f;
+            const int row = wrow + 8 * h;
+            if (t == 0 && row < p.seqlen_q) lse[row] = l > 0.f ? (row_max[h] + lg2(l)) * LN2 : neg_inf();
         }
-    };
-    // Epilogue: O * inv staged as TMA expects (128-byte swizzle), TMA store; rows with inv 0
-    // (no key seen, or a tile with no key tiles, whose O holds the previous tile's values)
-    // store 0. The tile's coordinates are recomputed rather than held through the loop.
-    auto store_o = [&](int tile, const float (&inv)[2]) {
-        const BlockCoords bc = block_coords(p, (unsigned)tile);
         if (O_OWN) {
             // The previous tile's store must have read the staging tile before it is rewritten.
             if (ctid == 0) bulk_wait_read0();
@@ -468,146 +485,20 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                 const int c = 8 * (i / 4) + 2 * et; // channel
                 const int chunk = (c % 64) / 8;
                 const u32 addr = so_rows + (u32)(c / 64) * SUB_Q + (u32)r * 128 + (u32)((chunk ^ (r % 8)) * 16) + (u32)(c % 8) * 2;
-                const bool seen = !(inv[h] == 0.f); // NaN inv: seen, and NaN out
-                st_shared_u32(addr, pack2(seen ? o[i] * inv[h] : 0.f, seen ? o[i + 1] * inv[h] : 0.f));
+                st_shared_u32(addr, pack2(o[i] * inv[h], o[i + 1] * inv[h]));
             }
         }
         fence_proxy_async();
         named_sync(BAR_EPI + cons, 128);
         if (ctid == 0) {
-            // The consumer's first row, from %tid again (held through the loop, it spilled).
-            const int first = bc.m_block * BR + ((int)fresh_tid_x() / 128 - 1) * 64;
 #pragma unroll
-            for (int j = 0; j < NSUB; ++j) tma_store_4d(w.to, so_rows + j * SUB_Q, 64 * j, first, bc.h, bc.b);
+            for (int j = 0; j < NSUB; ++j) tma_store_4d(w.to, so_rows + j * SUB_Q, 64 * j, row0 + cons * 64, bc.h, bc.b);
             bulk_commit();
-        }
-    };
-    // The last P V of a tile.
-    auto tail_pv = [&]() {
-        rescale_o();
-        mbar_wait(sm.v_full(stage_of(-1)), parity_of(-1));
-        gemm_pv(stage_of(-1), n_blocks > 1);
-        wgmma_wait<0>();
-        fence_regs(o);
-        release(sm.v_empty(stage_of(-1)));
-    };
-
-    // `carry`: the previous tile's last P V and epilogue are still to do (OVERLAP); they run
-    // under this tile's first S = Q K^T and its softmax.
-    bool carry = false;
-    int prev_tile = 0, prev_blocks = 0;
-    float inv[2]; // 1 / row_sum of the tile whose O is still to be stored
-    int tile = fetch_tile(0);
-    for (u32 round = 0; tile >= 0; ++round) {
-        mbar_wait(sm.q_full(round), q_parity(round));
-        {
-            const BlockCoords tc = block_coords(p, (unsigned)tile);
-            row0 = tc.m_block * BR;
-            coef = alibi_coef(p, tc.b, tc.h);
-        }
-        kt = key_tiles(p, row0);
-        // Tiles run: n_blocks of them from kt.begin (relative index n below, tile nb + n).
-        nb = kt.begin;
-        n_blocks = kt.end - kt.begin;
-        wrow = lane_row(row0);
-        sq_rows = sm.q_buf(round) + (u32)cons * 64 * 128;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            row_max[h] = neg_inf();
-            row_sum[h] = 0.f;
-        }
-#if PINGPONG
-        // Consumer 0 takes the first turn of each tile; each passes the turn to the next in the
-        // ring.
-        if (cons == 0 && n_blocks > 0) named_arrive(BAR_SCHED + 0, 256);
-#endif
-
-        if (n_blocks > 0) {
-            // ---- prologue: S_0 (with the previous tile's last P V when carried) and its softmax
-            mbar_wait(sm.k_full(stage_of(0)), parity_of(0));
-            // The previous tile's last factor, before S_0 is issued (between the two, ptxas
-            // would wait for S_0 first: C7517). Nothing is in flight here, but ptxas cannot
-            // tell through the tile loop: without this wait it serialises every wgmma (C7515).
-            if (carry) {
-                wgmma_wait<0>();
-                fence_regs(o);
-                rescale_o();
-            }
-            turn_wait();
-            gemm_s(stage_of(0));
-            // One branch per case, each with its own wait: ptxas does not pair two tests of
-            // `carry`, and a path it thinks leaves S_0 in flight serialises every wgmma (C7514).
-            if (carry) {
-                mbar_wait(sm.v_full(stage_of(-1)), parity_of(-1));
-                gemm_pv(stage_of(-1), prev_blocks > 1);
-                turn_pass(0);
-                wgmma_wait<1>(); // S_0 done
-            } else {
-                turn_pass(0);
-                wgmma_wait<0>();
-            }
-            fence_regs(s);
-            release(sm.k_empty(stage_of(0)));
-            softmax(nb);
-            wgmma_wait<0>(); // the previous tile's last P V done (unconditional, as above)
-            if (carry) {
-                fence_regs(o);
-                release(sm.v_empty(stage_of(-1)));
-                store_o(prev_tile, inv);
-            }
-            pack_p();
-            // ---- main loop: S_n with P_{n-1} V_{n-1} in flight
-            for (int n = 1; n < n_blocks; ++n) {
-                mbar_wait(sm.k_full(stage_of(n)), parity_of(n));
-                turn_wait();
-                gemm_s(stage_of(n));
-                rescale_o(); // by the factor of tile n-1, while S_n runs
-                mbar_wait(sm.v_full(stage_of(n - 1)), parity_of(n - 1));
-                gemm_pv(stage_of(n - 1), n > 1);
-                turn_pass(n);
-                wgmma_wait<1>(); // S_n done
-                fence_regs(s);
-                release(sm.k_empty(stage_of(n)));
-                softmax(nb + n);
-                wgmma_wait<0>(); // P_{n-1} V_{n-1} done
-                fence_regs(o);
-                release(sm.v_empty(stage_of(n - 1)));
-                pack_p();
-            }
-        }
-        it += n_blocks;
-        // The rows' statistics are final (only P V is left): lse now, 1 / row_sum kept for O.
-        finish_rows(tile, inv);
-        // Every S = Q K^T of this tile is complete.
-        if (OVERLAP) {
-            // Learn the next tile first (the handoff must precede this Q buffer's release: the
-            // producer hands over round + 2 only after it), then carry this tile's end into the
-            // next one when it has keys to overlap it with.
-            const int next = fetch_tile(round + 1);
-            release(sm.q_empty(round));
-            carry = false;
-            if (n_blocks > 0 && next >= 0) {
-                const KeyTiles nk = key_tiles(p, block_coords(p, (unsigned)next).m_block * BR);
-                carry = nk.end > nk.begin;
-            }
-            if (!carry) {
-                if (n_blocks > 0) tail_pv();
-                store_o(tile, inv);
-            }
-            prev_tile = tile;
-            prev_blocks = n_blocks;
-            tile = next;
-        } else {
-            // With its own O buffer the Q tile is free now; else the store frees it below.
-            if (O_OWN) release(sm.q_empty(round));
-            if (n_blocks > 0) tail_pv();
-            store_o(tile, inv);
-            if (!O_OWN && ctid == 0) {
+            if (!O_OWN) {
                 // O sits in the Q tile: free it for the next tile's Q once the store has read it.
                 bulk_wait_read0();
-                mbar_arrive(sm.q_empty(round));
+                mbar_arrive(sm.q_empty());
             }
-            tile = fetch_tile(round + 1);
         }
     }
     if (ctid == 0) bulk_wait_read0(); // the last store has read shared memory before exit

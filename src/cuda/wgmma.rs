@@ -58,10 +58,6 @@ pub struct WgmmaTile {
     /// Causal: blocks run longest-first within groups of heads whose K and V fit in this many
     /// MiB of L2 (0: longest-first over every head, which streams K and V from HBM).
     pub causal_l2_mb: u32,
-    /// A consumer starts the next tile's S = Q K^T before this tile's last P V and epilogue
-    /// (two Q buffers; only where they and an O tile fit in shared memory: see
-    /// [`Self::overlap_fits`]).
-    pub overlap: bool,
     /// Persistent grid size cap (0: one block per SM). A knob for tests: with a few blocks,
     /// every block runs many tiles, so small problems exercise the tile hand-offs.
     pub max_blocks: u32,
@@ -100,7 +96,7 @@ impl WgmmaTile {
             192 => 96,
             _ => 64,
         };
-        let t = WgmmaTile {
+        Some(WgmmaTile {
             head_dim: dp,
             bc,
             stages: 2,
@@ -110,12 +106,7 @@ impl WgmmaTile {
             dynamic: true,
             consumers: if three { 3 } else { 2 },
             causal_l2_mb: CAUSAL_L2_MB,
-            overlap: false,
             max_blocks: 0,
-        };
-        Some(WgmmaTile {
-            overlap: t.overlap_fits(),
-            ..t
         })
     }
 
@@ -142,17 +133,17 @@ impl WgmmaTile {
         }
     }
 
-    /// Applies a `bc,stages[,nopp][,nohm][,np][,static][,wg3][,noov][,l2=MiB][,grid=N]`
-    /// override (see [`TILE_ENV`]): no pingpong, no head-major order, not persistent, no tile
-    /// counter, three consumers, no overlap of a tile's end with the next tile (else on where
-    /// it fits), the causal order's L2 budget (0: off), at most N persistent blocks.
+    /// Applies a `bc,stages[,nopp][,nohm][,np][,static][,wg3][,l2=MiB][,grid=N]` override (see
+    /// [`TILE_ENV`]): no pingpong, no head-major order, not persistent, no tile counter, three
+    /// consumers, the causal order's L2 budget (0: off), at most N persistent blocks (so that
+    /// small problems run many tiles per block: a test knob).
     ///
     /// # Errors
     /// [`AttnError::InvalidInput`] naming the expected form.
     pub fn with_spec(self, spec: &str) -> Result<Self> {
         let bad = || AttnError::InvalidInput {
             what: format!(
-                "wgmma tile '{spec}': expected bc,stages[,nopp][,nohm][,np][,static][,wg3][,noov][,l2=MiB][,grid=N] with bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128, MiB in 0..=1024 and N in 1..=4096"
+                "wgmma tile '{spec}': expected bc,stages[,nopp][,nohm][,np][,static][,wg3][,l2=MiB][,grid=N] with bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128, MiB in 0..=1024 and N in 1..=4096"
             ),
         };
         let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
@@ -170,7 +161,7 @@ impl WgmmaTile {
         };
         let l2 = valued("l2=")?;
         let grid = valued("grid=")?;
-        let mut t = WgmmaTile {
+        let t = WgmmaTile {
             bc: num(parts[0])?,
             stages: num(parts[1])?,
             pingpong: !parts[2..].contains(&"nopp"),
@@ -179,13 +170,11 @@ impl WgmmaTile {
             dynamic: !parts[2..].contains(&"static"),
             consumers: if parts[2..].contains(&"wg3") { 3 } else { 2 },
             causal_l2_mb: l2.unwrap_or(self.causal_l2_mb),
-            overlap: false,
             max_blocks: grid.unwrap_or(0),
             ..self
         };
-        t.overlap = !parts[2..].contains(&"noov") && t.overlap_fits();
         if parts[2..].iter().any(|f| {
-            !["nopp", "nohm", "np", "static", "wg3", "noov"].contains(f)
+            !["nopp", "nohm", "np", "static", "wg3"].contains(f)
                 && !f.starts_with("l2=")
                 && !f.starts_with("grid=")
         }) || t.causal_l2_mb > 1024
@@ -206,12 +195,11 @@ impl WgmmaTile {
         self.head_dim.div_ceil(64) as usize
     }
 
-    /// Q (twice with [`Self::overlap`]), the K and V stages, the O staging tile when it fits
-    /// (see [`Self::o_own`]), 1 KB of alignment slack (the swizzle atoms are 1024-byte aligned)
-    /// and the mbarriers: the dynamic shared memory attn_wgmma.cu lays out.
+    /// Q, the K and V stages, the O staging tile when it fits (see [`Self::o_own`]), 1 KB of
+    /// alignment slack (the swizzle atoms are 1024-byte aligned) and the mbarriers: the
+    /// dynamic shared memory attn_wgmma.cu lays out.
     pub fn smem_bytes(&self) -> usize {
-        let extra_q = usize::from(self.overlap) + usize::from(self.o_own());
-        self.core_bytes() + extra_q * self.q_bytes() + self.slack_bytes()
+        self.core_bytes() + if self.o_own() { self.q_bytes() } else { 0 } + self.slack_bytes()
     }
 
     fn q_bytes(&self) -> usize {
@@ -222,22 +210,15 @@ impl WgmmaTile {
         self.q_bytes() + 2 * self.stages as usize * self.bc as usize * self.subtiles() * 128
     }
 
-    /// Alignment slack and the mbarriers (q full/empty for two buffers, 4 per stage) with the
-    /// two tile slots.
+    /// Alignment slack and the mbarriers (q full/empty, 4 per stage) with the tile slot.
     fn slack_bytes(&self) -> usize {
-        1024 + 8 * (5 + 4 * self.stages as usize)
+        1024 + 8 * (3 + 4 * self.stages as usize)
     }
 
     /// O is staged in a buffer of its own (so the next tile's Q loads during this tile's end)
     /// when that fits in [`SMEM_LIMIT`]; else in the Q tile (attn_wgmma.cu `O_OWN`).
     pub fn o_own(&self) -> bool {
         self.core_bytes() + self.q_bytes() + self.slack_bytes() <= SMEM_LIMIT
-    }
-
-    /// A second Q buffer fits beside the O tile (attn_wgmma.cu `OVERLAP`): d <= 128 with two
-    /// stages of Bc 128.
-    pub fn overlap_fits(&self) -> bool {
-        self.core_bytes() + 2 * self.q_bytes() + self.slack_bytes() <= SMEM_LIMIT
     }
 
     /// NVRTC defines for this tile on a problem: [`Self::defines`] and the problem's score
@@ -265,7 +246,6 @@ impl WgmmaTile {
             ("SMEM_LIMIT".into(), SMEM_LIMIT.to_string()),
             ("DYNAMIC".into(), b(self.dynamic)),
             ("CAUSAL_L2_MB".into(), self.causal_l2_mb.to_string()),
-            ("OVERLAP".into(), b(self.overlap)),
         ]
     }
 }
@@ -274,7 +254,7 @@ impl fmt::Display for WgmmaTile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "Br{}xBc{} d{} ({} stages{}{}{})",
+            "Br{}xBc{} d{} ({} stages{}{})",
             self.br(),
             self.bc,
             self.head_dim,
@@ -282,11 +262,6 @@ impl fmt::Display for WgmmaTile {
             if self.pingpong { ", pingpong" } else { "" },
             if self.head_major {
                 ", head-major grid"
-            } else {
-                ""
-            },
-            if self.overlap {
-                ", tile ends overlapped"
             } else {
                 ""
             }
@@ -570,20 +545,16 @@ mod tests {
         assert_eq!(d64(2047, true), (2, 128, true));
         assert_eq!(d64(2048, true), (3, 128, false));
         let t = WgmmaTile::default_for(128, 4096, false).unwrap();
-        // Two Q buffers + 2 stages of K and V + its own O tile + slack, 12 mbarriers and the
-        // two tile slots.
-        assert!(t.o_own() && t.overlap);
-        assert_eq!(t.smem_bytes(), 2 * 32768 + 4 * 32768 + 32768 + 1024 + 104);
-        let no = t.with_spec("128,2,noov,grid=3").unwrap();
-        assert_eq!(no.max_blocks, 3);
+        // Q + 2 stages of K and V + its own O tile + slack and 10 mbarriers.
+        assert!(t.o_own());
+        assert_eq!(t.smem_bytes(), 32768 + 4 * 32768 + 32768 + 1024 + 88);
+        let g = t.with_spec("128,2,grid=3").unwrap();
+        assert_eq!((g.max_blocks, g.smem_bytes()), (3, t.smem_bytes()));
         assert!(t.with_spec("128,2,grid=0").is_err() && t.with_spec("128,2,grid=x").is_err());
-        assert!(!no.overlap);
-        assert_eq!(no.smem_bytes(), 32768 + 4 * 32768 + 32768 + 1024 + 104);
-        // d256: O goes through the Q tile (64 KB more would not fit), no second Q buffer.
+        // d256: O goes through the Q tile (64 KB more would not fit).
         let t256 = WgmmaTile::default_for(256, 4096, false).unwrap();
-        assert!(!t256.o_own() && !t256.overlap);
-        assert!(!t256.with_spec("64,2").unwrap().overlap);
-        assert_eq!(t256.smem_bytes(), 65536 + 4 * 32768 + 1024 + 104);
+        assert!(!t256.o_own());
+        assert_eq!(t256.smem_bytes(), 65536 + 4 * 32768 + 1024 + 88);
         let o = t.with_spec("176,2,nopp,np,static").unwrap();
         assert_eq!(
             (
