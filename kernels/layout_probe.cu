@@ -13,9 +13,15 @@
 //   B2[k][j] = [k == j] + 256*[k == j + 8], loaded with ldmatrix.x2.trans), so
 //   D2[i][j] = P[i][j] + 256*P[i][j+8]. Lane l writes out[l*16 + r]: r=0..7 the bits of
 //   s0..s3 (S[:, 0:8]) and s4..s7 (S[:, 8:16]), r=8..11 p0..p3, r=12..15 the bits of d0..d3.
+// layout_trans_a: the A operand read from its transpose, as the backward's dQ = dS K reads dS
+//   from dS^T: A^T is stored row-major [k][m] (At[k][m] = m, so A[i][j] = i as in
+//   layout_probe) and loaded with ldmatrix.x4.trans, lane l addressing row k = l%8 + 8*(t/2)
+//   at column m = 8*(t%2) of tile t = l/8; B and the output words as in layout_probe, so the
+//   same checks apply (A[i][j] = i, D[i][j] = 16*i*j).
 //
 // Defines: PROBE_BF16=1 stores the inputs as bf16 (default f16); PROBE_FAULT=1 loads B of
-// layout_probe WITHOUT .trans (a deliberate layout bug the host checker must catch).
+// layout_probe and A^T of layout_trans_a WITHOUT .trans (deliberate layout bugs the host
+// checker must catch).
 #include "ptx.cuh"
 
 #ifndef PROBE_BF16
@@ -153,4 +159,40 @@ extern "C" __global__ void __launch_bounds__(32) layout_handoff(u32 *out) {
     o[9] = p1;
     o[10] = p2;
     o[11] = p3;
+}
+
+extern "C" __global__ void __launch_bounds__(32) layout_trans_a(u32 *out) {
+    __shared__ __align__(16) u16 sAt[16 * 16];
+    __shared__ __align__(16) u16 sB[16 * 8];
+    const int lane = threadIdx.x;
+    for (int e = lane; e < 16 * 16; e += 32) sAt[e] = to16((float)(e % 16)); // At[k][m] = m
+    for (int e = lane; e < 16 * 8; e += 32) sB[e] = to16((float)(e % 8));    // B[k][j] = j
+    __syncthreads();
+
+    // Tile t of the x4 load is a_t: bit 0 selects rows m 8..16 (columns of At), bit 1 the
+    // k half (rows of At).
+    const int t = lane / 8, r = lane % 8;
+    const u32 aaddr = smem_u32(sAt + (r + 8 * (t >> 1)) * 16 + 8 * (t & 1));
+    u32 a0, a1, a2, a3;
+#if PROBE_FAULT
+    ldmatrix_x4(a0, a1, a2, a3, aaddr); // the bug: a transposed store needs the .trans hand-out
+#else
+    ldmatrix_x4_trans(a0, a1, a2, a3, aaddr);
+#endif
+    u32 b0, b1, b2, b3;
+    ldmatrix_x4_trans(b0, b1, b2, b3, smem_u32(sB + (r + 8 * (t & 1)) * 8));
+    (void)b2;
+    (void)b3;
+
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    mma16(d, a0, a1, a2, a3, b0, b1);
+
+    u32 *o = out + lane * PROBE_REGS;
+    o[0] = a0;
+    o[1] = a1;
+    o[2] = a2;
+    o[3] = a3;
+    o[4] = b0;
+    o[5] = b1;
+    for (int i = 0; i < 4; ++i) o[6 + i] = __float_as_uint(d[i]);
 }

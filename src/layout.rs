@@ -350,6 +350,17 @@ pub fn a_x4_addrs(base: usize, ld: usize) -> Warp<usize> {
     })
 }
 
+/// Row addresses for loading the A fragments of a 16x16 A from its transpose, stored row-major
+/// `[k][m]` with row stride `ld`, with `ldmatrix.x4.trans`: lane `l` supplies k-row
+/// `l % 8 + 8 * (tile >> 1)` at m block `8 * (tile & 1)` (the backward's dQ = dS K reads dS
+/// from dS^T this way; kernels/attn_bwd.cu).
+pub fn a_x4_trans_addrs(base: usize, ld: usize) -> Warp<usize> {
+    std::array::from_fn(|l| {
+        let tile = l / 8;
+        base + (l % 8 + 8 * (tile >> 1)) * ld + 8 * (tile & 1)
+    })
+}
+
 /// Row addresses for loading B fragments of a row-major `[k][n]` tile (16 rows of k, row stride
 /// `ld`) with `ldmatrix.x4.trans`: lane `l` supplies k-row `l % 8 + 8 * (tile & 1)`, n block
 /// `8 * (tile >> 1)` (pass `n_blocks = 1` for a 16x8 tile: tiles 2 and 3 repeat 0 and 1;

@@ -13,23 +13,27 @@
 //!   the A fragment of `P` in a second `mma` with `B2[k][j] = [k == j] + 256*[k == j + 8]`, so
 //!   `D2[i][j] = P[i][j] + 256*P[i][j+8]`. D2 is compared with the emulator's two-step product
 //!   (emulated `mma` for S, rounding to 16 bits, emulated `mma` again).
+//! - **transposed A** (the backward's dS read from dS^T): the probe case with A stored as its
+//!   transpose `[k][m]` and loaded with `ldmatrix.x4.trans` at the addresses attn_bwd.cu uses;
+//!   the same expected registers as the probe case.
 //!
 //! The GPU path ([`run_gpu`]) and the emulator path ([`run_emulated`]) fill the same
 //! [`RegisterDump`], and one checker ([`check`]) judges both. The fault variant loads B of the
-//! probe case without `.trans` (`-DPROBE_FAULT=1` on the GPU, `trans = false` in the emulator):
-//! the checker must then fail and name the lanes.
+//! probe case and A^T of the transposed-A case without `.trans` (`-DPROBE_FAULT=1` on the GPU,
+//! `trans = false` in the emulator): the checker must then fail and name the lanes.
 
 use crate::cuda::{Gpu, KernelSource, device::cuda_err};
 use crate::dtype::DType;
 use crate::error::{AttnError, Result};
 use crate::layout::{
-    self, Acc16x8, Input16, LdmatrixNum, Mat16x8, Mat16x16, WARP, Warp, a_cell, a_x4_addrs, b_cell,
-    b_x4_trans_addrs, cd_cell, first_two, last_two,
+    self, Acc16x8, Input16, LdmatrixNum, Mat16x8, Mat16x16, WARP, Warp, a_cell, a_x4_addrs,
+    a_x4_trans_addrs, b_cell, b_x4_trans_addrs, cd_cell, first_two, last_two,
 };
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use std::fmt;
 
-/// 32-bit words each lane writes in `layout_probe`: a0..a3, b0..b1, d0..d3.
+/// 32-bit words each lane writes in `layout_probe` and `layout_trans_a`: a0..a3, b0..b1,
+/// d0..d3.
 pub const PROBE_REGS: usize = 10;
 /// 32-bit words each lane writes in `layout_handoff`: s0..s7, p0..p3, d0..d3.
 pub const HANDOFF_REGS: usize = 16;
@@ -65,35 +69,51 @@ pub struct RegisterDump {
     pub probe: Warp<ProbeLane>,
     /// The hand-off case, by lane.
     pub handoff: Warp<HandoffLane>,
+    /// The transposed-A case, by lane (registers as in the probe case).
+    pub trans_a: Warp<ProbeLane>,
 }
 
 impl RegisterDump {
-    /// Parses the kernels' output buffers (`out[lane * PROBE_REGS + r]` and
-    /// `out[lane * HANDOFF_REGS + r]`, f32 stored as bits).
+    /// Parses the kernels' output buffers (`out[lane * PROBE_REGS + r]` of `layout_probe`
+    /// and `layout_trans_a`, `out[lane * HANDOFF_REGS + r]` of `layout_handoff`, f32 stored as
+    /// bits).
     ///
     /// # Errors
     /// [`AttnError::ShapeMismatch`] when a buffer has the wrong length.
-    pub fn from_words(input: Input16, probe: &[u32], handoff: &[u32]) -> Result<Self> {
-        if probe.len() != WARP * PROBE_REGS || handoff.len() != WARP * HANDOFF_REGS {
+    pub fn from_words(
+        input: Input16,
+        probe: &[u32],
+        handoff: &[u32],
+        trans_a: &[u32],
+    ) -> Result<Self> {
+        if probe.len() != WARP * PROBE_REGS
+            || handoff.len() != WARP * HANDOFF_REGS
+            || trans_a.len() != WARP * PROBE_REGS
+        {
             return Err(AttnError::ShapeMismatch {
                 what: format!(
-                    "probe dumps hold {} and {} words, expected {} and {}",
+                    "probe dumps hold {}, {} and {} words, expected {}, {} and {}",
                     probe.len(),
                     handoff.len(),
+                    trans_a.len(),
                     WARP * PROBE_REGS,
-                    WARP * HANDOFF_REGS
+                    WARP * HANDOFF_REGS,
+                    WARP * PROBE_REGS
                 ),
             });
         }
         let f = f32::from_bits;
-        let probe = std::array::from_fn(|l| {
-            let w = &probe[l * PROBE_REGS..(l + 1) * PROBE_REGS];
-            ProbeLane {
-                a: [w[0], w[1], w[2], w[3]],
-                b: [w[4], w[5]],
-                d: [f(w[6]), f(w[7]), f(w[8]), f(w[9])],
-            }
-        });
+        let probe_lanes = |words: &[u32]| -> Warp<ProbeLane> {
+            std::array::from_fn(|l| {
+                let w = &words[l * PROBE_REGS..(l + 1) * PROBE_REGS];
+                ProbeLane {
+                    a: [w[0], w[1], w[2], w[3]],
+                    b: [w[4], w[5]],
+                    d: [f(w[6]), f(w[7]), f(w[8]), f(w[9])],
+                }
+            })
+        };
+        let probe = probe_lanes(probe);
         let handoff = std::array::from_fn(|l| {
             let w = &handoff[l * HANDOFF_REGS..(l + 1) * HANDOFF_REGS];
             HandoffLane {
@@ -106,6 +126,7 @@ impl RegisterDump {
             input,
             probe,
             handoff,
+            trans_a: probe_lanes(trans_a),
         })
     }
 }
@@ -150,8 +171,9 @@ fn handoff_smem(input: Input16) -> Vec<u16> {
     a1.chain(b1).chain(b2).collect()
 }
 
-/// Runs both experiments through the warp emulator, step by step as the kernels do.
-/// With `inject_fault`, B of the probe case is loaded without `.trans`.
+/// Runs the three experiments through the warp emulator, step by step as the kernels do.
+/// With `inject_fault`, B of the probe case and A^T of the transposed-A case are loaded
+/// without `.trans`.
 pub fn emulate(input: Input16, inject_fault: bool) -> RegisterDump {
     let zero = [[0f32; 4]; WARP];
     // Probe case.
@@ -198,10 +220,28 @@ pub fn emulate(input: Input16, inject_fault: bool) -> RegisterDump {
             d: d[l],
         }
     });
+    // Transposed-A case: At[k][m] = m at element 0, B as in the probe case at 256.
+    let at = (0..256).map(|e| input.encode((e % 16) as f32));
+    let bt = (0..128).map(|e| input.encode((e % 8) as f32));
+    let smem: Vec<u16> = at.chain(bt).collect();
+    let a = layout::ldmatrix(
+        &smem,
+        &a_x4_trans_addrs(0, 16),
+        LdmatrixNum::X4,
+        !inject_fault,
+    );
+    let b = layout::ldmatrix(&smem, &b_x4_trans_addrs(256, 8, 1), LdmatrixNum::X4, true);
+    let d = layout::mma(input, &a, &first_two(&b), &zero);
+    let trans_a = std::array::from_fn(|l| ProbeLane {
+        a: a[l],
+        b: [b[l][0], b[l][1]],
+        d: d[l],
+    });
     RegisterDump {
         input,
         probe,
         handoff,
+        trans_a,
     }
 }
 
@@ -459,17 +499,19 @@ fn describe_d2(v: f32) -> String {
     }
 }
 
-/// Checks every register of `dump` against the layout model and the emulator's product.
-/// `source` names where the registers came from (it goes into the report).
-pub fn check(dump: &RegisterDump, source: impl Into<String>) -> ProbeReport {
-    let input = dump.input;
+/// The checks of a probe-case dump (`A[i][j] = i`, `B[k][j] = j`, `D[i][j] = 16*i*j`), with
+/// `suffix` added to the section titles.
+fn check_probe_lanes(
+    report: &mut ProbeReport,
+    input: Input16,
+    lanes: &Warp<ProbeLane>,
+    suffix: &str,
+) {
     let dec = |r: u32, half| input.decode(layout::unpack(r, half));
-    let mut report = ProbeReport::new(input.dtype(), source.into());
-
-    let mut a = Section::new("A[i][j] = i");
-    let mut b = Section::new("B[k][j] = j");
-    let mut d = Section::new("D[i][j] = 16*i*j");
-    for (lane, regs) in dump.probe.iter().enumerate() {
+    let mut a = Section::new(format!("A[i][j] = i{suffix}"));
+    let mut b = Section::new(format!("B[k][j] = j{suffix}"));
+    let mut d = Section::new(format!("D[i][j] = 16*i*j{suffix}"));
+    for (lane, regs) in lanes.iter().enumerate() {
         for reg in 0..4 {
             for half in 0..2 {
                 let (i, j) = a_cell(lane, reg, half);
@@ -516,9 +558,25 @@ pub fn check(dump: &RegisterDump, source: impl Into<String>) -> ProbeReport {
             );
         }
     }
-    a.finish(&mut report);
-    b.finish(&mut report);
-    d.finish(&mut report);
+    a.finish(report);
+    b.finish(report);
+    d.finish(report);
+}
+
+/// Checks every register of `dump` against the layout model and the emulator's product.
+/// `source` names where the registers came from (it goes into the report).
+pub fn check(dump: &RegisterDump, source: impl Into<String>) -> ProbeReport {
+    let input = dump.input;
+    let dec = |r: u32, half| input.decode(layout::unpack(r, half));
+    let mut report = ProbeReport::new(input.dtype(), source.into());
+
+    check_probe_lanes(&mut report, input, &dump.probe, "");
+    check_probe_lanes(
+        &mut report,
+        input,
+        &dump.trans_a,
+        " (A from A^T, ldmatrix.trans)",
+    );
 
     let mut s = Section::new("S = A1*B1 = 16*i+k (two C fragments)");
     let mut p = Section::new(format!(
@@ -630,7 +688,7 @@ fn launch_dump(
         .map_err(cuda_err(what("reading the output of")))
 }
 
-/// Runs both probe kernels on `gpu` and checks every lane's registers.
+/// Runs the three probe kernels on `gpu` and checks every lane's registers.
 ///
 /// # Errors
 /// [`AttnError::DTypeMismatch`] for f32; compile, load and launch errors from the driver.
@@ -646,7 +704,14 @@ pub fn run_gpu(gpu: &Gpu, dtype: DType, inject_fault: bool) -> Result<ProbeRepor
         "layout_handoff",
         WARP * HANDOFF_REGS,
     )?;
-    let dump = RegisterDump::from_words(input, &probe, &handoff)?;
+    let trans_a = launch_dump(
+        gpu,
+        input,
+        inject_fault,
+        "layout_trans_a",
+        WARP * PROBE_REGS,
+    )?;
+    let dump = RegisterDump::from_words(input, &probe, &handoff, &trans_a)?;
     let info = gpu.info();
     Ok(check(&dump, format!("{} ({})", info.name, info.arch)))
 }

@@ -104,6 +104,45 @@ fn jobs() -> Vec<Job> {
             }
         }
     }
+    // The backward pass (attn_bwd and its two small kernels), every arch, the head dims it
+    // serves at the edges of its register budget, no mask, causal and a sliding window.
+    for &arch in CI_ARCHS.iter() {
+        for d in [8, 40, 64, 96, 128] {
+            for dtype in DTYPES {
+                for (causal, window) in [(false, false), (true, false), (false, true)] {
+                    let shape = flashattn::AttnShape::new(1, 256, 2, d);
+                    let mut p = flashattn::AttnProblem::new(shape).unwrap();
+                    if causal {
+                        p = p.with_mask(flashattn::Mask::Causal);
+                    }
+                    if window {
+                        p = p
+                            .with_scores(flashattn::scores::ScoreMods {
+                                window: flashattn::scores::Window::from_fa(40, 8).unwrap(),
+                                ..Default::default()
+                            })
+                            .unwrap();
+                    }
+                    out.push(Job {
+                        source: KernelSource::AttnBwd,
+                        arch,
+                        d,
+                        dtype,
+                        causal,
+                        defines: flashattn::cuda::backward::defines(dtype, &p),
+                        functions: &["attn_bwd", "attn_bwd_dsum", "attn_bwd_dq"],
+                        smem: flashattn::cuda::backward::smem_bytes(d),
+                        tile: if window {
+                            "bwd window".into()
+                        } else {
+                            "bwd".into()
+                        },
+                        roles: None,
+                    });
+                }
+            }
+        }
+    }
     // Packed variable-length batches (IS_VARLEN) on attn_mma, every arch, with the tile the
     // varlen launcher takes (at most two blocks per SM).
     for &arch in CI_ARCHS.iter() {
@@ -415,6 +454,7 @@ fn every_kernel_compiles_for_every_arch_without_spills() {
         KernelSource::AttnCombine,
         KernelSource::KvAppend,
         KernelSource::ReadPass,
+        KernelSource::AttnBwd,
     ]
     .into_iter()
     .map(|s| (s, s.text()))

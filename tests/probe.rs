@@ -6,10 +6,13 @@ use flashattn::cuda::{CI_ARCHS, KernelSource, compile_cubin};
 use flashattn::layout::{Input16, WARP};
 use flashattn::probe::{self, HANDOFF_REGS, PROBE_REGS, RegisterDump};
 
-const PASS_LINES: [&str; 6] = [
+const PASS_LINES: [&str; 9] = [
     "[PASS] A[i][j] = i: all 256 cells",
     "[PASS] B[k][j] = j: all 128 cells",
     "[PASS] D[i][j] = 16*i*j: all 128 cells",
+    "[PASS] A[i][j] = i (A from A^T, ldmatrix.trans): all 256 cells",
+    "[PASS] B[k][j] = j (A from A^T, ldmatrix.trans): all 128 cells",
+    "[PASS] D[i][j] = 16*i*j (A from A^T, ldmatrix.trans): all 128 cells",
     "[PASS] S = A1*B1 = 16*i+k (two C fragments): all 256 cells",
     "[PASS] P = S packed to {dt} pairs as an A fragment: all 256 cells",
     "[PASS] D2 = P*B2 (emulator, two steps): all 128 cells",
@@ -25,7 +28,7 @@ fn emulated_probe_passes_for_f16_and_bf16() {
             .collect();
         assert_eq!(report.lines, want, "{dtype}:\n{report}");
         assert!(report.passed);
-        assert_eq!((report.checked, report.wrong), (1152, 0));
+        assert_eq!((report.checked, report.wrong), (1664, 0));
         assert!(report.mismatches.is_empty());
         assert_eq!(report.source, "emulator");
     }
@@ -37,8 +40,17 @@ fn emulated_fault_is_caught_with_lanes_and_registers() {
         let report = probe::run_emulated(dtype, true);
         let text = report.text();
         assert!(!report.passed, "{text}");
-        // A is untouched; B and D are wrong; the hand-off case does not use the faulty load.
+        // A is untouched; B and D are wrong; the hand-off case does not use the faulty load;
+        // in the transposed-A case A (loaded without .trans) and D are wrong, B is not.
         assert_eq!(report.lines[0], "[PASS] A[i][j] = i: all 256 cells");
+        assert!(
+            text.contains("[FAIL] A[i][j] = i (A from A^T, ldmatrix.trans): "),
+            "{text}"
+        );
+        assert!(
+            text.contains("[PASS] B[k][j] = j (A from A^T, ldmatrix.trans): all 128 cells"),
+            "{text}"
+        );
         assert!(text.contains("[FAIL] B[k][j] = j: "), "{text}");
         assert!(
             text.contains("[FAIL] D[i][j] = 16*i*j: 120 of 128 cells wrong"),
@@ -73,12 +85,14 @@ fn emulated_fault_is_caught_with_lanes_and_registers() {
                 .any(|m| m.lane == 13 && m.register == "d1")
         );
         assert_eq!(report.wrong_lanes(), (0..WARP).collect::<Vec<_>>());
-        // Row 0 of D is 0 either way: lanes 0..4 keep d0, d1.
+        // Row 0 of D is 0 either way: lanes 0..4 keep d0, d1 (in the probe case; the
+        // transposed-A case, reported after it, has a wrong A and so a wrong row 0).
+        let probe_part = &text[..text.find("(A from A^T").expect("transposed-A section")];
         assert!(
-            !report
-                .mismatches
+            !(0..4).any(|l| ["d0", "d1"]
                 .iter()
-                .any(|m| m.lane < 4 && (m.register == "d0" || m.register == "d1"))
+                .any(|r| probe_part.contains(&format!("  lane {l} {r}:")))),
+            "{probe_part}"
         );
     }
 }
@@ -158,16 +172,40 @@ fn dump_words_round_trip() {
                 .chain(l.d.map(f32::to_bits))
         })
         .collect();
+    let trans_a_words: Vec<u32> = dump
+        .trans_a
+        .iter()
+        .flat_map(|l| l.a.into_iter().chain(l.b).chain(l.d.map(f32::to_bits)))
+        .collect();
     assert_eq!(probe_words.len(), WARP * PROBE_REGS);
     assert_eq!(handoff_words.len(), WARP * HANDOFF_REGS);
-    let back = RegisterDump::from_words(Input16::F16, &probe_words, &handoff_words).unwrap();
+    let back = RegisterDump::from_words(Input16::F16, &probe_words, &handoff_words, &trans_a_words)
+        .unwrap();
     assert_eq!(back, dump);
-    assert!(RegisterDump::from_words(Input16::F16, &probe_words[1..], &handoff_words).is_err());
+    assert!(
+        RegisterDump::from_words(
+            Input16::F16,
+            &probe_words[1..],
+            &handoff_words,
+            &trans_a_words
+        )
+        .is_err()
+    );
+    assert!(
+        RegisterDump::from_words(
+            Input16::F16,
+            &probe_words,
+            &handoff_words,
+            &trans_a_words[1..]
+        )
+        .is_err()
+    );
     // Unwritten (poisoned) registers fail the check.
     let poisoned = RegisterDump::from_words(
         Input16::F16,
         &vec![u32::MAX; WARP * PROBE_REGS],
         &vec![u32::MAX; WARP * HANDOFF_REGS],
+        &vec![u32::MAX; WARP * PROBE_REGS],
     )
     .unwrap();
     let report = probe::check(&poisoned, "poison");
@@ -219,7 +257,7 @@ fn probe_kernels_compile_without_spills() {
                 let cubin = compile_cubin(&src, KernelSource::LayoutProbe.name(), arch, &defines)
                     .unwrap_or_else(|e| panic!("{arch} {input:?} fault={fault}: {e}"));
                 assert!(!cubin.image.is_empty());
-                for f in ["layout_probe", "layout_handoff"] {
+                for f in ["layout_probe", "layout_handoff", "layout_trans_a"] {
                     let s = cubin
                         .stats
                         .iter()

@@ -8,6 +8,7 @@
 //! inputs in [`inputs`]), and the guard region untouched (no write past the end). The oracle of
 //! a case is computed once and shared by every kernel.
 
+pub mod backward;
 pub mod bad_input;
 pub mod cases;
 pub mod field;
@@ -145,6 +146,33 @@ pub fn run(gpu: &Gpu, opts: &CheckOptions, mut print: impl FnMut(&str)) -> Resul
                 print(&result_line(&x));
                 results.push(x);
             }
+        }
+    }
+    // The backward pass (attn_bwd), with the kernels that take the score modifiers.
+    if opts.kernels.iter().any(|k| k.has_score_mods()) {
+        let calls: Vec<backward::BwdCase> = backward::cases()
+            .into_iter()
+            .filter(|c| opts.selects(&c.label))
+            .collect();
+        for (i, case) in calls.iter().enumerate() {
+            let seed = opts.seed.wrapping_add((2000 + i) as u64 * 0x9E37_79B9);
+            let x = backward::run_case(gpu, case, seed)?;
+            print(&result_line(&x));
+            results.push(x);
+        }
+        for (label, passed, message) in backward::refusals(gpu) {
+            if !opts.selects(&label) {
+                continue;
+            }
+            print(&format!(
+                "[{}] bwd    invalid call: {label:<40} {message}",
+                if passed { "PASS" } else { "FAIL" }
+            ));
+            let mut x = CaseResult::new(&label, KernelKind::Mma);
+            x.kernel = "bwd".into();
+            x.passed = passed;
+            x.message = message;
+            results.push(x);
         }
     }
     if opts.filter.is_none() {

@@ -47,11 +47,13 @@ pub enum KernelSource {
     KvAppend,
     /// A read-only pass over memory (the bandwidth ceiling of `bench --decode`).
     ReadPass,
+    /// The backward pass: D = rowsum(do o), dK/dV/dQ on Tensor Cores, dQ to the element type.
+    AttnBwd,
 }
 
 impl KernelSource {
     /// Every source, for compile tests.
-    pub const ALL: [KernelSource; 11] = [
+    pub const ALL: [KernelSource; 12] = [
         KernelSource::LayoutProbe,
         KernelSource::AttnNaive,
         KernelSource::AttnSimt,
@@ -63,6 +65,7 @@ impl KernelSource {
         KernelSource::AttnCombine,
         KernelSource::KvAppend,
         KernelSource::ReadPass,
+        KernelSource::AttnBwd,
     ];
 
     /// File stem, also the NVRTC program name.
@@ -79,6 +82,7 @@ impl KernelSource {
             KernelSource::AttnCombine => "attn_combine",
             KernelSource::KvAppend => "kv_append",
             KernelSource::ReadPass => "read_pass",
+            KernelSource::AttnBwd => "attn_bwd",
         }
     }
 
@@ -106,6 +110,7 @@ impl KernelSource {
             KernelSource::AttnCombine => include_str!("../../kernels/attn_combine.cu"),
             KernelSource::KvAppend => include_str!("../../kernels/kv_append.cu"),
             KernelSource::ReadPass => include_str!("../../kernels/read_pass.cu"),
+            KernelSource::AttnBwd => include_str!("../../kernels/attn_bwd.cu"),
         }
     }
 

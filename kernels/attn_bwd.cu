@@ -1,0 +1,343 @@
+// attn_bwd.cu: FlashAttention backward on Tensor Cores with mma.sync.m16n8k16
+// (FlashAttention-2, Dao 2023, arXiv 2307.08691, Algorithm 2): P is recomputed from q, k and
+// the forward's lse, never stored. Three kernels, launched in this order by
+// src/cuda/backward.rs:
+// - attn_bwd_dsum: D_i = do_i . o_i (f32, laid out as lse);
+// - attn_bwd: one block per (key block of BC keys, kv head, batch). Its warps own 16 keys
+//   each and keep dK and dV of those keys in registers across every query block of every query
+//   head of the group (GQA sums in the block: no atomics for dK, dV). Per query block of BR
+//   rows: S^T = K Q^T, P^T = 2^(S^T scale_log2 - lse log2 e), dV += P^T dO, dP^T = V dO^T,
+//   dS^T = P^T (dP^T - D), dK += dS^T Q; dS^T goes through shared memory so that each warp then
+//   takes 16 query rows of dQ = dS K, added to an f32 workspace with atomics;
+// - attn_bwd_dq: the workspace (softmax_scale already applied) converted to the element type.
+// Every product keeps the forward's fragment discipline (ptx.cuh layouts, proven by
+// layout_probe.cu); the A operands of S^T and dP^T are K and V rows (ldmatrix, as Q in the
+// forward), P^T and dS^T go from C fragments to A fragments in registers (as P in the
+// forward), and the A operand of dS K is read from dS^T with ldmatrix.trans.
+// Specialised at NVRTC time by HEAD_DIM (multiple of 8, at most 128 here), NWARPS, IS_BF16,
+// IS_CAUSAL and IS_LOCAL (attn_common.cuh's key range); softcap and ALiBi are refused by the
+// host for now.
+#include "ptx.cuh"
+#include "attn_common.cuh"
+static_assert(!IS_VARLEN && !HAS_SOFTCAP && !HAS_ALIBI, "attn_bwd: no varlen, softcap or ALiBi yet");
+
+#ifndef NWARPS
+#define NWARPS 4
+#endif
+
+// ---- tile geometry --------------------------------------------------------------------------
+constexpr int DP = (D + 15) / 16 * 16; // head_dim padded to the k-step; pad channels are zero
+constexpr int CH = DP / 8;             // 16-byte chunks per row
+constexpr int RS = (CH + 1) * 8;       // row stride (elements): an odd number of 16-byte slots
+constexpr int BC = 16 * NWARPS;        // keys per block: 16 per warp
+constexpr int BR = 32;                 // query rows per step (S^T and dP^T are 16 x BR per warp)
+constexpr int NT = 32 * NWARPS;        // threads
+constexpr int KS = DP / 16;            // k-steps over channels (S^T, dP^T)
+constexpr int NQ = BR / 8;             // n8 tiles over query rows (S^T, dP^T)
+constexpr int ND = DP / 8;             // n8 tiles over channels (dK, dV, dQ)
+constexpr int PK = BR / 16;            // k-steps over query rows (dV, dK)
+constexpr int KK = BC / 16;            // k-steps over keys (dQ)
+constexpr int RSS = BR + 8;            // dS^T row stride (elements): an odd number of 16-byte slots
+// dQ = dS K: warp w takes rows 16 (w % RG) .. + 15 of the step and the channel pairs (16
+// channels each) of part w / RG.
+constexpr int RG = BR / 16;                 // row groups of dQ
+constexpr int QPARTS = NWARPS / RG;         // channel parts of dQ
+constexpr int NP = ND / 2;                  // 16-channel pairs
+constexpr int PP = (NP + QPARTS - 1) / QPARTS; // pairs per part (the last may have fewer)
+static_assert(NWARPS % RG == 0, "NWARPS must be a multiple of BR / 16");
+static_assert(DP <= 128, "attn_bwd keeps dK and dV of 16 keys in registers: head_dim <= 128");
+
+// Shared memory (bytes from the base): K and V of the block's keys, Q and dO of the step's
+// rows, dS^T, then lse * log2(e) and D of the step's rows (f32). src/cuda/backward.rs sizes it.
+constexpr u32 OFF_K = 0;
+constexpr u32 OFF_V = OFF_K + BC * RS * 2;
+constexpr u32 OFF_Q = OFF_V + BC * RS * 2;
+constexpr u32 OFF_DO = OFF_Q + BR * RS * 2;
+constexpr u32 OFF_DS = OFF_DO + BR * RS * 2;
+constexpr u32 OFF_L = OFF_DS + BC * RSS * 2;
+constexpr u32 OFF_D = OFF_L + BR * 4;
+constexpr u32 SMEM_BYTES = OFF_D + BR * 4;
+
+struct BwdParams {
+    Params p;              // q, k, v, lse, strides, lengths, heads, scale_log2, window
+    const u16 *d_o;        // do, o's layout
+    i64 do_sb, do_ss, do_sh;
+    float *dsum;           // D, laid out as lse (written by attn_bwd_dsum)
+    float *dq_accum;       // dense [batch, seqlen_q, heads_q, head_dim] f32, zeroed by the host
+    u16 *dk, *dv;          // dense [batch, seqlen_k, heads_kv, head_dim]
+    float scale;           // softmax_scale (dS is the gradient of the scaled score)
+    int heads_kv, num_k_blocks;
+};
+
+FA_DEVICE void mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+#if IS_BF16
+    mma_bf16(d, a0, a1, a2, a3, b0, b1);
+#else
+    mma_f16(d, a0, a1, a2, a3, b0, b1);
+#endif
+}
+
+// Rows [row_begin, row_begin + ROWS) of a [seq, head_dim] slice into shared memory; rows at or
+// past row_limit and the pad channels are zero-filled (cp.async reading 0 bytes).
+template <int ROWS>
+FA_DEVICE void load_rows(u32 dst, const u16 *src, i64 row_stride, int row_begin, int row_limit) {
+    constexpr int TOTAL = ROWS * CH;
+#pragma unroll
+    for (int it = 0; it < (TOTAL + NT - 1) / NT; ++it) {
+        const int i = it * NT + (int)threadIdx.x;
+        if (TOTAL % NT == 0 || i < TOTAL) {
+            const int r = i / CH, c = i % CH;
+            const int gr = row_begin + r;
+            const bool ok = gr < row_limit && c * 8 < D;
+            const u16 *g = ok ? src + (i64)gr * row_stride + c * 8 : src;
+            cp_async_16(dst + (u32)(r * RS + c * 8) * 2, g, ok ? 16 : 0);
+        }
+    }
+}
+
+// acc (16 rows x 8*NQ columns) += A (16 rows of `a_rows`, k = channels) B, B[c][n] = row n of
+// `b_rows` (both [rows, DP] tiles): the forward's S = Q K^T pattern.
+FA_DEVICE void gemm_rows_rows(float (&acc)[NQ][4], u32 a_rows, u32 b_rows, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+        u32 a0, a1, a2, a3;
+        ldmatrix_x4(a0, a1, a2, a3, a_rows + (u32)((lane % 16) * RS + (kk * 2 + lane / 16) * 8) * 2);
+#pragma unroll
+        for (int np = 0; np < NQ / 2; ++np) {
+            const int r = np * 16 + (lane % 8) + (lane / 16) * 8;
+            const int c = kk * 2 + (lane / 8) % 2;
+            u32 b0, b1, b2, b3;
+            ldmatrix_x4(b0, b1, b2, b3, b_rows + (u32)(r * RS + c * 8) * 2);
+            mma(acc[2 * np], a0, a1, a2, a3, b0, b1);
+            mma(acc[2 * np + 1], a0, a1, a2, a3, b2, b3);
+        }
+    }
+}
+
+// acc (16 rows x DP channels) += A B with A the packed 16-bit C fragments of a 16 x BR product
+// (af[nt][r]: row g + 8r, columns 8nt + 2t, +1) and B = `rows` ([BR, DP] tile) read with
+// ldmatrix.trans: the forward's O += P V pattern.
+FA_DEVICE void gemm_frags_rows(float (&acc)[ND][4], const u32 (&af)[NQ][2], u32 rows, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < PK; ++kk) {
+#pragma unroll
+        for (int dp = 0; dp < ND / 2; ++dp) {
+            const int r = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+            const int c = dp * 2 + lane / 16;
+            u32 b0, b1, b2, b3;
+            ldmatrix_x4_trans(b0, b1, b2, b3, rows + (u32)(r * RS + c * 8) * 2);
+            mma(acc[2 * dp], af[2 * kk][0], af[2 * kk][1], af[2 * kk + 1][0], af[2 * kk + 1][1], b0, b1);
+            mma(acc[2 * dp + 1], af[2 * kk][0], af[2 * kk][1], af[2 * kk + 1][0], af[2 * kk + 1][1], b2, b3);
+        }
+    }
+}
+
+// D_i = do_i . o_i in f32, one thread per (batch, row, head), written where lse has it.
+extern "C" __global__ void attn_bwd_dsum(const BwdParams bp, const u16 *o, i64 o_sb, i64 o_ss, i64 o_sh) {
+    const Params &p = bp.p;
+    const i64 n = (i64)p.batch * p.seqlen_q * p.heads_q;
+    const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n) return;
+    const int h = (int)(idx % p.heads_q);
+    const int i = (int)(idx / p.heads_q % p.seqlen_q);
+    const int b = (int)(idx / p.heads_q / p.seqlen_q);
+    const u16 *orow = o + b * o_sb + i * o_ss + h * o_sh;
+    const u16 *drow = bp.d_o + b * bp.do_sb + i * bp.do_ss + h * bp.do_sh;
+    float sum = 0.f;
+    for (int c = 0; c < D; ++c) sum = fmaf(to_f32(drow[c]), to_f32(orow[c]), sum);
+    bp.dsum[lse_offset(p, b, h, 0) + i] = sum;
+}
+
+// The f32 dQ workspace to the element type (dense, same index).
+extern "C" __global__ void attn_bwd_dq(const float *dq_accum, u16 *dq, i64 n) {
+    const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < n) dq[idx] = from_f32(dq_accum[idx]);
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const u32 base = smem_u32(smem_raw);
+    const u32 sK = base + OFF_K, sV = base + OFF_V, sQ = base + OFF_Q, sDO = base + OFF_DO, sDS = base + OFF_DS;
+    float *sL = (float *)(smem_raw + OFF_L);
+    float *sD = (float *)(smem_raw + OFF_D);
+    const Params &p = bp.p;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+
+    const int n_block = (int)(blockIdx.x % bp.num_k_blocks);
+    const int rem = (int)(blockIdx.x / bp.num_k_blocks);
+    const int hk = rem % bp.heads_kv, b = rem / bp.heads_kv;
+    const int key0 = n_block * BC;
+    const int diag = p.seqlen_k - p.seqlen_q;
+
+    load_rows<BC>(sK, p.k + b * p.k_sb + hk * p.k_sh, p.k_ss, key0, p.seqlen_k);
+    load_rows<BC>(sV, p.v + b * p.v_sb + hk * p.v_sh, p.v_ss, key0, p.seqlen_k);
+    cp_async_commit();
+
+    // The query rows whose key range meets this block's keys, [i_begin, i_end): row i sees
+    // keys [key_lo(i), key_hi(i)), both non-decreasing in i.
+    int i_begin = 0, i_end = p.seqlen_q;
+    if (IS_CAUSAL || IS_LOCAL) {
+        const i64 right = IS_CAUSAL ? 0 : p.window_right;
+        const i64 first = (i64)key0 - diag - right; // key_hi(i) > key0
+        i_begin = (int)(first < 0 ? 0 : (first > p.seqlen_q ? p.seqlen_q : first));
+    }
+    if (IS_LOCAL) {
+        const i64 last = (i64)key0 + BC - diag + p.window_left; // key_lo(i) < key0 + BC
+        i_end = (int)(last < 0 ? 0 : (last > p.seqlen_q ? p.seqlen_q : last));
+    }
+    const int m_begin = i_begin / BR, m_end = i_end > i_begin ? (i_end + BR - 1) / BR : m_begin;
+
+    float dk[ND][4], dv[ND][4];
+#pragma unroll
+    for (int nd = 0; nd < ND; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk[nd][e] = dv[nd][e] = 0.f;
+
+    const u32 kw = sK + (u32)(warp * 16 * RS) * 2; // this warp's 16 keys
+    const u32 vw = sV + (u32)(warp * 16 * RS) * 2;
+    for (int gi = 0; gi < p.group; ++gi) {
+        const int h = hk * p.group + gi;
+        const u16 *qb = p.q + b * p.q_sb + h * p.q_sh;
+        const u16 *dob = bp.d_o + b * bp.do_sb + h * bp.do_sh;
+        const i64 lo = lse_offset(p, b, h, 0);
+        for (int m = m_begin; m < m_end; ++m) {
+            const int row0 = m * BR;
+            __syncthreads(); // the previous step is done with Q, dO, dS^T, lse and D
+            load_rows<BR>(sQ, qb, p.q_ss, row0, p.seqlen_q);
+            load_rows<BR>(sDO, dob, bp.do_ss, row0, p.seqlen_q);
+            cp_async_commit();
+            for (int r = tid; r < BR; r += NT) {
+                const int i = row0 + r;
+                // Rows past the end: lse +inf makes their P 0, so they add nothing.
+                sL[r] = i < p.seqlen_q ? p.lse[lo + i] * LOG2E : __int_as_float(0x7f800000);
+                sD[r] = i < p.seqlen_q ? bp.dsum[lo + i] : 0.f;
+            }
+            cp_async_wait<0>();
+            __syncthreads();
+
+            // S^T = K Q^T (this warp's 16 keys x BR rows), then P^T in place. Element e of
+            // n-tile nt: key key0 + 16 warp + g + 8(e/2), row row0 + 8nt + 2t + e%2.
+            float st[NQ][4];
+#pragma unroll
+            for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) st[nt][e] = 0.f;
+            gemm_rows_rows(st, kw, sQ, lane);
+            // The rows that see key j are [j - diag - right, j - diag + left] (attn_common.cuh's
+            // key range turned around: right = 0 when causal), as offsets from row0; a key
+            // past the end is seen by none. Rows past the end have P = 0 through their lse.
+            int rmin[2], rmax[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const i64 j = key0 + warp * 16 + g + 8 * r;
+                const i64 right = IS_CAUSAL ? 0 : (IS_LOCAL ? p.window_right : (1 << 30));
+                const i64 lo = j >= p.seqlen_k ? (1 << 30) : j - diag - right - row0;
+                const i64 hi = IS_LOCAL ? j - diag + p.window_left - row0 : (1 << 30);
+                rmin[r] = (int)(lo < -(1 << 30) ? -(1 << 30) : (lo > (1 << 30) ? (1 << 30) : lo));
+                rmax[r] = (int)(hi < -(1 << 30) ? -(1 << 30) : (hi > (1 << 30) ? (1 << 30) : hi));
+            }
+#pragma unroll
+            for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int rl = 8 * nt + 2 * t + e % 2;
+                    const bool seen = rl >= rmin[e / 2] && rl <= rmax[e / 2];
+                    st[nt][e] = seen ? ex2(fmaf(st[nt][e], p.scale_log2, -sL[rl])) : 0.f;
+                }
+            u32 pf[NQ][2];
+#pragma unroll
+            for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) pf[nt][r] = pack2(st[nt][2 * r], st[nt][2 * r + 1]);
+            // dV += P^T dO
+            gemm_frags_rows(dv, pf, sDO, lane);
+            // dP^T = V dO^T, then dS^T = P^T (dP^T - D) in its place
+            float dpt[NQ][4];
+#pragma unroll
+            for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dpt[nt][e] = 0.f;
+            gemm_rows_rows(dpt, vw, sDO, lane);
+            // P from its 16-bit pairs (the f32 values are not kept live through dP^T: at d128
+            // they pushed the kernel past 255 registers); P V used the same rounded values.
+#pragma unroll
+            for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const u32 pair = pf[nt][e / 2];
+                    const float pe = to_f32((u16)(e % 2 ? pair >> 16 : pair & 0xffff));
+                    dpt[nt][e] = pe * (dpt[nt][e] - sD[8 * nt + 2 * t + e % 2]);
+                }
+#pragma unroll
+            for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    pf[nt][r] = pack2(dpt[nt][2 * r], dpt[nt][2 * r + 1]);
+                    // dS^T to shared memory: row = key (in the block), column = query row
+                    st_shared_u32(sDS + (u32)((warp * 16 + g + 8 * r) * RSS + 8 * nt + 2 * t) * 2, pf[nt][r]);
+                }
+            // dK += dS^T Q (softmax_scale applied at the end)
+            gemm_frags_rows(dk, pf, sQ, lane);
+            __syncthreads(); // dS^T of every warp written
+
+            // dQ = dS K for rows 16 (warp % RG) + 0..15 and this warp's channel pairs: A = dS
+            // (rows, keys) read from dS^T with ldmatrix.trans (tile i of lane l: keys 16kk +
+            // 8(i/2) + l%8, rows 16 (warp % RG) + 8(i%2)); B = K rows read transposed.
+            {
+                const int rg = warp % RG, part = warp / RG;
+                float dq[2 * PP][4];
+#pragma unroll
+                for (int nd = 0; nd < 2 * PP; ++nd)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) dq[nd][e] = 0.f;
+#pragma unroll
+                for (int kk = 0; kk < KK; ++kk) {
+                    const int ti = lane / 8;
+                    const int key = kk * 16 + (ti / 2) * 8 + lane % 8;
+                    const int col = rg * 16 + (ti % 2) * 8;
+                    u32 a0, a1, a2, a3;
+                    ldmatrix_x4_trans(a0, a1, a2, a3, sDS + (u32)(key * RSS + col) * 2);
+#pragma unroll
+                    for (int pp = 0; pp < PP; ++pp) {
+                        const int dp = part * PP + pp;
+                        if (dp < NP) {
+                            const int r = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+                            const int c = dp * 2 + lane / 16;
+                            u32 b0, b1, b2, b3;
+                            ldmatrix_x4_trans(b0, b1, b2, b3, sK + (u32)(r * RS + c * 8) * 2);
+                            mma(dq[2 * pp], a0, a1, a2, a3, b0, b1);
+                            mma(dq[2 * pp + 1], a0, a1, a2, a3, b2, b3);
+                        }
+                    }
+                }
+                float *dqb = bp.dq_accum + ((i64)b * p.seqlen_q * p.heads_q + h) * D;
+#pragma unroll
+                for (int nd = 0; nd < 2 * PP; ++nd)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int i = row0 + rg * 16 + g + 8 * (e / 2);
+                        const int c = (part * PP * 2 + nd) * 8 + 2 * t + e % 2;
+                        if (i < p.seqlen_q && c < D) atomicAdd(dqb + (i64)i * p.heads_q * D + c, dq[nd][e] * bp.scale);
+                    }
+            }
+        }
+    }
+    cp_async_wait<0>(); // (a block with no query rows never waited for its K/V loads)
+
+    // dK (times softmax_scale) and dV of this warp's keys, as 16-bit pairs, dense.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int j = key0 + warp * 16 + g + 8 * r;
+        if (j >= p.seqlen_k) continue;
+        const i64 at = (((i64)b * p.seqlen_k + j) * bp.heads_kv + hk) * D;
+#pragma unroll
+        for (int nd = 0; nd < ND; ++nd) {
+            const int c = nd * 8 + 2 * t;
+            if (c < D) {
+                *(u32 *)(bp.dk + at + c) = pack2(dk[nd][2 * r] * bp.scale, dk[nd][2 * r + 1] * bp.scale);
+                *(u32 *)(bp.dv + at + c) = pack2(dv[nd][2 * r], dv[nd][2 * r + 1]);
+            }
+        }
+    }
+}

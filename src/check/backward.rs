@@ -1,0 +1,176 @@
+//! The GPU backward ([`crate::cuda::backward`]) against the exact f64 gradients
+//! ([`crate::reference_grad`]): both dtypes, head dims 8 to 128, no mask, causal (seqlen_q
+//! below, equal to and above seqlen_k) and sliding windows, GQA and MQA, lengths that are not
+//! multiples of the tiles. o and lse come from the CPU forward, so that a forward error cannot
+//! hide a backward one; the gradients start as NaN (an element the kernels skip fails).
+//! Problems the GPU backward does not take must be refused with a typed error.
+
+use super::CaseResult;
+use crate::compare::{Tolerance, diff, random_inputs, random_vec, widen};
+use crate::cuda::backward::{backward_host, unsupported};
+use crate::cuda::{Gpu, GpuElement, KernelKind};
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::mask::Mask;
+use crate::scores::{ScoreMods, Window};
+use crate::shape::{AttnProblem, AttnShape};
+use crate::{cpu, reference_grad};
+use half::{bf16, f16};
+
+/// One backward call of the sweep.
+#[derive(Debug, Clone)]
+pub struct BwdCase {
+    /// Label (`f16 backward b=.. sq=.. ...`).
+    pub label: String,
+    /// Element type.
+    pub dtype: DType,
+    /// The problem (dense layouts).
+    pub problem: AttnProblem,
+}
+
+/// The sweep: (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim) x masks x dtypes.
+pub fn cases() -> Vec<BwdCase> {
+    let shapes = [
+        (1, 17, 17, 2, 2, 64),
+        (2, 33, 65, 4, 1, 40),
+        (1, 65, 20, 4, 2, 8),
+        (1, 1, 129, 8, 1, 128),
+        (2, 100, 100, 4, 2, 128),
+        (1, 300, 257, 6, 2, 96),
+        (1, 128, 128, 2, 2, 64),
+        (2, 64, 200, 8, 8, 128),
+        (1, 513, 513, 2, 1, 64),
+    ];
+    let mut out = Vec::new();
+    for dtype in [DType::F16, DType::BF16] {
+        for &(b, sq, sk, hq, hkv, d) in &shapes {
+            let mut shape = AttnShape::new(b, sq, hq, d);
+            shape.seqlen_k = sk;
+            shape.heads_kv = hkv;
+            let base = AttnProblem::new(shape).expect("valid case");
+            let window = ScoreMods {
+                window: Window::from_fa(40, 8).expect("valid window"),
+                ..ScoreMods::default()
+            };
+            let variants = [
+                ("none", base.clone()),
+                ("causal", base.clone().with_mask(Mask::Causal)),
+                (
+                    "window(40,8)",
+                    base.clone().with_scores(window).expect("valid window"),
+                ),
+            ];
+            for (name, problem) in variants {
+                out.push(BwdCase {
+                    label: format!(
+                        "{dtype} backward b={b} sq={sq} sk={sk} hq={hq} hkv={hkv} d={d} {name}"
+                    ),
+                    dtype,
+                    problem,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Runs one case on the GPU and judges dq, dk, dv against the exact gradients: rel-L2 within
+/// twice the forward's o bound for the dtype (P and dS go through 16-bit values, as in
+/// FlashAttention-2), and no NaN or Inf where the exact value is finite.
+///
+/// # Errors
+/// Only oracle failures on a valid case; kernel failures are a failed result.
+pub fn run_case(gpu: &Gpu, case: &BwdCase, seed: u64) -> Result<CaseResult> {
+    match case.dtype {
+        DType::BF16 => run_typed::<bf16>(gpu, case, seed),
+        _ => run_typed::<f16>(gpu, case, seed),
+    }
+}
+
+fn run_typed<T: GpuElement>(gpu: &Gpu, case: &BwdCase, seed: u64) -> Result<CaseResult> {
+    let p = &case.problem;
+    let s = p.shape;
+    let mut result = CaseResult::new(&case.label, KernelKind::Mma);
+    result.kernel = "bwd".into();
+    let (q, k, v) = random_inputs::<T>(p, seed);
+    let n_o = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
+    let mut o = vec![T::default(); n_o];
+    let mut lse = vec![0.0f32; s.lse_len()];
+    cpu::forward(p, &q, &k, &v, &mut o, &mut lse)?;
+    let d_o: Vec<T> = random_vec(n_o, seed ^ 0xd0);
+    let exact = reference_grad::backward(p, &q, &k, &v, &d_o)?;
+    let got = match backward_host(gpu, p, &q, &k, &v, &o, &lse, &d_o) {
+        Ok(g) => g,
+        Err(e) => {
+            result.message = e.to_string();
+            return Ok(result);
+        }
+    };
+    let bound = 2.0 * Tolerance::for_dtype(T::DTYPE).o_rel_l2;
+    let mut notes = Vec::new();
+    let (mut worst_rel, mut worst_abs) = (0.0f64, 0.0f64);
+    let mut ok = true;
+    for (name, g, want) in [
+        ("dq", &got.dq, &exact.dq),
+        ("dk", &got.dk, &exact.dk),
+        ("dv", &got.dv, &exact.dv),
+    ] {
+        let d = diff(widen(g), want);
+        worst_rel = worst_rel.max(d.rel_l2);
+        worst_abs = worst_abs.max(d.max_abs);
+        notes.push(format!("{name} rel-L2 {:.2e}", d.rel_l2));
+        if !d.is_clean() || d.rel_l2.is_nan() || d.rel_l2 > bound {
+            ok = false;
+            notes.push(format!("{name}: {d} (bound {bound:.1e})"));
+        }
+    }
+    result.o_rel_l2 = worst_rel;
+    result.o_max_abs = worst_abs;
+    result.lse_max_abs = 0.0;
+    result.passed = ok;
+    result.message = notes.join(", ");
+    Ok(result)
+}
+
+/// Problems the GPU backward must refuse with a typed error (head_dim 36 and 256, softcap),
+/// each checked through [`backward_host`]: `(label, passed, message)`.
+pub fn refusals(gpu: &Gpu) -> Vec<(String, bool, String)> {
+    let p = |d| AttnProblem::new(AttnShape::new(1, 32, 2, d)).expect("valid shape");
+    let softcap = p(64)
+        .with_scores(ScoreMods {
+            softcap: Some(30.0),
+            ..ScoreMods::default()
+        })
+        .expect("valid softcap");
+    [
+        ("head_dim 36", p(36)),
+        ("head_dim 256", p(256)),
+        ("softcap", softcap),
+    ]
+    .into_iter()
+    .map(|(label, prob)| {
+        let s = prob.shape;
+        let n_q = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
+        let n_k = s.batch * s.seqlen_k * s.heads_kv * s.head_dim;
+        let x = vec![f16::from_f32(0.5); n_q.max(n_k)];
+        let lse = vec![0.0f32; s.lse_len()];
+        let r = backward_host(gpu, &prob, &x, &x, &x, &x, &lse, &x);
+        let expected = unsupported(&prob).map(|e| e.to_string());
+        match (r, expected) {
+            (Err(e), Some(want)) if e.to_string() == want => {
+                (format!("backward {label}"), true, e.to_string())
+            }
+            (Err(e), _) => (
+                format!("backward {label}"),
+                false,
+                format!("refused with an unexpected error: {e}"),
+            ),
+            (Ok(_), _) => (
+                format!("backward {label}"),
+                false,
+                "accepted a problem the GPU backward does not serve".into(),
+            ),
+        }
+    })
+    .collect()
+}

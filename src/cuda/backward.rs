@@ -1,0 +1,439 @@
+//! Launcher of attn_bwd.cu: the backward pass on Tensor Cores (FlashAttention-2's Algorithm 2,
+//! Dao 2023, arXiv 2307.08691): `D = rowsum(do * o)`, then one block per (key block, kv head,
+//! batch) accumulating dK and dV in registers and adding dQ to an f32 workspace with atomics,
+//! then the workspace converted to the element type.
+//!
+//! Serves head_dim a multiple of 8 up to 128, no mask, causal and sliding windows; softcap and
+//! ALiBi are refused with a typed error (the CPU backward, [`crate::cpu_backward`], has them).
+//! dQ's atomics make its last bits depend on the order the blocks run in; dK and dV are the
+//! same bytes run to run.
+//!
+//! Status: compiled for every CI arch without spills, checked by `flashattn check` (the
+//! `backward` cases), but not yet run on a GPU; `run --backward` still uses the CPU backward.
+
+use super::attention::{check_alignment, check_contexts, check_gpu_problem};
+use super::device::{Gpu, cuda_err};
+use super::launch::{
+    FlashParams, GpuElement, KernelKind, Launch, launch_context, score_defines, set_dynamic_smem,
+};
+use super::sources::KernelSource;
+use crate::dtype::DType;
+use crate::error::{AttnError, Result};
+use crate::shape::AttnProblem;
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+use serde::Serialize;
+
+/// Warps per block of attn_bwd; each owns 16 keys.
+pub const NWARPS: usize = 4;
+/// Keys per block (16 per warp).
+pub const KEYS_PER_BLOCK: usize = 16 * NWARPS;
+/// Query rows per step of a block (attn_bwd.cu `BR`).
+pub const ROWS_PER_STEP: usize = 32;
+/// The largest head_dim served: dK and dV of a warp's 16 keys stay in registers.
+pub const MAX_HEAD_DIM: usize = 128;
+
+/// What a backward call ran.
+#[derive(Debug, Clone, Serialize)]
+pub struct BackwardInfo {
+    /// Registers per thread of attn_bwd.
+    pub registers: u32,
+    /// Its spill stores in bytes.
+    pub spill_bytes: u32,
+    /// Its dynamic shared memory per block.
+    pub smem_bytes: usize,
+    /// Its blocks (key blocks x kv heads x batch).
+    pub blocks: u32,
+}
+
+/// Why the GPU backward cannot take this problem, as the error a call would return; `None`
+/// when it can. The CPU backward ([`crate::cpu_backward::backward`]) takes every problem.
+pub fn unsupported(p: &AttnProblem) -> Option<AttnError> {
+    let d = p.shape.head_dim;
+    if !d.is_multiple_of(8) || d > MAX_HEAD_DIM {
+        return Some(AttnError::UnsupportedHeadDim {
+            head_dim: d,
+            backend: "the GPU backward (attn_bwd)".into(),
+            supported: format!(
+                "multiples of 8 up to {MAX_HEAD_DIM}; the CPU backward takes every head_dim"
+            ),
+        });
+    }
+    let m = &p.scores;
+    let feature = [
+        (m.softcap.is_some(), "softcap"),
+        (m.alibi.is_some(), "ALiBi"),
+    ]
+    .into_iter()
+    .find(|(on, _)| *on);
+    feature.map(|(_, f)| AttnError::UnsupportedFeature {
+        feature: f.into(),
+        backend: "the GPU backward (attn_bwd)".into(),
+        hint: "use the CPU backward (flashattn::cpu_backward::backward), which has it".into(),
+    })
+}
+
+/// Dynamic shared memory of attn_bwd for a head_dim (attn_bwd.cu's layout: K and V of the
+/// block's keys, Q and dO of a step, dS^T, lse and D of a step).
+pub fn smem_bytes(head_dim: usize) -> usize {
+    let dp = head_dim.div_ceil(16) * 16;
+    let rs = (dp / 8 + 1) * 8;
+    let (bc, br) = (KEYS_PER_BLOCK, ROWS_PER_STEP);
+    (2 * bc * rs + 2 * br * rs + bc * (br + 8)) * 2 + 2 * br * 4
+}
+
+/// NVRTC defines of attn_bwd for a problem.
+pub fn defines(dtype: DType, p: &AttnProblem) -> Vec<(String, String)> {
+    let b = |x: bool| u8::from(x).to_string();
+    let mut d = vec![
+        ("HEAD_DIM".to_string(), p.shape.head_dim.to_string()),
+        ("NWARPS".to_string(), NWARPS.to_string()),
+        ("IS_BF16".to_string(), b(dtype == DType::BF16)),
+        ("IS_CAUSAL".to_string(), b(p.mask.is_causal())),
+    ];
+    d.extend(score_defines(p));
+    d
+}
+
+/// attn_bwd.cu's `BwdParams` (same field order and types).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct BwdParams {
+    p: FlashParams,
+    d_o: u64,
+    do_strides: [i64; 3],
+    dsum: u64,
+    dq_accum: u64,
+    dk: u64,
+    dv: u64,
+    scale: f32,
+    heads_kv: i32,
+    num_k_blocks: i32,
+}
+// SAFETY: plain old data with C layout, mirrored field by field by the kernel's struct.
+unsafe impl DeviceRepr for BwdParams {}
+
+/// Gradients on device buffers: `q`, `k`, `v` in the problem's layout, `o` and `d_o` through
+/// `o_strides`, `lse` the forward's (dense `[batch, heads_q, seqlen_q]` f32, natural log).
+/// Writes `dq` dense `[batch, seqlen_q, heads_q, head_dim]` and `dk`, `dv` dense `[batch,
+/// seqlen_k, heads_kv, head_dim]` (summed over the query heads of each kv head), in the
+/// element type. Asynchronous on `gpu.stream()`; the f32 workspaces (D and dQ) are freed in
+/// stream order.
+///
+/// # Errors
+/// [`unsupported`]'s errors; every error of [`check_gpu_problem`];
+/// [`AttnError::BufferTooShort`] for any buffer shorter than its layout needs (`do` named as
+/// such); [`AttnError::InvalidStrides`] for a base address not 16-byte aligned;
+/// [`AttnError::ShapeMismatch`] for a buffer of another context; [`AttnError::Compile`] /
+/// [`AttnError::Cuda`] with the kernel and shape.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_device<T, Q, K, V, O, L, G, DQ, DK, DV>(
+    gpu: &Gpu,
+    p: &AttnProblem,
+    q: &Q,
+    k: &K,
+    v: &V,
+    o: &O,
+    lse: &L,
+    d_o: &G,
+    dq: &mut DQ,
+    dk: &mut DK,
+    dv: &mut DV,
+) -> Result<BackwardInfo>
+where
+    T: GpuElement,
+    Q: DevicePtr<T>,
+    K: DevicePtr<T>,
+    V: DevicePtr<T>,
+    O: DevicePtr<T>,
+    L: DevicePtr<f32>,
+    G: DevicePtr<T>,
+    DQ: DevicePtrMut<T>,
+    DK: DevicePtrMut<T>,
+    DV: DevicePtrMut<T>,
+{
+    check_gpu_problem(p, KernelKind::Mma)?;
+    if let Some(e) = unsupported(p) {
+        return Err(e);
+    }
+    check_buffers(
+        p,
+        [q.len(), k.len(), v.len(), o.len(), lse.len(), d_o.len()],
+        [dq.len(), dk.len(), dv.len()],
+    )?;
+    check_contexts(
+        gpu,
+        [
+            ("q", q.stream().context().cu_ctx()),
+            ("k", k.stream().context().cu_ctx()),
+            ("v", v.stream().context().cu_ctx()),
+            ("o", o.stream().context().cu_ctx()),
+            ("lse", lse.stream().context().cu_ctx()),
+            ("do", d_o.stream().context().cu_ctx()),
+            ("dq", dq.stream().context().cu_ctx()),
+            ("dk", dk.stream().context().cu_ctx()),
+            ("dv", dv.stream().context().cu_ctx()),
+        ],
+    )?;
+    let stream = gpu.stream();
+    let (qp, _gq) = q.device_ptr(stream);
+    let (kp, _gk) = k.device_ptr(stream);
+    let (vp, _gv) = v.device_ptr(stream);
+    let (op, _go) = o.device_ptr(stream);
+    let (lp, _gl) = lse.device_ptr(stream);
+    let (dop, _gdo) = d_o.device_ptr(stream);
+    let (dqp, _gdq) = dq.device_ptr_mut(stream);
+    let (dkp, _gdk) = dk.device_ptr_mut(stream);
+    let (dvp, _gdv) = dv.device_ptr_mut(stream);
+    for (name, ptr) in [
+        ("q", qp),
+        ("k", kp),
+        ("v", vp),
+        ("o", op),
+        ("do", dop),
+        ("dq", dqp),
+        ("dk", dkp),
+        ("dv", dvp),
+    ] {
+        check_alignment(name, ptr)?;
+    }
+    let s = &p.shape;
+    let ctx = launch_context("attn_bwd", p);
+    let mut dsum: CudaSlice<f32> = stream
+        .alloc_zeros(s.lse_len())
+        .map_err(cuda_err(format!("{ctx}: allocating D")))?;
+    let n_q = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
+    let mut dq_accum: CudaSlice<f32> = stream
+        .alloc_zeros(n_q)
+        .map_err(cuda_err(format!("{ctx}: allocating the dQ workspace")))?;
+    let (dsp, _gds) = dsum.device_ptr_mut(stream);
+    let (dap, _gda) = dq_accum.device_ptr_mut(stream);
+
+    let launch = Launch {
+        problem: p,
+        dtype: T::DTYPE,
+        q: qp,
+        k: kp,
+        v: vp,
+        o: op,
+        lse: lp,
+        alibi: 0,
+        varlen: None,
+        lse_head_stride: None,
+    };
+    let num_k_blocks = s.seqlen_k.div_ceil(KEYS_PER_BLOCK);
+    let blocks = num_k_blocks as u64 * s.heads_kv as u64 * s.batch as u64;
+    let blocks = u32::try_from(blocks).map_err(|_| AttnError::TooLarge {
+        kernel: "attn_bwd",
+        reason: format!("{blocks} thread blocks: split the batch"),
+    })?;
+    let st = |x: crate::shape::Strides| [x.batch as i64, x.seq as i64, x.head as i64];
+    let params = BwdParams {
+        p: FlashParams::new(&launch, ROWS_PER_STEP as u32),
+        d_o: dop,
+        do_strides: st(p.o_strides),
+        dsum: dsp,
+        dq_accum: dap,
+        dk: dkp,
+        dv: dvp,
+        scale: p.softmax_scale,
+        heads_kv: s.heads_kv as i32,
+        num_k_blocks: num_k_blocks as i32,
+    };
+    let defs = defines(T::DTYPE, p);
+    let k_dsum = gpu.kernel(KernelSource::AttnBwd, "attn_bwd_dsum", &defs)?;
+    let k_main = gpu.kernel(KernelSource::AttnBwd, "attn_bwd", &defs)?;
+    let k_dq = gpu.kernel(KernelSource::AttnBwd, "attn_bwd_dq", &defs)?;
+    let smem = smem_bytes(s.head_dim);
+    set_dynamic_smem(&k_main.function, smem, &ctx)?;
+
+    let rows = (s.batch * s.seqlen_q * s.heads_q) as u64;
+    let grid_1d = |n: u64| -> Result<LaunchConfig> {
+        let blocks = u32::try_from(n.div_ceil(256)).map_err(|_| AttnError::TooLarge {
+            kernel: "attn_bwd",
+            reason: format!("{n} elements in one 1-D launch: split the batch"),
+        })?;
+        Ok(LaunchConfig {
+            grid_dim: (blocks.max(1), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    };
+    let ost = st(p.o_strides);
+    let mut b = stream.launch_builder(&k_dsum.function);
+    b.arg(&params)
+        .arg(&op)
+        .arg(&ost[0])
+        .arg(&ost[1])
+        .arg(&ost[2]);
+    // SAFETY: the arguments mirror attn_bwd_dsum's; every buffer was checked against the
+    // shape and strides above, and the kernel reads and writes only inside them.
+    unsafe { b.launch(grid_1d(rows)?) }.map_err(cuda_err(format!("{ctx} (D = rowsum(do o))")))?;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (32 * NWARPS as u32, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    let mut b = stream.launch_builder(&k_main.function);
+    b.arg(&params);
+    // SAFETY: as above; dq_accum holds n_q floats, dk and dv their dense sizes.
+    unsafe { b.launch(cfg) }.map_err(cuda_err(ctx.clone()))?;
+    let n = n_q as i64;
+    let mut b = stream.launch_builder(&k_dq.function);
+    b.arg(&dap).arg(&dqp).arg(&n);
+    // SAFETY: dq_accum and dq hold n_q elements each (dq checked above).
+    unsafe { b.launch(grid_1d(n_q as u64)?) }
+        .map_err(cuda_err(format!("{ctx} (dQ to the element type)")))?;
+    Ok(BackwardInfo {
+        registers: k_main.stats.registers,
+        spill_bytes: k_main.stats.spill_stores,
+        smem_bytes: smem,
+        blocks,
+    })
+}
+
+/// Length checks of a backward call: `[q, k, v, o, lse, do]` through the problem's layout
+/// (`do` through `o`'s), `[dq, dk, dv]` against their dense sizes.
+fn check_buffers(p: &AttnProblem, inputs: [usize; 6], grads: [usize; 3]) -> Result<()> {
+    let [q, k, v, o, lse, d_o] = inputs;
+    p.check_lengths(q, k, v, o, lse)?;
+    p.check_lengths(q, k, v, d_o, lse).map_err(|e| match e {
+        AttnError::BufferTooShort {
+            tensor: "o",
+            len,
+            required,
+        } => AttnError::BufferTooShort {
+            tensor: "do",
+            len,
+            required,
+        },
+        other => other,
+    })?;
+    let s = p.shape;
+    let n_q = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
+    let n_k = s.batch * s.seqlen_k * s.heads_kv * s.head_dim;
+    for ((name, len), required) in ["dq", "dk", "dv"]
+        .into_iter()
+        .zip(grads)
+        .zip([n_q, n_k, n_k])
+    {
+        if len < required {
+            return Err(AttnError::BufferTooShort {
+                tensor: name,
+                len,
+                required,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Gradients of a host call: dense `dq`, `dk`, `dv` as [`backward_device`] writes them.
+#[derive(Debug, Clone)]
+pub struct HostGradients<T> {
+    /// Gradient of q, dense `[batch, seqlen_q, heads_q, head_dim]`.
+    pub dq: Vec<T>,
+    /// Gradient of k, dense `[batch, seqlen_k, heads_kv, head_dim]`.
+    pub dk: Vec<T>,
+    /// Gradient of v, dense as `dk`.
+    pub dv: Vec<T>,
+    /// What ran.
+    pub info: BackwardInfo,
+}
+
+/// [`backward_device`] on host buffers: copies in, runs, copies the gradients back.
+///
+/// # Errors
+/// As [`backward_device`], plus allocation and copy failures as [`AttnError::Cuda`].
+#[allow(clippy::too_many_arguments)]
+pub fn backward_host<T: GpuElement>(
+    gpu: &Gpu,
+    p: &AttnProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    o: &[T],
+    lse: &[f32],
+    d_o: &[T],
+) -> Result<HostGradients<T>> {
+    check_gpu_problem(p, KernelKind::Mma)?;
+    if let Some(e) = unsupported(p) {
+        return Err(e);
+    }
+    let s = p.shape;
+    let n_q = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
+    let n_k = s.batch * s.seqlen_k * s.heads_kv * s.head_dim;
+    check_buffers(
+        p,
+        [q.len(), k.len(), v.len(), o.len(), lse.len(), d_o.len()],
+        [n_q, n_k, n_k],
+    )?;
+    let stream = gpu.stream();
+    let up = |x: &[T], what: &str| {
+        stream
+            .clone_htod(x)
+            .map_err(cuda_err(format!("copying {what} to the device")))
+    };
+    let (dq_in, dk_in, dv_in, do_in, d_do) = (
+        up(q, "q")?,
+        up(k, "k")?,
+        up(v, "v")?,
+        up(o, "o")?,
+        up(d_o, "do")?,
+    );
+    let d_lse = stream
+        .clone_htod(lse)
+        .map_err(cuda_err("copying lse to the device"))?;
+    // The gradients start as NaN: an element the kernels do not write comes back NaN.
+    let poisoned = |n: usize, what: &str| -> Result<CudaSlice<T>> {
+        stream
+            .clone_htod(&vec![T::from_f32(f32::NAN); n])
+            .map_err(cuda_err(format!("allocating {what}")))
+    };
+    let (mut g_dq, mut g_dk, mut g_dv) = (
+        poisoned(n_q, "dq")?,
+        poisoned(n_k, "dk")?,
+        poisoned(n_k, "dv")?,
+    );
+    let info = backward_device(
+        gpu, p, &dq_in, &dk_in, &dv_in, &do_in, &d_lse, &d_do, &mut g_dq, &mut g_dk, &mut g_dv,
+    )?;
+    let what = launch_context("attn_bwd", p);
+    let back = |x: &CudaSlice<T>, name: &str| {
+        stream
+            .clone_dtoh(x)
+            .map_err(cuda_err(format!("{what}: copying {name} back")))
+    };
+    Ok(HostGradients {
+        dq: back(&g_dq, "dq")?,
+        dk: back(&g_dk, "dk")?,
+        dv: back(&g_dv, "dv")?,
+        info,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AttnShape, Mask};
+
+    #[test]
+    fn shared_memory_matches_the_kernel_layout() {
+        // d128: K, V 64 x 136, Q, dO 32 x 136, dS^T 64 x 40 (16-bit), lse and D 32 f32 each.
+        assert_eq!(
+            smem_bytes(128),
+            (2 * 64 * 136 + 2 * 32 * 136 + 64 * 40) * 2 + 256
+        );
+        assert!(smem_bytes(MAX_HEAD_DIM) <= 99 * 1024);
+    }
+
+    #[test]
+    fn unsupported_problems_name_the_reason() {
+        let p = |d| AttnProblem::new(AttnShape::new(1, 64, 2, d)).unwrap();
+        assert!(unsupported(&p(64)).is_none());
+        assert!(unsupported(&p(128).with_mask(Mask::Causal)).is_none());
+        for d in [36, 136, 256] {
+            let e = unsupported(&p(d)).expect("refused");
+            assert!(e.to_string().contains("CPU backward"), "{e}");
+        }
+    }
+}
