@@ -14,6 +14,9 @@
 // layout_probe.cu); the A operands of S^T and dP^T are K and V rows (ldmatrix, as Q in the
 // forward), P^T and dS^T go from C fragments to A fragments in registers (as P in the
 // forward), and the A operand of dS K is read from dS^T with ldmatrix.trans.
+// The tiling and masks (query_range, rows_of_key) are modelled on the CPU, with the same
+// rounding of P and dS, in src/backward_tiles.rs, whose tests hold them against the exact
+// gradients.
 // Specialised at NVRTC time by HEAD_DIM (multiple of 8, at most 128 here), NWARPS, IS_BF16,
 // IS_CAUSAL and IS_LOCAL (attn_common.cuh's key range); softcap and ALiBi are refused by the
 // host for now.

@@ -8,6 +8,7 @@
 //! host-memory entry point that picks a backend.
 
 pub mod backend;
+pub mod backward_tiles;
 pub mod bench;
 pub mod check;
 pub mod compare;

@@ -1,0 +1,278 @@
+//! A CPU model of `kernels/attn_bwd.cu`'s tiling: which query rows a block of keys visits,
+//! which (row, key) pairs its mask keeps, and where P and dS are rounded to the element type.
+//! The kernel computes the same formulas on the GPU; here they run on host buffers so that the
+//! unit tests can hold them against the exact gradients ([`crate::reference_grad`]) without a
+//! GPU (the fragment layouts the kernel relies on are the probe's business, [`crate::probe`]).
+
+use crate::dtype::Element;
+use crate::shape::AttnProblem;
+
+/// Keys per block of attn_bwd (16 per warp, 4 warps).
+pub const KEYS_PER_BLOCK: usize = 64;
+/// Query rows per step of a block.
+pub const ROWS_PER_STEP: usize = 32;
+
+/// An unbounded window side, as the kernel takes it (2^30 keys).
+const UNBOUNDED: i64 = 1 << 30;
+
+fn clamp(x: i64, lo: i64, hi: i64) -> i64 {
+    x.max(lo).min(hi)
+}
+
+/// The query rows `[begin, end)` whose key range meets keys `[key0, key0 + bc)`: row i sees
+/// keys `[i + diag - left, i + diag + right]` (right = 0 when causal), both ends
+/// non-decreasing in i (attn_bwd.cu, before the step loop).
+pub fn query_range(p: &AttnProblem, key0: usize, bc: usize) -> (usize, usize) {
+    let s = p.shape;
+    let (sq, diag) = (s.seqlen_q as i64, s.seqlen_k as i64 - s.seqlen_q as i64);
+    let w = p.scores.window;
+    let local = !w.is_unbounded();
+    let side = |x: Option<usize>| x.map_or(UNBOUNDED, |v| (v as i64).min(UNBOUNDED));
+    let mut begin = 0;
+    let mut end = sq;
+    if p.mask.is_causal() || local {
+        let right = if p.mask.is_causal() { 0 } else { side(w.right) };
+        begin = clamp(key0 as i64 - diag - right, 0, sq);
+    }
+    if local {
+        end = clamp(key0 as i64 + bc as i64 - diag + side(w.left), 0, sq);
+    }
+    (begin as usize, end.max(begin) as usize)
+}
+
+/// The rows that see key `j`, `[min, max]`, as offsets from `row0` (the kernel's `rmin`,
+/// `rmax`), clamped to `[-2^30, 2^30]`; a key past `seqlen_k` is seen by none.
+pub fn rows_of_key(p: &AttnProblem, j: usize, row0: usize) -> (i64, i64) {
+    let s = p.shape;
+    let diag = s.seqlen_k as i64 - s.seqlen_q as i64;
+    let w = p.scores.window;
+    let local = !w.is_unbounded();
+    let side = |x: Option<usize>| x.map_or(UNBOUNDED, |v| (v as i64).min(UNBOUNDED));
+    let right = if p.mask.is_causal() {
+        0
+    } else if local {
+        side(w.right)
+    } else {
+        UNBOUNDED
+    };
+    let (j, row0) = (j as i64, row0 as i64);
+    let lo = if j >= s.seqlen_k as i64 {
+        UNBOUNDED
+    } else {
+        j - diag - right - row0
+    };
+    let hi = if local {
+        j - diag + side(w.left) - row0
+    } else {
+        UNBOUNDED
+    };
+    (
+        clamp(lo, -UNBOUNDED, UNBOUNDED),
+        clamp(hi, -UNBOUNDED, UNBOUNDED),
+    )
+}
+
+/// Gradients in f32, dense: `dq [batch, seqlen_q, heads_q, head_dim]`, `dk` and `dv`
+/// `[batch, seqlen_k, heads_kv, head_dim]`.
+#[derive(Debug, Clone)]
+pub struct Grads {
+    /// Gradient of q.
+    pub dq: Vec<f32>,
+    /// Gradient of k.
+    pub dk: Vec<f32>,
+    /// Gradient of v.
+    pub dv: Vec<f32>,
+}
+
+/// The kernel's algorithm on host buffers, block by block and step by step as attn_bwd.cu
+/// visits them, with P and dS rounded to `T` where the kernel packs them. Inputs dense
+/// (`q`, `o`, `d_o` `[batch, seqlen_q, heads_q, head_dim]`, `k`, `v` `[batch, seqlen_k,
+/// heads_kv, head_dim]`, `lse` `[batch, heads_q, seqlen_q]`); no softcap or ALiBi (the kernel
+/// refuses them). A model for tests: slow on purpose (no tiling of the arithmetic).
+#[allow(clippy::too_many_arguments)]
+pub fn emulate<T: Element>(
+    p: &AttnProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    o: &[T],
+    lse: &[f32],
+    d_o: &[T],
+) -> Grads {
+    let s = p.shape;
+    let (d, sq, sk, hq, hkv) = (s.head_dim, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv);
+    let group = hq / hkv;
+    let scale = p.softmax_scale;
+    let scale_log2 = scale * std::f32::consts::LOG2_E;
+    let row = |x: &[T], b: usize, i: usize, h: usize, heads: usize, len: usize| -> Vec<f32> {
+        let at = ((b * len + i) * heads + h) * d;
+        x[at..at + d].iter().map(|e| e.to_f32()).collect()
+    };
+    let round = |x: f32| T::from_f32(x).to_f32();
+    let mut g = Grads {
+        dq: vec![0.0; s.batch * sq * hq * d],
+        dk: vec![0.0; s.batch * sk * hkv * d],
+        dv: vec![0.0; s.batch * sk * hkv * d],
+    };
+    for b in 0..s.batch {
+        // D = rowsum(do o), attn_bwd_dsum.
+        let dsum = |h: usize, i: usize| -> f32 {
+            let (dr, or) = (row(d_o, b, i, h, hq, sq), row(o, b, i, h, hq, sq));
+            dr.iter()
+                .zip(&or)
+                .fold(0.0f32, |a, (x, y)| x.mul_add(*y, a))
+        };
+        for hk in 0..hkv {
+            for key0 in (0..sk).step_by(KEYS_PER_BLOCK) {
+                let (i_begin, i_end) = query_range(p, key0, KEYS_PER_BLOCK);
+                let (m_begin, m_end) = (i_begin / ROWS_PER_STEP, i_end.div_ceil(ROWS_PER_STEP));
+                for gi in 0..group {
+                    let h = hk * group + gi;
+                    for m in m_begin..m_end.max(m_begin) {
+                        let row0 = m * ROWS_PER_STEP;
+                        for j in key0..(key0 + KEYS_PER_BLOCK).min(sk) {
+                            let (rmin, rmax) = rows_of_key(p, j, row0);
+                            let (kr, vr) = (row(k, b, j, hk, hkv, sk), row(v, b, j, hk, hkv, sk));
+                            for i in row0..(row0 + ROWS_PER_STEP).min(sq) {
+                                let rl = (i - row0) as i64;
+                                if rl < rmin || rl > rmax {
+                                    continue;
+                                }
+                                let (qr, dr) = (row(q, b, i, h, hq, sq), row(d_o, b, i, h, hq, sq));
+                                let s_ij: f32 = qr.iter().zip(&kr).map(|(x, y)| x * y).sum();
+                                let l = lse[(b * hq + h) * sq + i] * std::f32::consts::LOG2_E;
+                                let p16 = round((s_ij * scale_log2 - l).exp2());
+                                let dp: f32 = vr.iter().zip(&dr).map(|(x, y)| x * y).sum();
+                                let ds16 = round(p16 * (dp - dsum(h, i)));
+                                let kv_at = ((b * sk + j) * hkv + hk) * d;
+                                let q_at = ((b * sq + i) * hq + h) * d;
+                                for c in 0..d {
+                                    g.dv[kv_at + c] += p16 * dr[c];
+                                    g.dk[kv_at + c] += ds16 * qr[c];
+                                    g.dq[q_at + c] += scale * ds16 * kr[c];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for x in &mut g.dk {
+        *x *= scale;
+    }
+    g
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compare::{Tolerance, diff, random_inputs, random_vec};
+    use crate::mask::Mask;
+    use crate::scores::{ScoreMods, Window};
+    use crate::shape::AttnShape;
+    use crate::{cpu, reference_grad};
+    use half::{bf16, f16};
+
+    fn problem(b: usize, sq: usize, sk: usize, hq: usize, hkv: usize, d: usize) -> AttnProblem {
+        let mut shape = AttnShape::new(b, sq, hq, d);
+        shape.seqlen_k = sk;
+        shape.heads_kv = hkv;
+        AttnProblem::new(shape).unwrap()
+    }
+
+    fn check<T: Element>(p: &AttnProblem, label: &str) {
+        let s = p.shape;
+        let (q, k, v) = random_inputs::<T>(p, 7);
+        let n_o = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
+        let mut o = vec![T::default(); n_o];
+        let mut lse = vec![0.0f32; s.lse_len()];
+        cpu::forward(p, &q, &k, &v, &mut o, &mut lse).unwrap();
+        let d_o: Vec<T> = random_vec(n_o, 0xd0);
+        let exact = reference_grad::backward(p, &q, &k, &v, &d_o).unwrap();
+        let got = emulate(p, &q, &k, &v, &o, &lse, &d_o);
+        // The bound check/backward.rs holds the GPU to.
+        let bound = 2.0 * Tolerance::for_dtype(T::DTYPE).o_rel_l2;
+        for (name, g, want) in [
+            ("dq", &got.dq, &exact.dq),
+            ("dk", &got.dk, &exact.dk),
+            ("dv", &got.dv, &exact.dv),
+        ] {
+            let dd = diff(g.iter().map(|&x| x as f64), want);
+            assert!(
+                dd.is_clean() && dd.rel_l2 <= bound,
+                "{label} {} {name}: {dd} (bound {bound:e})",
+                T::DTYPE
+            );
+        }
+    }
+
+    #[test]
+    fn the_kernel_tiling_gives_the_exact_gradients() {
+        let window = |l, r| ScoreMods {
+            window: Window::from_fa(l, r).unwrap(),
+            ..ScoreMods::default()
+        };
+        // (batch, sq, sk, hq, hkv, d): GQA/MQA, sq below, equal to and above sk, lengths
+        // that are not multiples of the block (64 keys) or the step (32 rows).
+        for (b, sq, sk, hq, hkv, d) in [
+            (1, 17, 17, 2, 2, 16),
+            (2, 33, 65, 4, 1, 8),
+            (1, 65, 20, 4, 2, 8),
+            (1, 1, 129, 4, 1, 16),
+            (1, 100, 130, 2, 1, 8),
+            (1, 150, 70, 2, 2, 8),
+        ] {
+            let base = problem(b, sq, sk, hq, hkv, d);
+            let variants = [
+                ("none", base.clone()),
+                ("causal", base.clone().with_mask(Mask::Causal)),
+                (
+                    "window(20,5)",
+                    base.clone().with_scores(window(20, 5)).unwrap(),
+                ),
+                (
+                    "window(0,0)",
+                    base.clone().with_scores(window(0, 0)).unwrap(),
+                ),
+                (
+                    "causal+window(40,-1)",
+                    base.clone()
+                        .with_mask(Mask::Causal)
+                        .with_scores(window(40, -1))
+                        .unwrap(),
+                ),
+            ];
+            for (name, p) in variants {
+                let label = format!("{} {name}", p.shape);
+                check::<f16>(&p, &label);
+                check::<bf16>(&p, &label);
+            }
+        }
+    }
+
+    #[test]
+    fn query_ranges_cover_every_row_that_sees_a_key_of_the_block() {
+        let p = problem(1, 300, 257, 1, 1, 8)
+            .with_scores(ScoreMods {
+                window: Window::from_fa(40, 8).unwrap(),
+                ..ScoreMods::default()
+            })
+            .unwrap();
+        for key0 in (0..257).step_by(KEYS_PER_BLOCK) {
+            let (begin, end) = query_range(&p, key0, KEYS_PER_BLOCK);
+            for i in 0..300 {
+                let r = p.key_range(i);
+                let meets =
+                    r.start < r.end && r.start < (key0 + KEYS_PER_BLOCK).min(257) && r.end > key0;
+                // Every row that sees a key of the block is visited (the range may also hold
+                // rows whose keys start past seqlen_k: the mask drops them).
+                assert!(
+                    !meets || (begin..end).contains(&i),
+                    "key block {key0}, row {i}: keys {r:?}, visited {begin}..{end}"
+                );
+            }
+            assert!(begin < end, "key block {key0} visits no row");
+        }
+    }
+}
