@@ -66,6 +66,21 @@ FA_DEVICE u32 a_x4_addr(const u16 *tile16x16, int lane) {
     return smem_u32(tile16x16 + (r + 8 * (t & 1)) * 16 + 8 * (t >> 1));
 }
 
+// One mma.m16n8k16 of the loaded fragments, then the lane's words: a0..a3, b0..b1, d0..d3
+// (layout_probe and layout_trans_a).
+FA_DEVICE void mma_and_dump(u32 *out, int lane, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    mma16(d, a0, a1, a2, a3, b0, b1);
+    u32 *o = out + lane * PROBE_REGS;
+    o[0] = a0;
+    o[1] = a1;
+    o[2] = a2;
+    o[3] = a3;
+    o[4] = b0;
+    o[5] = b1;
+    for (int i = 0; i < 4; ++i) o[6 + i] = __float_as_uint(d[i]);
+}
+
 extern "C" __global__ void __launch_bounds__(32) layout_probe(u32 *out) {
     __shared__ __align__(16) u16 sA[16 * 16];
     __shared__ __align__(16) u16 sB[16 * 8];
@@ -90,17 +105,7 @@ extern "C" __global__ void __launch_bounds__(32) layout_probe(u32 *out) {
     (void)b2;
     (void)b3;
 
-    float d[4] = {0.f, 0.f, 0.f, 0.f};
-    mma16(d, a0, a1, a2, a3, b0, b1);
-
-    u32 *o = out + lane * PROBE_REGS;
-    o[0] = a0;
-    o[1] = a1;
-    o[2] = a2;
-    o[3] = a3;
-    o[4] = b0;
-    o[5] = b1;
-    for (int i = 0; i < 4; ++i) o[6 + i] = __float_as_uint(d[i]);
+    mma_and_dump(out, lane, a0, a1, a2, a3, b0, b1);
 }
 
 extern "C" __global__ void __launch_bounds__(32) layout_handoff(u32 *out) {
@@ -184,15 +189,5 @@ extern "C" __global__ void __launch_bounds__(32) layout_trans_a(u32 *out) {
     (void)b2;
     (void)b3;
 
-    float d[4] = {0.f, 0.f, 0.f, 0.f};
-    mma16(d, a0, a1, a2, a3, b0, b1);
-
-    u32 *o = out + lane * PROBE_REGS;
-    o[0] = a0;
-    o[1] = a1;
-    o[2] = a2;
-    o[3] = a3;
-    o[4] = b0;
-    o[5] = b1;
-    for (int i = 0; i < 4; ++i) o[6 + i] = __float_as_uint(d[i]);
+    mma_and_dump(out, lane, a0, a1, a2, a3, b0, b1);
 }

@@ -15,6 +15,46 @@ use crate::reference::RowRule;
 use crate::shape::AttnProblem;
 use rayon::prelude::*;
 
+/// The length checks of every backward (CPU and GPU): `[q, k, v, o, lse, do]` through the
+/// problem's layout (`do` through `o`'s strides, and named `do` in the error), `[dq, dk, dv]`
+/// against their dense sizes.
+///
+/// # Errors
+/// [`AttnError::BufferTooShort`] naming the first buffer that is too short.
+pub(crate) fn check_buffers(p: &AttnProblem, inputs: [usize; 6], grads: [usize; 3]) -> Result<()> {
+    let [q, k, v, o, lse, d_o] = inputs;
+    p.check_lengths(q, k, v, o, lse)?;
+    p.check_lengths(q, k, v, d_o, lse).map_err(|e| match e {
+        AttnError::BufferTooShort {
+            tensor: "o",
+            len,
+            required,
+        } => AttnError::BufferTooShort {
+            tensor: "do",
+            len,
+            required,
+        },
+        other => other,
+    })?;
+    let s = p.shape;
+    let n_q = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
+    let n_k = s.batch * s.seqlen_k * s.heads_kv * s.head_dim;
+    for ((name, len), required) in ["dq", "dk", "dv"]
+        .into_iter()
+        .zip(grads)
+        .zip([n_q, n_k, n_k])
+    {
+        if len < required {
+            return Err(AttnError::BufferTooShort {
+                tensor: name,
+                len,
+                required,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Gradients on host buffers. `q`, `k`, `v` are read through the problem's strides, `o` and
 /// `d_o` through `o_strides` (`do` has `o`'s layout); `lse` is the forward's, dense
 /// `[batch, heads_q, seqlen_q]` f32 natural log. `dq` is written dense `[batch, seqlen_q,
@@ -39,35 +79,13 @@ pub fn backward<T: Element>(
     dv: &mut [T],
 ) -> Result<()> {
     p.validate()?;
-    p.check_lengths(q.len(), k.len(), v.len(), o.len(), lse.len())?;
-    p.check_lengths(q.len(), k.len(), v.len(), d_o.len(), lse.len())
-        .map_err(|e| match e {
-            AttnError::BufferTooShort {
-                tensor: "o",
-                len,
-                required,
-            } => AttnError::BufferTooShort {
-                tensor: "do",
-                len,
-                required,
-            },
-            other => other,
-        })?;
+    check_buffers(
+        p,
+        [q.len(), k.len(), v.len(), o.len(), lse.len(), d_o.len()],
+        [dq.len(), dk.len(), dv.len()],
+    )?;
     let s = p.shape;
     let (d, sq, sk, hq, hkv) = (s.head_dim, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv);
-    for (name, buf, need) in [
-        ("dq", dq.len(), s.batch * sq * hq * d),
-        ("dk", dk.len(), s.batch * sk * hkv * d),
-        ("dv", dv.len(), s.batch * sk * hkv * d),
-    ] {
-        if buf < need {
-            return Err(AttnError::BufferTooShort {
-                tensor: name,
-                len: buf,
-                required: need,
-            });
-        }
-    }
     let group = s.group_size();
     let scale = p.softmax_scale;
     let plain = p.scores.softcap.is_none() && p.scores.alibi.is_none();

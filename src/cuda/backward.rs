@@ -17,6 +17,7 @@ use super::launch::{
     FlashParams, GpuElement, KernelKind, Launch, launch_context, score_defines, set_dynamic_smem,
 };
 use super::sources::KernelSource;
+use crate::cpu_backward::check_buffers;
 use crate::dtype::DType;
 use crate::error::{AttnError, Result};
 use crate::shape::AttnProblem;
@@ -289,42 +290,6 @@ where
         smem_bytes: smem,
         blocks,
     })
-}
-
-/// Length checks of a backward call: `[q, k, v, o, lse, do]` through the problem's layout
-/// (`do` through `o`'s), `[dq, dk, dv]` against their dense sizes.
-fn check_buffers(p: &AttnProblem, inputs: [usize; 6], grads: [usize; 3]) -> Result<()> {
-    let [q, k, v, o, lse, d_o] = inputs;
-    p.check_lengths(q, k, v, o, lse)?;
-    p.check_lengths(q, k, v, d_o, lse).map_err(|e| match e {
-        AttnError::BufferTooShort {
-            tensor: "o",
-            len,
-            required,
-        } => AttnError::BufferTooShort {
-            tensor: "do",
-            len,
-            required,
-        },
-        other => other,
-    })?;
-    let s = p.shape;
-    let n_q = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
-    let n_k = s.batch * s.seqlen_k * s.heads_kv * s.head_dim;
-    for ((name, len), required) in ["dq", "dk", "dv"]
-        .into_iter()
-        .zip(grads)
-        .zip([n_q, n_k, n_k])
-    {
-        if len < required {
-            return Err(AttnError::BufferTooShort {
-                tensor: name,
-                len,
-                required,
-            });
-        }
-    }
-    Ok(())
 }
 
 /// Gradients of a host call: dense `dq`, `dk`, `dv` as [`backward_device`] writes them.
