@@ -38,6 +38,7 @@ response has ok = false and the reason in "error". Progress goes to stderr.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -115,6 +116,11 @@ def time_case(torch, F, backend, case, iters, warmup, warmup_ms=0):
     def make(rows, heads):
         return torch.randn(b, rows, heads, d, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
 
+    backward = bool(case.get("backward", False))
+    if backward:
+        # The backward of one forward per set (FlashAttention's benchmark_backward): gradients
+        # of q, k, v for a random dO, the graph kept between calls.
+        nsets = 1
     sets = [(make(sq, h), make(s, hkv), make(s, hkv)) for _ in range(nsets)]
     gqa = hkv != h
     if gqa:
@@ -128,7 +134,21 @@ def time_case(torch, F, backend, case, iters, warmup, warmup_ms=0):
             q, k, v = sets[i % nsets]
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-    with torch.inference_mode(), sdpa_kernel(backend):
+    if backward:
+        fwd = call
+        sets = [tuple(x.detach().requires_grad_(True) for x in st) for st in sets]
+        graph = {}
+
+        def call(i):
+            st = sets[i % nsets]
+            if i % nsets not in graph:
+                out = fwd(i)
+                graph[i % nsets] = (out, torch.randn_like(out))
+            out, d_out = graph[i % nsets]
+            return torch.autograd.grad(out, st, d_out, retain_graph=True)[0]
+
+    mode = contextlib.nullcontext() if backward else torch.inference_mode()
+    with mode, sdpa_kernel(backend):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:

@@ -14,10 +14,11 @@
 //   D2[i][j] = P[i][j] + 256*P[i][j+8]. Lane l writes out[l*16 + r]: r=0..7 the bits of
 //   s0..s3 (S[:, 0:8]) and s4..s7 (S[:, 8:16]), r=8..11 p0..p3, r=12..15 the bits of d0..d3.
 // layout_trans_a: the A operand read from its transpose, as the backward's dQ = dS K reads dS
-//   from dS^T: A^T is stored row-major [k][m] (At[k][m] = m, so A[i][j] = i as in
-//   layout_probe) and loaded with ldmatrix.x4.trans, lane l addressing row k = l%8 + 8*(t/2)
-//   at column m = 8*(t%2) of tile t = l/8; B and the output words as in layout_probe, so the
-//   same checks apply (A[i][j] = i, D[i][j] = 16*i*j).
+//   from dS^T: A^T is stored row-major [k][m] with At[k][m] = m + 16k (so A[i][j] = i + 16j
+//   names both its row and its column, and a wrong k order shows) and loaded with
+//   ldmatrix.x4.trans, lane l addressing row k = l%8 + 8*(t/2) at column m = 8*(t%2) of tile
+//   t = l/8; B (B[k][j] = j) and the output words as in layout_probe, so D[i][j] = 16*i*j +
+//   1920*j (every value exact in f16, bf16 and f32).
 //
 // Defines: PROBE_BF16=1 stores the inputs as bf16 (default f16); PROBE_FAULT=1 loads B of
 // layout_probe and A^T of layout_trans_a WITHOUT .trans (deliberate layout bugs the host
@@ -170,7 +171,7 @@ extern "C" __global__ void __launch_bounds__(32) layout_trans_a(u32 *out) {
     __shared__ __align__(16) u16 sAt[16 * 16];
     __shared__ __align__(16) u16 sB[16 * 8];
     const int lane = threadIdx.x;
-    for (int e = lane; e < 16 * 16; e += 32) sAt[e] = to16((float)(e % 16)); // At[k][m] = m
+    for (int e = lane; e < 16 * 16; e += 32) sAt[e] = to16((float)e); // At[k][m] = m + 16k
     for (int e = lane; e < 16 * 8; e += 32) sB[e] = to16((float)(e % 8));    // B[k][j] = j
     __syncthreads();
 

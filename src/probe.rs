@@ -13,9 +13,10 @@
 //!   the A fragment of `P` in a second `mma` with `B2[k][j] = [k == j] + 256*[k == j + 8]`, so
 //!   `D2[i][j] = P[i][j] + 256*P[i][j+8]`. D2 is compared with the emulator's two-step product
 //!   (emulated `mma` for S, rounding to 16 bits, emulated `mma` again).
-//! - **transposed A** (the backward's dS read from dS^T): the probe case with A stored as its
-//!   transpose `[k][m]` and loaded with `ldmatrix.x4.trans` at the addresses attn_bwd.cu uses;
-//!   the same expected registers as the probe case.
+//! - **transposed A** (the backward's dS read from dS^T): A stored as its transpose `[k][m]`
+//!   and loaded with `ldmatrix.x4.trans` at the addresses attn_bwd.cu uses, with
+//!   `A[i][j] = i + 16*j` (each value names its row and column, so a wrong k order shows) and
+//!   B as in the probe case: `D[i][j] = 16*i*j + 1920*j`.
 //!
 //! The GPU path ([`run_gpu`]) and the emulator path ([`run_emulated`]) fill the same
 //! [`RegisterDump`], and one checker ([`check`]) judges both. The fault variant loads B of the
@@ -220,8 +221,9 @@ pub fn emulate(input: Input16, inject_fault: bool) -> RegisterDump {
             d: d[l],
         }
     });
-    // Transposed-A case: At[k][m] = m at element 0, B as in the probe case at 256.
-    let at = (0..256).map(|e| input.encode((e % 16) as f32));
+    // Transposed-A case: At[k][m] = m + 16k (element e = 16k + m holds e) at element 0, B as
+    // in the probe case at 256.
+    let at = (0..256).map(|e| input.encode(e as f32));
     let bt = (0..128).map(|e| input.encode((e % 8) as f32));
     let smem: Vec<u16> = at.chain(bt).collect();
     let a = layout::ldmatrix(
@@ -505,27 +507,40 @@ fn check_probe_lanes(
     report: &mut ProbeReport,
     input: Input16,
     lanes: &Warp<ProbeLane>,
+    col_weight: usize,
     suffix: &str,
 ) {
+    // A[i][j] = i + col_weight * j; with B[k][j] = j, D[i][j] = 16*i*j + col_weight*120*j.
+    let w = col_weight;
     let dec = |r: u32, half| input.decode(layout::unpack(r, half));
-    let mut a = Section::new(format!("A[i][j] = i{suffix}"));
+    let (a_rule, d_rule) = if w == 0 {
+        ("A[i][j] = i".to_string(), "D[i][j] = 16*i*j".to_string())
+    } else {
+        (
+            format!("A[i][j] = i + {w}*j"),
+            format!("D[i][j] = 16*i*j + {}*j", 120 * w),
+        )
+    };
+    let mut a = Section::new(format!("{a_rule}{suffix}"));
     let mut b = Section::new(format!("B[k][j] = j{suffix}"));
-    let mut d = Section::new(format!("D[i][j] = 16*i*j{suffix}"));
+    let mut d = Section::new(format!("{d_rule}{suffix}"));
     for (lane, regs) in lanes.iter().enumerate() {
         for reg in 0..4 {
             for half in 0..2 {
                 let (i, j) = a_cell(lane, reg, half);
                 let v = dec(regs.a[reg], half);
-                let got = || match small_int(v, 16) {
-                    Some(r) => format!("A[{r}][*] (value {r})"),
+                let want = (i + w * j) as f32;
+                let got = || match small_int(v, if w == 0 { 16 } else { 16 + 15 * w }) {
+                    Some(x) if w == 0 => format!("A[{x}][*] (value {x})"),
+                    Some(x) => format!("A[{}][{}] (value {x})", x % w, x / w),
                     None => format!("value {} (no cell holds it)", show(v)),
                 };
                 a.cell(
-                    v == i as f32,
+                    v == want,
                     lane,
                     format!("a{reg}.{}", half_name(half)),
                     got,
-                    format!("A[{i}][{j}] (value {i})"),
+                    format!("A[{i}][{j}] (value {})", show(want)),
                 );
             }
         }
@@ -548,12 +563,18 @@ fn check_probe_lanes(
         }
         for reg in 0..4 {
             let (i, j) = cd_cell(lane, reg);
-            let (v, e) = (regs.d[reg], (16 * i * j) as f32);
+            let (v, e) = (regs.d[reg], (16 * i * j + 120 * w * j) as f32);
             d.cell(
                 v == e,
                 lane,
                 format!("d{reg}"),
-                || describe_d(v),
+                || {
+                    if w == 0 {
+                        describe_d(v)
+                    } else {
+                        format!("value {}", show(v))
+                    }
+                },
                 format!("D[{i}][{j}] (value {})", show(e)),
             );
         }
@@ -570,11 +591,12 @@ pub fn check(dump: &RegisterDump, source: impl Into<String>) -> ProbeReport {
     let dec = |r: u32, half| input.decode(layout::unpack(r, half));
     let mut report = ProbeReport::new(input.dtype(), source.into());
 
-    check_probe_lanes(&mut report, input, &dump.probe, "");
+    check_probe_lanes(&mut report, input, &dump.probe, 0, "");
     check_probe_lanes(
         &mut report,
         input,
         &dump.trans_a,
+        16,
         " (A from A^T, ldmatrix.trans)",
     );
 

@@ -448,3 +448,38 @@ fn gpu_bench() {
     let code = cli_bench::run(&o).unwrap();
     eprintln!("exit code {code}");
 }
+
+#[test]
+fn backward_sweep_has_one_bwd_line_and_two_and_a_half_forward_flops() {
+    let o = opts(&["--backward", "--quick"]);
+    let sweep = o.sweep().unwrap();
+    assert_eq!(
+        sweep
+            .lines
+            .iter()
+            .map(|l| l.name.as_str())
+            .collect::<Vec<_>>(),
+        ["bwd"]
+    );
+    for c in &sweep.cases {
+        assert!(c.backward && c.id().ends_with("-bwd"), "{}", c.id());
+        let forward = flashattn::bench::Case {
+            backward: false,
+            ..c.clone()
+        };
+        assert_eq!(c.flops(), 2.5 * forward.flops());
+    }
+    let r = new_report(&sweep);
+    assert!(r.method.flops.starts_with("backward: 2.5 x"));
+    // The peers get the flag through the flattened case.
+    let req = PeerRequest::from_report(&r);
+    assert!(req.cases.iter().all(|c| c.case.backward));
+    for bad in [
+        &["--backward", "--kernels", "mma"][..],
+        &["--backward", "--tiles", "2,4,64"],
+        &["--backward", "--softcap", "30"],
+        &["--backward", "--alibi"],
+    ] {
+        assert!(opts(bad).sweep().is_err(), "{bad:?}");
+    }
+}

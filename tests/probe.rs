@@ -10,9 +10,9 @@ const PASS_LINES: [&str; 9] = [
     "[PASS] A[i][j] = i: all 256 cells",
     "[PASS] B[k][j] = j: all 128 cells",
     "[PASS] D[i][j] = 16*i*j: all 128 cells",
-    "[PASS] A[i][j] = i (A from A^T, ldmatrix.trans): all 256 cells",
+    "[PASS] A[i][j] = i + 16*j (A from A^T, ldmatrix.trans): all 256 cells",
     "[PASS] B[k][j] = j (A from A^T, ldmatrix.trans): all 128 cells",
-    "[PASS] D[i][j] = 16*i*j (A from A^T, ldmatrix.trans): all 128 cells",
+    "[PASS] D[i][j] = 16*i*j + 1920*j (A from A^T, ldmatrix.trans): all 128 cells",
     "[PASS] S = A1*B1 = 16*i+k (two C fragments): all 256 cells",
     "[PASS] P = S packed to {dt} pairs as an A fragment: all 256 cells",
     "[PASS] D2 = P*B2 (emulator, two steps): all 128 cells",
@@ -44,7 +44,7 @@ fn emulated_fault_is_caught_with_lanes_and_registers() {
         // in the transposed-A case A (loaded without .trans) and D are wrong, B is not.
         assert_eq!(report.lines[0], "[PASS] A[i][j] = i: all 256 cells");
         assert!(
-            text.contains("[FAIL] A[i][j] = i (A from A^T, ldmatrix.trans): "),
+            text.contains("[FAIL] A[i][j] = i + 16*j (A from A^T, ldmatrix.trans): "),
             "{text}"
         );
         assert!(

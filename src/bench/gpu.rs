@@ -4,8 +4,9 @@
 use super::report::{LineResult, Source};
 use super::stats;
 use super::sweep::{Case, Line};
+use crate::cuda::backward::backward_device;
 use crate::cuda::device::cuda_err;
-use crate::cuda::{Gpu, GpuElement, forward_device};
+use crate::cuda::{Gpu, GpuElement, KernelKind, forward_device};
 use crate::error::{AttnError, Result};
 use crate::{AttnProblem, DType, Element};
 use cudarc::driver::{CudaSlice, sys};
@@ -152,6 +153,22 @@ impl<'g> GpuBench<'g> {
             progress(&line.name);
             let gpu = self.gpu;
             let r = catch_unwind(AssertUnwindSafe(|| match dt {
+                DType::F16 if case.backward => time_backward(
+                    gpu,
+                    line,
+                    &p,
+                    self.f16.as_mut().expect("prepared"),
+                    iters,
+                    warmup,
+                ),
+                DType::BF16 if case.backward => time_backward(
+                    gpu,
+                    line,
+                    &p,
+                    self.bf16.as_mut().expect("prepared"),
+                    iters,
+                    warmup,
+                ),
                 DType::F16 => time_line(
                     gpu,
                     line,
@@ -289,6 +306,72 @@ fn time_line<T: GpuElement>(
     r.extra_mem_bytes = Some((free0 - free1.min(free2)).max(0));
     r.extra_mem_method = Some(EXTRA_MEM_METHOD.into());
     r.output_finite = Some(host.iter().all(|x| x.is_finite()));
+    Ok(r)
+}
+
+/// The backward line of a case: o and lse from one forward (attn_mma) on the first input set,
+/// a random dO, then attn_bwd timed as [`time_launches`] times every line (on that one set:
+/// q, k, v, o and dO of the default sweep are 5 x 64 MB, well past L2), and dq checked finite.
+fn time_backward<T: GpuElement>(
+    gpu: &Gpu,
+    line: &Line,
+    p: &AttnProblem,
+    inputs: &mut Inputs<T>,
+    iters: usize,
+    warmup: (usize, u64),
+) -> Result<LineResult> {
+    let stream = gpu.stream();
+    let what = format!(
+        "{} on {}",
+        line.name,
+        crate::cuda::launch::launch_context("attn_bwd", p)
+    );
+    let len = p.shape.batch * p.shape.seqlen_q * p.shape.heads_q * p.shape.head_dim;
+    let Inputs {
+        sets: bufs, o, lse, ..
+    } = inputs;
+    let [q, k, v] = &bufs[0];
+    forward_device(gpu, KernelKind::Mma, None, p, q, k, v, o, lse)?;
+    let d_o = stream
+        .clone_htod(&normal_values::<T>(len, 0xD0D0))
+        .map_err(cuda_err(format!("{what}: copying dO")))?;
+    let alloc = |what_: &str| -> Result<CudaSlice<T>> {
+        stream
+            .alloc_zeros::<T>(len)
+            .map_err(cuda_err(format!("{what}: allocating {what_}")))
+    };
+    let (mut dq, mut dk, mut dv) = (alloc("dq")?, alloc("dk")?, alloc("dv")?);
+    let timed = time_launches(gpu, &what, iters, warmup, |_| {
+        let info = backward_device(gpu, p, q, k, v, &*o, &*lse, &d_o, &mut dq, &mut dk, &mut dv)?;
+        Ok(crate::cuda::LaunchInfo {
+            kernel: KernelKind::Mma,
+            why: "the backward (attn_bwd)".into(),
+            config: Some(format!(
+                "{} keys x {} rows per step",
+                crate::cuda::backward::KEYS_PER_BLOCK,
+                crate::cuda::backward::ROWS_PER_STEP
+            )),
+            registers: info.registers,
+            spill_bytes: info.spill_bytes,
+            smem_bytes: info.smem_bytes,
+        })
+    })?;
+    let (times, info, (free0, free1, free2)) = (timed.times, timed.info, timed.free);
+    let timing = stats::summarize(&times, 2.5 * p.flops()).ok_or_else(|| AttnError::Cuda {
+        context: what.clone(),
+        message: "no valid event times".into(),
+    })?;
+    let host = stream
+        .clone_dtoh(&dq)
+        .map_err(cuda_err(format!("{what}: copying dq back")))?;
+    let mut r = LineResult::timed(&line.name, Source::Ours, timing);
+    r.tile = info.config.clone();
+    r.registers = Some(info.registers);
+    r.spill_bytes = Some(info.spill_bytes);
+    r.smem_bytes = Some(info.smem_bytes);
+    r.extra_mem_bytes = Some((free0 - free1.min(free2)).max(0));
+    r.extra_mem_method = Some(EXTRA_MEM_METHOD.into());
+    r.output_finite = Some(host.iter().all(|x| x.to_f32().is_finite()));
     Ok(r)
 }
 

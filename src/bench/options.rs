@@ -99,6 +99,12 @@ pub struct BenchOptions {
     /// ALiBi with the standard geometric slopes on every case; no peers.
     #[arg(long)]
     pub alibi: bool,
+    /// Time the backward pass instead of the forward: attn_bwd (line `bwd`: dq, dk, dv from
+    /// o, lse and a random dO; --kernels and --tiles do not apply), and with --peers each SDPA
+    /// backend's backward in the same run. TFLOP/s count 2.5x the forward's FLOPs
+    /// (FlashAttention's convention).
+    #[arg(long)]
+    pub backward: bool,
     /// Packed variable-length batch instead of the sweep: `NxL` (e.g. 8x2k), `ragged`
     /// (16384 tokens in sequences of 64 to 8192) or lengths like `2k,512,77`; timed as the
     /// library runs it, as one packed mma launch, through the dense API one sequence at a time
@@ -273,7 +279,24 @@ impl BenchOptions {
             DTypeChoice::Both => vec![DType::F16, DType::BF16],
         };
         let mut lines: Vec<Line> = Vec::new();
-        let names: Vec<String> = if self.kernels.is_empty() && self.tiles.is_empty() {
+        let names: Vec<String> = if self.backward {
+            if !self.kernels.is_empty() || !self.tiles.is_empty() {
+                return Err(AttnError::InvalidInput {
+                    what: "--backward times attn_bwd (line bwd): drop --kernels and --tiles".into(),
+                });
+            }
+            if self.softcap.is_some() || self.alibi {
+                return Err(AttnError::InvalidInput {
+                    what: "--backward with --softcap or --alibi: the GPU backward does not have them yet (the CPU backward does)".into(),
+                });
+            }
+            lines.push(Line {
+                name: "bwd".into(),
+                kernel: KernelKind::Mma,
+                tile: None,
+            });
+            Vec::new()
+        } else if self.kernels.is_empty() && self.tiles.is_empty() {
             vec!["wgmma".into(), "mma".into()]
         } else {
             self.kernels
@@ -321,6 +344,7 @@ impl BenchOptions {
             c.window = window;
             c.softcap = self.softcap;
             c.alibi = self.alibi;
+            c.backward = self.backward;
             // Invalid modifier values (softcap <= 0, not finite) fail here, before any launch.
             c.problem()?;
         }

@@ -39,7 +39,11 @@ pub fn new_report(sweep: &Sweep) -> BenchReport {
             warmup: sweep.warmup,
             warmup_ms: sweep.warmup_ms,
             timing: "CUDA events recorded on the stream right before and after each launch; median (also min, p90) of the timed launches after untimed warm-up launches (a count, then more until `warmup_ms` have passed, for steady clocks); random normal(0,1) inputs rotated among `sets` q/k/v sets per case (together over 3x L2 where memory allows)".into(),
-            flops: "4 * batch * heads * head_dim * visible (query, key) pairs: causal counts only unmasked pairs (about half)".into(),
+            flops: if sweep.cases.iter().any(|c| c.backward) {
+                "backward: 2.5 x the forward's 4 * batch * heads * head_dim * visible (query, key) pairs (FlashAttention's convention; causal counts only unmasked pairs); ours times attn_bwd on one input set with o and lse from one forward, the peers time torch.autograd.grad of one SDPA forward".into()
+            } else {
+                "4 * batch * heads * head_dim * visible (query, key) pairs: causal counts only unmasked pairs (about half)".into()
+            },
             l2_bytes: None,
         },
         peers: PeersInfo::default(),

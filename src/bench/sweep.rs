@@ -43,6 +43,9 @@ pub struct Case {
     /// ALiBi with the standard geometric slopes ([`Alibi::geometric`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub alibi: bool,
+    /// The backward pass (dq, dk, dv from o, lse and dO) instead of the forward.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub backward: bool,
 }
 
 impl Case {
@@ -80,6 +83,7 @@ impl Case {
             window: None,
             softcap: None,
             alibi: false,
+            backward: false,
         })
     }
 
@@ -93,6 +97,9 @@ impl Case {
         }
         if self.alibi {
             mods += "-alibi";
+        }
+        if self.backward {
+            mods += "-bwd";
         }
         format!(
             "{}-d{}-{}-s{}-b{}-h{}{mods}",
@@ -159,9 +166,11 @@ impl Case {
         self.window.is_some() || self.softcap.is_some() || self.alibi
     }
 
-    /// FLOPs by [`AttnProblem::flops`] (visible pairs only).
+    /// FLOPs by [`AttnProblem::flops`] (visible pairs only); 2.5 times that for the backward
+    /// (FlashAttention's convention: five matrix products against the forward's two).
     pub fn flops(&self) -> f64 {
-        self.problem().map(|p| p.flops()).unwrap_or(0.0)
+        let f = self.problem().map(|p| p.flops()).unwrap_or(0.0);
+        if self.backward { 2.5 * f } else { f }
     }
 
     /// Elements of one of q, k, v, o.

@@ -223,10 +223,14 @@ where
     };
     let num_k_blocks = s.seqlen_k.div_ceil(KEYS_PER_BLOCK);
     let blocks = num_k_blocks as u64 * s.heads_kv as u64 * s.batch as u64;
-    let blocks = u32::try_from(blocks).map_err(|_| AttnError::TooLarge {
-        kernel: "attn_bwd",
-        reason: format!("{blocks} thread blocks: split the batch"),
-    })?;
+    // gridDim.x is at most 2^31 - 1.
+    let blocks = u32::try_from(blocks)
+        .ok()
+        .filter(|&b| b <= i32::MAX as u32)
+        .ok_or_else(|| AttnError::TooLarge {
+            kernel: "attn_bwd",
+            reason: format!("{blocks} thread blocks: split the batch"),
+        })?;
     let st = |x: crate::shape::Strides| [x.batch as i64, x.seq as i64, x.head as i64];
     let params = BwdParams {
         p: FlashParams::new(&launch, ROWS_PER_STEP as u32),
@@ -249,10 +253,13 @@ where
 
     let rows = (s.batch * s.seqlen_q * s.heads_q) as u64;
     let grid_1d = |n: u64| -> Result<LaunchConfig> {
-        let blocks = u32::try_from(n.div_ceil(256)).map_err(|_| AttnError::TooLarge {
-            kernel: "attn_bwd",
-            reason: format!("{n} elements in one 1-D launch: split the batch"),
-        })?;
+        let blocks = u32::try_from(n.div_ceil(256))
+            .ok()
+            .filter(|&b| b <= i32::MAX as u32)
+            .ok_or_else(|| AttnError::TooLarge {
+                kernel: "attn_bwd",
+                reason: format!("{n} elements in one 1-D launch: split the batch"),
+            })?;
         Ok(LaunchConfig {
             grid_dim: (blocks.max(1), 1, 1),
             block_dim: (256, 1, 1),
