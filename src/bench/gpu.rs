@@ -287,14 +287,27 @@ fn time_line<T: GpuElement>(
         let [q, k, v] = &bufs[i % n];
         forward_device(gpu, line.kernel, line.tile, p, q, k, v, o, lse)
     })?;
-    let (times, info, (free0, free1, free2)) = (timed.times, timed.info, timed.free);
-    let timing = stats::summarize(&times, p.flops()).ok_or_else(|| AttnError::Cuda {
-        context: what.clone(),
-        message: "no valid event times".into(),
-    })?;
     let host = stream
         .clone_dtoh(&lse.slice(0..p.shape.lse_len()))
         .map_err(cuda_err(format!("{what}: copying lse back")))?;
+    let finite = host.iter().all(|x| x.is_finite());
+    line_result(line, &what, timed, p.flops(), finite)
+}
+
+/// The result of a timed line: the timing over `flops`, what the memory launch reported, the
+/// extra device memory, and whether the output came back finite.
+fn line_result(
+    line: &Line,
+    what: &str,
+    timed: Timed,
+    flops: f64,
+    finite: bool,
+) -> Result<LineResult> {
+    let (times, info, (free0, free1, free2)) = (timed.times, timed.info, timed.free);
+    let timing = stats::summarize(&times, flops).ok_or_else(|| AttnError::Cuda {
+        context: what.to_string(),
+        message: "no valid event times".into(),
+    })?;
     let mut r = LineResult::timed(&line.name, Source::Ours, timing);
     r.tile = info.config.clone();
     if info.kernel != line.kernel {
@@ -305,7 +318,7 @@ fn time_line<T: GpuElement>(
     r.smem_bytes = Some(info.smem_bytes);
     r.extra_mem_bytes = Some((free0 - free1.min(free2)).max(0));
     r.extra_mem_method = Some(EXTRA_MEM_METHOD.into());
-    r.output_finite = Some(host.iter().all(|x| x.is_finite()));
+    r.output_finite = Some(finite);
     Ok(r)
 }
 
@@ -356,23 +369,11 @@ fn time_backward<T: GpuElement>(
             smem_bytes: info.smem_bytes,
         })
     })?;
-    let (times, info, (free0, free1, free2)) = (timed.times, timed.info, timed.free);
-    let timing = stats::summarize(&times, 2.5 * p.flops()).ok_or_else(|| AttnError::Cuda {
-        context: what.clone(),
-        message: "no valid event times".into(),
-    })?;
     let host = stream
         .clone_dtoh(&dq)
         .map_err(cuda_err(format!("{what}: copying dq back")))?;
-    let mut r = LineResult::timed(&line.name, Source::Ours, timing);
-    r.tile = info.config.clone();
-    r.registers = Some(info.registers);
-    r.spill_bytes = Some(info.spill_bytes);
-    r.smem_bytes = Some(info.smem_bytes);
-    r.extra_mem_bytes = Some((free0 - free1.min(free2)).max(0));
-    r.extra_mem_method = Some(EXTRA_MEM_METHOD.into());
-    r.output_finite = Some(host.iter().all(|x| x.to_f32().is_finite()));
-    Ok(r)
+    let finite = host.iter().all(|x| x.to_f32().is_finite());
+    line_result(line, &what, timed, 2.5 * p.flops(), finite)
 }
 
 /// What [`time_launches`] measured.
