@@ -80,24 +80,6 @@ FA_DEVICE void mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1
 #endif
 }
 
-// Rows [row_begin, row_begin + ROWS) of a [seq, head_dim] slice into shared memory; rows at or
-// past row_limit and the pad channels are zero-filled (cp.async reading 0 bytes).
-template <int ROWS>
-FA_DEVICE void load_rows(u32 dst, const u16 *src, i64 row_stride, int row_begin, int row_limit) {
-    constexpr int TOTAL = ROWS * CH;
-#pragma unroll
-    for (int it = 0; it < (TOTAL + NT - 1) / NT; ++it) {
-        const int i = it * NT + (int)threadIdx.x;
-        if (TOTAL % NT == 0 || i < TOTAL) {
-            const int r = i / CH, c = i % CH;
-            const int gr = row_begin + r;
-            const bool ok = gr < row_limit && c * 8 < D;
-            const u16 *g = ok ? src + (i64)gr * row_stride + c * 8 : src;
-            cp_async_16(dst + (u32)(r * RS + c * 8) * 2, g, ok ? 16 : 0);
-        }
-    }
-}
-
 // acc (16 rows x 8*NQ columns) += A (16 rows of `a_rows`, k = channels) B, B[c][n] = row n of
 // `b_rows` (both [rows, DP] tiles): the forward's S = Q K^T pattern.
 FA_DEVICE void gemm_rows_rows(float (&acc)[NQ][4], u32 a_rows, u32 b_rows, int lane) {
@@ -173,8 +155,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
     const int key0 = n_block * BC;
     const int diag = p.seqlen_k - p.seqlen_q;
 
-    load_rows<BC>(sK, p.k + b * p.k_sb + hk * p.k_sh, p.k_ss, key0, p.seqlen_k);
-    load_rows<BC>(sV, p.v + b * p.v_sb + hk * p.v_sh, p.v_ss, key0, p.seqlen_k);
+    load_rows<BC, RS, NT>(sK, p.k + b * p.k_sb + hk * p.k_sh, p.k_ss, key0, p.seqlen_k);
+    load_rows<BC, RS, NT>(sV, p.v + b * p.v_sb + hk * p.v_sh, p.v_ss, key0, p.seqlen_k);
     cp_async_commit();
 
     // The query rows whose key range meets this block's keys, [i_begin, i_end): row i sees
@@ -207,8 +189,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
         for (int m = m_begin; m < m_end; ++m) {
             const int row0 = m * BR;
             __syncthreads(); // the previous step is done with Q, dO, dS^T, lse and D
-            load_rows<BR>(sQ, qb, p.q_ss, row0, p.seqlen_q);
-            load_rows<BR>(sDO, dob, bp.do_ss, row0, p.seqlen_q);
+            load_rows<BR, RS, NT>(sQ, qb, p.q_ss, row0, p.seqlen_q);
+            load_rows<BR, RS, NT>(sDO, dob, bp.do_ss, row0, p.seqlen_q);
             cp_async_commit();
             for (int r = tid; r < BR; r += NT) {
                 const int i = row0 + r;

@@ -122,6 +122,28 @@ FA_DEVICE void unpack8(const uint4 &raw, float (&f)[8]) {
     }
 }
 
+// ---- rows of a [seq, head_dim] slice into shared memory (attn_mma, attn_bwd) ----
+// Rows [row_begin, row_begin + ROWS) of `src` (row_stride elements apart) go to `dst` with
+// RS elements per row (the caller's padded stride), by NT threads in 16-byte cp.async pieces.
+// Rows at or past row_limit and the channels past D up to the k-step are zero-filled (cp.async
+// reading 0 bytes), so tails never read out of bounds.
+template <int ROWS, int RS, int NT>
+FA_DEVICE void load_rows(u32 dst, const u16 *src, i64 row_stride, int row_begin, int row_limit) {
+    constexpr int CH = (D + 15) / 16 * 2; // 16-byte chunks per padded row
+    constexpr int TOTAL = ROWS * CH;
+#pragma unroll
+    for (int it = 0; it < (TOTAL + NT - 1) / NT; ++it) {
+        const int i = it * NT + (int)threadIdx.x;
+        if (TOTAL % NT == 0 || i < TOTAL) {
+            const int r = i / CH, c = i % CH;
+            const int gr = row_begin + r;
+            const bool ok = gr < row_limit && c * 8 < D;
+            const u16 *g = ok ? src + (i64)gr * row_stride + c * 8 : src;
+            cp_async_16(dst + (u32)(r * RS + c * 8) * 2, g, ok ? 16 : 0);
+        }
+    }
+}
+
 // ---- causal rule, bottom-right aligned: row i sees keys j < i + 1 + diag, with
 // diag = seqlen_k - seqlen_q. Returns the number of visible keys, in [0, seqlen_k].
 FA_DEVICE int visible_keys(i64 i, i64 diag, int seqlen_k) {

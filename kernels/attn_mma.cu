@@ -63,29 +63,10 @@ FA_DEVICE void mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1
 #endif
 }
 
-// Copies rows [row_begin, row_begin + ROWS) of a [seq, head_dim] slice into shared memory.
-// Rows at or past row_limit and the pad columns are zero-filled (cp.async with 0 source bytes
-// reads nothing), so tails never read out of bounds.
-template <int ROWS>
-FA_DEVICE void load_tile(u32 dst, const u16 *src, i64 row_stride, int row_begin, int row_limit) {
-    constexpr int TOTAL = ROWS * CH;
-#pragma unroll
-    for (int it = 0; it < (TOTAL + NT - 1) / NT; ++it) {
-        const int i = it * NT + (int)threadIdx.x;
-        if (TOTAL % NT == 0 || i < TOTAL) {
-            const int r = i / CH, c = i % CH;
-            const int gr = row_begin + r;
-            const bool ok = gr < row_limit && c * 8 < D;
-            const u16 *g = ok ? src + (i64)gr * row_stride + c * 8 : src;
-            cp_async_16(dst + (u32)(r * RS + c * 8) * 2, g, ok ? 16 : 0);
-        }
-    }
-}
-
 // K/V tile loads when every thread's chunks of a tile sit in one column (NT a multiple of CH):
 // rows r0, r0 + NT/CH, ... of column chunk c. The thread keeps one cursor, its chunk of row r0
 // of the tile, advanced by a fixed step, instead of a 64-bit address per chunk; with the
-// generic load_tile ptxas spills at d128 Bc64. Rows at or past rows_valid are zero-filled
+// generic load_rows ptxas spills at d128 Bc64. Rows at or past rows_valid are zero-filled
 // with the source `safe` (any valid address: 0 source bytes read nothing).
 constexpr bool FAST_LOADS = NT % CH == 0 && (BC * CH) % NT == 0;
 constexpr int LROWS = FAST_LOADS ? NT / CH : 1; // rows between one thread's chunks
@@ -135,7 +116,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
     // Tile j sits in stage j % 2, from the first tile of the window on.
     const u16 *kg = kb + ((i64)n_begin * BC + tid / CH) * p.k_ss + (tid % CH) * 8;
     const u16 *vg = vb + ((i64)n_begin * BC + tid / CH) * p.v_ss + (tid % CH) * 8;
-    load_tile<BR>(sQ, qb, p.q_ss, row0, p.seqlen_q);
+    load_rows<BR, RS, NT>(sQ, qb, p.q_ss, row0, p.seqlen_q);
     if (n_blocks > n_begin) {
         const u32 st = (u32)(n_begin & 1) * BC * RS * 2;
         if constexpr (FAST_LOADS) {
@@ -144,8 +125,8 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
             kg += (i64)BC * p.k_ss;
             vg += (i64)BC * p.v_ss;
         } else {
-            load_tile<BC>(sK + st, kb, p.k_ss, n_begin * BC, p.seqlen_k);
-            load_tile<BC>(sV + st, vb, p.v_ss, n_begin * BC, p.seqlen_k);
+            load_rows<BC, RS, NT>(sK + st, kb, p.k_ss, n_begin * BC, p.seqlen_k);
+            load_rows<BC, RS, NT>(sV + st, vb, p.v_ss, n_begin * BC, p.seqlen_k);
         }
     }
     cp_async_commit();
@@ -179,8 +160,8 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
                 kg += (i64)BC * p.k_ss;
                 vg += (i64)BC * p.v_ss;
             } else {
-                load_tile<BC>(sK + st, kb, p.k_ss, (j + 1) * BC, p.seqlen_k);
-                load_tile<BC>(sV + st, vb, p.v_ss, (j + 1) * BC, p.seqlen_k);
+                load_rows<BC, RS, NT>(sK + st, kb, p.k_ss, (j + 1) * BC, p.seqlen_k);
+                load_rows<BC, RS, NT>(sV + st, vb, p.v_ss, (j + 1) * BC, p.seqlen_k);
             }
         }
         cp_async_commit();
