@@ -19,23 +19,30 @@ fn clamp(x: i64, lo: i64, hi: i64) -> i64 {
     x.max(lo).min(hi)
 }
 
+/// The key range's sides as the kernel takes them: whether there is a window, the keys
+/// visible before the diagonal (`left`) and after it (`right`: 0 when causal), each unbounded
+/// side as 2^30.
+fn sides(p: &AttnProblem) -> (bool, i64, i64) {
+    let w = p.scores.window;
+    let side = |x: Option<usize>| x.map_or(UNBOUNDED, |v| (v as i64).min(UNBOUNDED));
+    let right = if p.mask.is_causal() { 0 } else { side(w.right) };
+    (!w.is_unbounded(), side(w.left), right)
+}
+
 /// The query rows `[begin, end)` whose key range meets keys `[key0, key0 + bc)`: row i sees
 /// keys `[i + diag - left, i + diag + right]` (right = 0 when causal), both ends
 /// non-decreasing in i (attn_bwd.cu, before the step loop).
 pub fn query_range(p: &AttnProblem, key0: usize, bc: usize) -> (usize, usize) {
     let s = p.shape;
     let (sq, diag) = (s.seqlen_q as i64, s.seqlen_k as i64 - s.seqlen_q as i64);
-    let w = p.scores.window;
-    let local = !w.is_unbounded();
-    let side = |x: Option<usize>| x.map_or(UNBOUNDED, |v| (v as i64).min(UNBOUNDED));
+    let (local, left, right) = sides(p);
     let mut begin = 0;
     let mut end = sq;
     if p.mask.is_causal() || local {
-        let right = if p.mask.is_causal() { 0 } else { side(w.right) };
         begin = clamp(key0 as i64 - diag - right, 0, sq);
     }
     if local {
-        end = clamp(key0 as i64 + bc as i64 - diag + side(w.left), 0, sq);
+        end = clamp(key0 as i64 + bc as i64 - diag + left, 0, sq);
     }
     (begin as usize, end.max(begin) as usize)
 }
@@ -45,16 +52,8 @@ pub fn query_range(p: &AttnProblem, key0: usize, bc: usize) -> (usize, usize) {
 pub fn rows_of_key(p: &AttnProblem, j: usize, row0: usize) -> (i64, i64) {
     let s = p.shape;
     let diag = s.seqlen_k as i64 - s.seqlen_q as i64;
-    let w = p.scores.window;
-    let local = !w.is_unbounded();
-    let side = |x: Option<usize>| x.map_or(UNBOUNDED, |v| (v as i64).min(UNBOUNDED));
-    let right = if p.mask.is_causal() {
-        0
-    } else if local {
-        side(w.right)
-    } else {
-        UNBOUNDED
-    };
+    // Without a window both sides are unbounded (2^30), as the kernel takes them.
+    let (local, left, right) = sides(p);
     let (j, row0) = (j as i64, row0 as i64);
     let lo = if j >= s.seqlen_k as i64 {
         UNBOUNDED
@@ -62,7 +61,7 @@ pub fn rows_of_key(p: &AttnProblem, j: usize, row0: usize) -> (i64, i64) {
         j - diag - right - row0
     };
     let hi = if local {
-        j - diag + side(w.left) - row0
+        j - diag + left - row0
     } else {
         UNBOUNDED
     };
