@@ -5,10 +5,13 @@
 // - attn_bwd_dsum: D_i = do_i . o_i (f32, laid out as lse);
 // - attn_bwd: one block per (key block of BC keys, kv head, batch). Its warps own 16 keys
 //   each and keep dK and dV of those keys in registers across every query block of every query
-//   head of the group (GQA sums in the block: no atomics for dK, dV). Per query block of BR
-//   rows: S^T = K Q^T, P^T = 2^(S^T scale_log2 - lse log2 e), dV += P^T dO, dP^T = V dO^T,
-//   dS^T = P^T (dP^T - D), dK += dS^T Q; dS^T goes through shared memory so that each warp then
-//   takes 16 query rows of dQ = dS K, added to an f32 workspace with atomics;
+//   head of the group (GQA sums in the block: no atomics for dK, dV). Per step (BR query rows
+//   of one head, their Q, dO, lse and D loaded by cp.async one step ahead, in two buffers):
+//   S^T = K Q^T, P^T = 2^(S^T scale_log2 - lse log2 e), dV += P^T dO, dP^T = V dO^T,
+//   dS^T = P^T (dP^T - D), dK += dS^T Q; dS^T goes through shared memory so that each warp
+//   then takes 16 query rows and some channels of dQ = dS K, written as an f32 tile to shared
+//   memory and added to an f32 workspace after the next barrier (add_dq_tile: bulk
+//   reductions on sm_90, coalesced atomics before);
 // - attn_bwd_dq: the workspace (softmax_scale already applied) converted to the element type.
 // Every product keeps the forward's fragment discipline (ptx.cuh layouts, proven by
 // layout_probe.cu); the A operands of S^T and dP^T are K and V rows (ldmatrix, as Q in the
@@ -17,15 +20,28 @@
 // The tiling and masks (query_range, rows_of_key) are modelled on the CPU, with the same
 // rounding of P and dS, in src/backward_tiles.rs, whose tests hold them against the exact
 // gradients.
-// Specialised at NVRTC time by HEAD_DIM (multiple of 8, at most 128 here), NWARPS, IS_BF16,
+// Specialised at NVRTC time by HEAD_DIM (multiple of 8, at most 128 here), NWARPS, BWD_BR, IS_BF16,
 // IS_CAUSAL and IS_LOCAL (attn_common.cuh's key range); softcap and ALiBi are refused by the
 // host for now.
 #include "ptx.cuh"
+#include "hopper.cuh"
 #include "attn_common.cuh"
 static_assert(!IS_VARLEN && !HAS_SOFTCAP && !HAS_ALIBI, "attn_bwd: no varlen, softcap or ALiBi yet");
 
 #ifndef NWARPS
-#define NWARPS 4
+#define NWARPS 8
+#endif
+#ifndef BWD_BR
+#define BWD_BR 32
+#endif
+// dQ leaves a step as an f32 tile in shared memory, added to the workspace by one bulk
+// reduction per row (sm_90), or before sm_90 (or with DQ_BULK=0) by coalesced f32 atomics.
+#ifndef DQ_BULK
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define DQ_BULK 1
+#else
+#define DQ_BULK 0
+#endif
 #endif
 
 // ---- tile geometry --------------------------------------------------------------------------
@@ -33,7 +49,7 @@ constexpr int DP = (D + 15) / 16 * 16; // head_dim padded to the k-step; pad cha
 constexpr int CH = DP / 8;             // 16-byte chunks per row
 constexpr int RS = (CH + 1) * 8;       // row stride (elements): an odd number of 16-byte slots
 constexpr int BC = 16 * NWARPS;        // keys per block: 16 per warp
-constexpr int BR = 32;                 // query rows per step (S^T and dP^T are 16 x BR per warp)
+constexpr int BR = BWD_BR;             // query rows per step (S^T and dP^T are 16 x BR per warp)
 constexpr int NT = 32 * NWARPS;        // threads
 constexpr int KS = DP / 16;            // k-steps over channels (S^T, dP^T)
 constexpr int NQ = BR / 8;             // n8 tiles over query rows (S^T, dP^T)
@@ -41,25 +57,31 @@ constexpr int ND = DP / 8;             // n8 tiles over channels (dK, dV, dQ)
 constexpr int PK = BR / 16;            // k-steps over query rows (dV, dK)
 constexpr int KK = BC / 16;            // k-steps over keys (dQ)
 constexpr int RSS = BR + 8;            // dS^T row stride (elements): an odd number of 16-byte slots
+constexpr int DQS = DP + 8;            // dQ tile row stride (f32): float2 stores of a quad free of conflicts
 // dQ = dS K: warp w takes rows 16 (w % RG) .. + 15 of the step and the channel pairs (16
 // channels each) of part w / RG.
 constexpr int RG = BR / 16;                 // row groups of dQ
 constexpr int QPARTS = NWARPS / RG;         // channel parts of dQ
 constexpr int NP = ND / 2;                  // 16-channel pairs
 constexpr int PP = (NP + QPARTS - 1) / QPARTS; // pairs per part (the last may have fewer)
+static_assert(BR == 32 || BR == 64, "BWD_BR is 32 or 64");
 static_assert(NWARPS % RG == 0, "NWARPS must be a multiple of BR / 16");
+static_assert(BR <= 32 * NWARPS, "one thread per row loads lse and D");
 static_assert(DP <= 128, "attn_bwd keeps dK and dV of 16 keys in registers: head_dim <= 128");
 
-// Shared memory (bytes from the base): K and V of the block's keys, Q and dO of the step's
-// rows, dS^T, then lse * log2(e) and D of the step's rows (f32). src/cuda/backward.rs sizes it.
+// Shared memory (bytes from the base): K and V of the block's keys; two buffers each of Q, dO
+// (the next step's rows load while this step computes), lse and D (f32); dS^T; the
+// dQ tile (f32). src/cuda/backward.rs sizes it (BwdTile::smem_bytes).
 constexpr u32 OFF_K = 0;
 constexpr u32 OFF_V = OFF_K + BC * RS * 2;
 constexpr u32 OFF_Q = OFF_V + BC * RS * 2;
-constexpr u32 OFF_DO = OFF_Q + BR * RS * 2;
-constexpr u32 OFF_DS = OFF_DO + BR * RS * 2;
-constexpr u32 OFF_L = OFF_DS + BC * RSS * 2;
-constexpr u32 OFF_D = OFF_L + BR * 4;
-constexpr u32 SMEM_BYTES = OFF_D + BR * 4;
+constexpr u32 OFF_DO = OFF_Q + 2 * BR * RS * 2;
+constexpr u32 OFF_DS = OFF_DO + 2 * BR * RS * 2;
+constexpr u32 OFF_DQ = OFF_DS + BC * RSS * 2;
+constexpr u32 OFF_L = OFF_DQ + BR * DQS * 4;
+constexpr u32 OFF_D = OFF_L + 2 * BR * 4;
+constexpr u32 SMEM_BYTES = OFF_D + 2 * BR * 4;
+constexpr u32 QBUF = BR * RS * 2; // bytes of one Q (or dO) buffer
 
 struct BwdParams {
     Params p;              // q, k, v, lse, strides, lengths, heads, scale_log2, window
@@ -139,12 +161,54 @@ extern "C" __global__ void attn_bwd_dq(const float *dq_accum, u16 *dq, i64 n) {
     if (idx < n) dq[idx] = from_f32(dq_accum[idx]);
 }
 
+// Q and dO rows of step (h, row0) into buffer `buf`, with lse (natural log) and D of its rows (cp.async;
+// rows past the end read as zero: the mask gives them P = 0, so their lse is never used).
+FA_DEVICE void load_step(const BwdParams &bp, u32 base, int buf, int b, int h, int row0) {
+    const Params &p = bp.p;
+    load_rows<BR, RS, NT>(base + OFF_Q + buf * QBUF, p.q + b * p.q_sb + h * p.q_sh, p.q_ss, row0, p.seqlen_q);
+    load_rows<BR, RS, NT>(base + OFF_DO + buf * QBUF, bp.d_o + b * bp.do_sb + h * bp.do_sh, bp.do_ss, row0,
+                          p.seqlen_q);
+    const int r = (int)threadIdx.x;
+    if (r < BR) {
+        const i64 at = lse_offset(p, b, h, 0) + row0 + r;
+        const bool ok = row0 + r < p.seqlen_q;
+        cp_async_4(base + OFF_L + (u32)(buf * BR + r) * 4, ok ? p.lse + at : p.lse, ok ? 4 : 0);
+        cp_async_4(base + OFF_D + (u32)(buf * BR + r) * 4, ok ? bp.dsum + at : bp.dsum, ok ? 4 : 0);
+    }
+}
+
+// Adds the dQ tile of a finished step (rows row0.., head h; softmax_scale applied) to the f32
+// workspace, after the barrier that follows every warp's writes of it (and, for the bulk
+// path, their proxy fences). sm_90: warp 0 issues one bulk reduction per row and commits
+// them (one L2 request per row). Before: every thread adds 4 consecutive floats at a time, a
+// warp covering 128 consecutive floats of a row (coalesced atomics, unlike the fragments').
+FA_DEVICE void add_dq_tile(const BwdParams &bp, u32 sDQ, const float *tile, int b, int h, int row0) {
+    const Params &p = bp.p;
+    float *dqb = bp.dq_accum + ((i64)b * p.seqlen_q * p.heads_q + h) * D;
+#if DQ_BULK
+    if (threadIdx.x < 32) {
+        for (int r = (int)threadIdx.x; r < BR; r += 32)
+            if (row0 + r < p.seqlen_q)
+                bulk_reduce_add_f32(dqb + (i64)(row0 + r) * p.heads_q * D, sDQ + (u32)(r * DQS) * 4, D * 4);
+        bulk_commit();
+    }
+#else
+    (void)sDQ;
+    for (int i = (int)threadIdx.x; i < BR * (D / 4); i += NT) {
+        const int r = i / (D / 4), c = i % (D / 4) * 4;
+        if (row0 + r < p.seqlen_q) {
+            float *dst = dqb + (i64)(row0 + r) * p.heads_q * D + c;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) atomicAdd(dst + e, tile[r * DQS + c + e]);
+        }
+    }
+#endif
+}
+
 extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const u32 base = smem_u32(smem_raw);
-    const u32 sK = base + OFF_K, sV = base + OFF_V, sQ = base + OFF_Q, sDO = base + OFF_DO, sDS = base + OFF_DS;
-    float *sL = (float *)(smem_raw + OFF_L);
-    float *sD = (float *)(smem_raw + OFF_D);
+    const u32 sK = base + OFF_K, sV = base + OFF_V, sDS = base + OFF_DS;
     const Params &p = bp.p;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
@@ -154,10 +218,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
     const int hk = rem % bp.heads_kv, b = rem / bp.heads_kv;
     const int key0 = n_block * BC;
     const int diag = p.seqlen_k - p.seqlen_q;
-
-    load_rows<BC, RS, NT>(sK, p.k + b * p.k_sb + hk * p.k_sh, p.k_ss, key0, p.seqlen_k);
-    load_rows<BC, RS, NT>(sV, p.v + b * p.v_sb + hk * p.v_sh, p.v_ss, key0, p.seqlen_k);
-    cp_async_commit();
 
     // The query rows whose key range meets this block's keys, [i_begin, i_end): row i sees
     // keys [key_lo(i), key_hi(i)), both non-decreasing in i.
@@ -172,6 +232,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
         i_end = (int)(last < 0 ? 0 : (last > p.seqlen_q ? p.seqlen_q : last));
     }
     const int m_begin = i_begin / BR, m_end = i_end > i_begin ? (i_end + BR - 1) / BR : m_begin;
+    // Steps run over (query head of the group, query block), one buffer each in turn.
+    const int steps_per_head = m_end - m_begin, steps = steps_per_head * p.group;
+
+    load_rows<BC, RS, NT>(sK, p.k + b * p.k_sb + hk * p.k_sh, p.k_ss, key0, p.seqlen_k);
+    load_rows<BC, RS, NT>(sV, p.v + b * p.v_sb + hk * p.v_sh, p.v_ss, key0, p.seqlen_k);
+    if (steps > 0) load_step(bp, base, 0, b, hk * p.group, m_begin * BR);
+    cp_async_commit();
 
     float dk[ND][4], dv[ND][4];
 #pragma unroll
@@ -181,134 +248,151 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
 
     const u32 kw = sK + (u32)(warp * 16 * RS) * 2; // this warp's 16 keys
     const u32 vw = sV + (u32)(warp * 16 * RS) * 2;
-    for (int gi = 0; gi < p.group; ++gi) {
-        const int h = hk * p.group + gi;
-        const u16 *qb = p.q + b * p.q_sb + h * p.q_sh;
-        const u16 *dob = bp.d_o + b * bp.do_sb + h * bp.do_sh;
-        const i64 lo = lse_offset(p, b, h, 0);
-        for (int m = m_begin; m < m_end; ++m) {
-            const int row0 = m * BR;
-            __syncthreads(); // the previous step is done with Q, dO, dS^T, lse and D
-            load_rows<BR, RS, NT>(sQ, qb, p.q_ss, row0, p.seqlen_q);
-            load_rows<BR, RS, NT>(sDO, dob, bp.do_ss, row0, p.seqlen_q);
-            cp_async_commit();
-            for (int r = tid; r < BR; r += NT) {
-                const int i = row0 + r;
-                // Rows past the end: lse +inf makes their P 0, so they add nothing.
-                sL[r] = i < p.seqlen_q ? p.lse[lo + i] * LOG2E : __int_as_float(0x7f800000);
-                sD[r] = i < p.seqlen_q ? bp.dsum[lo + i] : 0.f;
-            }
-            cp_async_wait<0>();
-            __syncthreads();
+    const u32 sDQ = base + OFF_DQ;
+    const float *dq_tile = (const float *)(smem_raw + OFF_DQ);
+    int pend_h = -1, pend_row0 = 0; // the dQ tile written but not yet added
+    for (int s = 0; s < steps; ++s) {
+        const int buf = s & 1;
+        const int h = hk * p.group + s / steps_per_head;
+        const int row0 = (m_begin + s % steps_per_head) * BR;
+        // The other buffer was last read before the previous step's second barrier.
+        if (s + 1 < steps)
+            load_step(bp, base, buf ^ 1, b, hk * p.group + (s + 1) / steps_per_head,
+                      (m_begin + (s + 1) % steps_per_head) * BR);
+        cp_async_commit();
+        cp_async_wait<1>(); // this step's rows (and K, V) have landed for this thread
+        __syncthreads();    // ... and for every thread; the previous step's dQ reads of dS^T are done
+        if (pend_h >= 0) add_dq_tile(bp, sDQ, dq_tile, b, pend_h, pend_row0);
+        const u32 sQ = base + OFF_Q + buf * QBUF, sDO = base + OFF_DO + buf * QBUF;
+        const float *sL = (const float *)(smem_raw + OFF_L) + buf * BR;
+        const float *sD = (const float *)(smem_raw + OFF_D) + buf * BR;
 
-            // S^T = K Q^T (this warp's 16 keys x BR rows), then P^T in place. Element e of
-            // n-tile nt: key key0 + 16 warp + g + 8(e/2), row row0 + 8nt + 2t + e%2.
-            float st[NQ][4];
+        // S^T = K Q^T (this warp's 16 keys x BR rows), then P^T in place. Element e of
+        // n-tile nt: key key0 + 16 warp + g + 8(e/2), row row0 + 8nt + 2t + e%2.
+        float st[NQ][4];
 #pragma unroll
-            for (int nt = 0; nt < NQ; ++nt)
+        for (int nt = 0; nt < NQ; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) st[nt][e] = 0.f;
-            gemm_rows_rows(st, kw, sQ, lane);
-            // The rows that see key j are [j - diag - right, j - diag + left] (attn_common.cuh's
-            // key range turned around: right = 0 when causal), as offsets from row0; a key
-            // past the end is seen by none. Rows past the end have P = 0 through their lse.
-            int rmin[2], rmax[2];
+            for (int e = 0; e < 4; ++e) st[nt][e] = 0.f;
+        gemm_rows_rows(st, kw, sQ, lane);
+        // The rows that see key j are [j - diag - right, j - diag + left] (attn_common.cuh's
+        // key range turned around: right = 0 when causal) and below seqlen_q (their lse and D
+        // were read as zeros), as offsets from row0; a key past the end is seen by none.
+        int rmin[2], rmax[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const i64 j = key0 + warp * 16 + g + 8 * r;
+            const i64 right = IS_CAUSAL ? 0 : (IS_LOCAL ? p.window_right : (1 << 30));
+            const i64 lo = j >= p.seqlen_k ? (1 << 30) : j - diag - right - row0;
+            const i64 last = (i64)p.seqlen_q - 1 - row0;
+            i64 hi = IS_LOCAL ? j - diag + p.window_left - row0 : last;
+            hi = hi < last ? hi : last;
+            rmin[r] = (int)(lo < -(1 << 30) ? -(1 << 30) : (lo > (1 << 30) ? (1 << 30) : lo));
+            rmax[r] = (int)(hi < -(1 << 30) ? -(1 << 30) : (hi > (1 << 30) ? (1 << 30) : hi));
+        }
+#pragma unroll
+        for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int rl = 8 * nt + 2 * t + e % 2;
+                const bool seen = rl >= rmin[e / 2] && rl <= rmax[e / 2];
+                st[nt][e] = seen ? ex2(fmaf(st[nt][e], p.scale_log2, -LOG2E * sL[rl])) : 0.f;
+            }
+        u32 pf[NQ][2];
+#pragma unroll
+        for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) pf[nt][r] = pack2(st[nt][2 * r], st[nt][2 * r + 1]);
+        // dV += P^T dO
+        gemm_frags_rows(dv, pf, sDO, lane);
+        // dP^T = V dO^T, then dS^T = P^T (dP^T - D) in its place
+        float dpt[NQ][4];
+#pragma unroll
+        for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dpt[nt][e] = 0.f;
+        gemm_rows_rows(dpt, vw, sDO, lane);
+        // P from its 16-bit pairs (the f32 values are not kept live through dP^T: at d128
+        // they pushed the kernel past 255 registers); P V used the same rounded values.
+#pragma unroll
+        for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const u32 pair = pf[nt][e / 2];
+                const float pe = to_f32((u16)(e % 2 ? pair >> 16 : pair & 0xffff));
+                dpt[nt][e] = pe * (dpt[nt][e] - sD[8 * nt + 2 * t + e % 2]);
+            }
+#pragma unroll
+        for (int nt = 0; nt < NQ; ++nt)
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                const i64 j = key0 + warp * 16 + g + 8 * r;
-                const i64 right = IS_CAUSAL ? 0 : (IS_LOCAL ? p.window_right : (1 << 30));
-                const i64 lo = j >= p.seqlen_k ? (1 << 30) : j - diag - right - row0;
-                const i64 hi = IS_LOCAL ? j - diag + p.window_left - row0 : (1 << 30);
-                rmin[r] = (int)(lo < -(1 << 30) ? -(1 << 30) : (lo > (1 << 30) ? (1 << 30) : lo));
-                rmax[r] = (int)(hi < -(1 << 30) ? -(1 << 30) : (hi > (1 << 30) ? (1 << 30) : hi));
+                pf[nt][r] = pack2(dpt[nt][2 * r], dpt[nt][2 * r + 1]);
+                // dS^T to shared memory: row = key (in the block), column = query row
+                st_shared_u32(sDS + (u32)((warp * 16 + g + 8 * r) * RSS + 8 * nt + 2 * t) * 2, pf[nt][r]);
             }
+        // dK += dS^T Q (softmax_scale applied at the end)
+        gemm_frags_rows(dk, pf, sQ, lane);
+#if DQ_BULK
+        if (warp == 0) bulk_wait_read0(); // the bulk reductions have read the previous dQ tile
+#endif
+        __syncthreads(); // dS^T of every warp written
+
+        // dQ = dS K for rows 16 (warp % RG) + 0..15 and this warp's channel pairs: A = dS
+        // (rows, keys) read from dS^T with ldmatrix.trans (tile i of lane l: keys 16kk +
+        // 8(i/2) + l%8, rows 16 (warp % RG) + 8(i%2)); B = K rows read transposed.
+        {
+            const int rg = warp % RG, part = warp / RG;
+            float dq[2 * PP][4];
 #pragma unroll
-            for (int nt = 0; nt < NQ; ++nt)
+            for (int nd = 0; nd < 2 * PP; ++nd)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int rl = 8 * nt + 2 * t + e % 2;
-                    const bool seen = rl >= rmin[e / 2] && rl <= rmax[e / 2];
-                    st[nt][e] = seen ? ex2(fmaf(st[nt][e], p.scale_log2, -sL[rl])) : 0.f;
+                for (int e = 0; e < 4; ++e) dq[nd][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < KK; ++kk) {
+                const int ti = lane / 8;
+                const int key = kk * 16 + (ti / 2) * 8 + lane % 8;
+                const int col = rg * 16 + (ti % 2) * 8;
+                u32 a0, a1, a2, a3;
+                ldmatrix_x4_trans(a0, a1, a2, a3, sDS + (u32)(key * RSS + col) * 2);
+#pragma unroll
+                for (int pp = 0; pp < PP; ++pp) {
+                    const int dp = part * PP + pp;
+                    if (dp < NP) {
+                        const int r = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+                        const int c = dp * 2 + lane / 16;
+                        u32 b0, b1, b2, b3;
+                        ldmatrix_x4_trans(b0, b1, b2, b3, sK + (u32)(r * RS + c * 8) * 2);
+                        mma(dq[2 * pp], a0, a1, a2, a3, b0, b1);
+                        mma(dq[2 * pp + 1], a0, a1, a2, a3, b2, b3);
+                    }
                 }
-            u32 pf[NQ][2];
+            }
+            // To the dQ tile (times softmax_scale), added to the workspace after the next
+            // barrier. Pad channels (c >= D) are written but never added.
 #pragma unroll
-            for (int nt = 0; nt < NQ; ++nt)
-#pragma unroll
-                for (int r = 0; r < 2; ++r) pf[nt][r] = pack2(st[nt][2 * r], st[nt][2 * r + 1]);
-            // dV += P^T dO
-            gemm_frags_rows(dv, pf, sDO, lane);
-            // dP^T = V dO^T, then dS^T = P^T (dP^T - D) in its place
-            float dpt[NQ][4];
-#pragma unroll
-            for (int nt = 0; nt < NQ; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) dpt[nt][e] = 0.f;
-            gemm_rows_rows(dpt, vw, sDO, lane);
-            // P from its 16-bit pairs (the f32 values are not kept live through dP^T: at d128
-            // they pushed the kernel past 255 registers); P V used the same rounded values.
-#pragma unroll
-            for (int nt = 0; nt < NQ; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const u32 pair = pf[nt][e / 2];
-                    const float pe = to_f32((u16)(e % 2 ? pair >> 16 : pair & 0xffff));
-                    dpt[nt][e] = pe * (dpt[nt][e] - sD[8 * nt + 2 * t + e % 2]);
-                }
-#pragma unroll
-            for (int nt = 0; nt < NQ; ++nt)
+            for (int nd = 0; nd < 2 * PP; ++nd)
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
-                    pf[nt][r] = pack2(dpt[nt][2 * r], dpt[nt][2 * r + 1]);
-                    // dS^T to shared memory: row = key (in the block), column = query row
-                    st_shared_u32(sDS + (u32)((warp * 16 + g + 8 * r) * RSS + 8 * nt + 2 * t) * 2, pf[nt][r]);
-                }
-            // dK += dS^T Q (softmax_scale applied at the end)
-            gemm_frags_rows(dk, pf, sQ, lane);
-            __syncthreads(); // dS^T of every warp written
-
-            // dQ = dS K for rows 16 (warp % RG) + 0..15 and this warp's channel pairs: A = dS
-            // (rows, keys) read from dS^T with ldmatrix.trans (tile i of lane l: keys 16kk +
-            // 8(i/2) + l%8, rows 16 (warp % RG) + 8(i%2)); B = K rows read transposed.
-            {
-                const int rg = warp % RG, part = warp / RG;
-                float dq[2 * PP][4];
-#pragma unroll
-                for (int nd = 0; nd < 2 * PP; ++nd)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) dq[nd][e] = 0.f;
-#pragma unroll
-                for (int kk = 0; kk < KK; ++kk) {
-                    const int ti = lane / 8;
-                    const int key = kk * 16 + (ti / 2) * 8 + lane % 8;
-                    const int col = rg * 16 + (ti % 2) * 8;
-                    u32 a0, a1, a2, a3;
-                    ldmatrix_x4_trans(a0, a1, a2, a3, sDS + (u32)(key * RSS + col) * 2);
-#pragma unroll
-                    for (int pp = 0; pp < PP; ++pp) {
-                        const int dp = part * PP + pp;
-                        if (dp < NP) {
-                            const int r = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-                            const int c = dp * 2 + lane / 16;
-                            u32 b0, b1, b2, b3;
-                            ldmatrix_x4_trans(b0, b1, b2, b3, sK + (u32)(r * RS + c * 8) * 2);
-                            mma(dq[2 * pp], a0, a1, a2, a3, b0, b1);
-                            mma(dq[2 * pp + 1], a0, a1, a2, a3, b2, b3);
-                        }
+                    const int row = rg * 16 + g + 8 * r;
+                    const int c = (part * PP * 2 + nd) * 8 + 2 * t;
+                    if (c < DP) {
+                        float *at = (float *)(smem_raw + OFF_DQ) + row * DQS + c;
+                        *(float2 *)at = make_float2(dq[nd][2 * r] * bp.scale, dq[nd][2 * r + 1] * bp.scale);
                     }
                 }
-                float *dqb = bp.dq_accum + ((i64)b * p.seqlen_q * p.heads_q + h) * D;
-#pragma unroll
-                for (int nd = 0; nd < 2 * PP; ++nd)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int i = row0 + rg * 16 + g + 8 * (e / 2);
-                        const int c = (part * PP * 2 + nd) * 8 + 2 * t + e % 2;
-                        if (i < p.seqlen_q && c < D) atomicAdd(dqb + (i64)i * p.heads_q * D + c, dq[nd][e] * bp.scale);
-                    }
-            }
+#if DQ_BULK
+            fence_proxy_async();
+#endif
+            pend_h = h;
+            pend_row0 = row0;
         }
     }
     cp_async_wait<0>(); // (a block with no query rows never waited for its K/V loads)
+    __syncthreads(); // the last dQ tile written by every warp
+    if (pend_h >= 0) add_dq_tile(bp, sDQ, dq_tile, b, pend_h, pend_row0);
+#if DQ_BULK
+    if (warp == 0) bulk_wait0();
+#endif
 
     // dK (times softmax_scale) and dV of this warp's keys, as 16-bit pairs, dense.
 #pragma unroll

@@ -64,6 +64,15 @@ FA_DEVICE void tma_store_4d(const TmaMap &map, u32 src, int c0, int c1, int c2, 
 FA_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Waits until the shared memory of every committed store has been read (safe to reuse/exit).
 FA_DEVICE void bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// Adds `bytes` (a multiple of 16; both addresses 16-byte aligned) of f32 from shared memory to
+// global memory, element by element, in the L2 (9.7.9.25.4.2 cp.reduce.async.bulk, sm_90):
+// one request per row instead of one atomic per element. Completion as the stores above.
+FA_DEVICE void bulk_reduce_add_f32(float *dst, u32 src, u32 bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
+                 : "memory");
+}
+// Waits until every committed bulk operation of this thread has completed (writes included).
+FA_DEVICE void bulk_wait0() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // Ordinary shared-memory writes become visible to the async proxy (TMA, wgmma) only after
 // this fence in the writing thread, before the barrier that publishes them (9.7.13.4 fence).
 FA_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }

@@ -7,10 +7,9 @@
 use crate::dtype::Element;
 use crate::shape::AttnProblem;
 
-/// Keys per block of attn_bwd (16 per warp, 4 warps).
-pub const KEYS_PER_BLOCK: usize = 64;
-/// Query rows per step of a block.
-pub const ROWS_PER_STEP: usize = 32;
+/// The block geometries attn_bwd is built with (`crate::cuda::backward::BwdTile`): (keys per
+/// block, query rows per step). 16 keys per warp, 4 or 8 warps; 32 or 64 rows.
+pub const TILINGS: [(usize, usize); 3] = [(64, 32), (128, 32), (128, 64)];
 
 /// An unbounded window side, as the kernel takes it (2^30 keys).
 const UNBOUNDED: i64 = 1 << 30;
@@ -48,7 +47,8 @@ pub fn query_range(p: &AttnProblem, key0: usize, bc: usize) -> (usize, usize) {
 }
 
 /// The rows that see key `j`, `[min, max]`, as offsets from `row0` (the kernel's `rmin`,
-/// `rmax`), clamped to `[-2^30, 2^30]`; a key past `seqlen_k` is seen by none.
+/// `rmax`), clamped to `[-2^30, 2^30]`; a key past `seqlen_k` is seen by none, a row past
+/// `seqlen_q` sees nothing (its lse and D are read as zeros, so the mask must drop it).
 pub fn rows_of_key(p: &AttnProblem, j: usize, row0: usize) -> (i64, i64) {
     let s = p.shape;
     let diag = s.seqlen_k as i64 - s.seqlen_q as i64;
@@ -60,10 +60,11 @@ pub fn rows_of_key(p: &AttnProblem, j: usize, row0: usize) -> (i64, i64) {
     } else {
         j - diag - right - row0
     };
+    let last = s.seqlen_q as i64 - 1;
     let hi = if local {
-        j - diag + left - row0
+        (j - diag + left).min(last) - row0
     } else {
-        UNBOUNDED
+        last - row0
     };
     (
         clamp(lo, -UNBOUNDED, UNBOUNDED),
@@ -87,10 +88,12 @@ pub struct Grads {
 /// visits them, with P and dS rounded to `T` where the kernel packs them. Inputs dense
 /// (`q`, `o`, `d_o` `[batch, seqlen_q, heads_q, head_dim]`, `k`, `v` `[batch, seqlen_k,
 /// heads_kv, head_dim]`, `lse` `[batch, heads_q, seqlen_q]`); no softcap or ALiBi (the kernel
-/// refuses them). A model for tests: slow on purpose (no tiling of the arithmetic).
+/// refuses them). `bc` keys per block and `br` rows per step, as one of [`TILINGS`]. A model
+/// for tests: slow on purpose (no tiling of the arithmetic).
 #[allow(clippy::too_many_arguments)]
 pub fn emulate<T: Element>(
     p: &AttnProblem,
+    (bc, br): (usize, usize),
     q: &[T],
     k: &[T],
     v: &[T],
@@ -122,17 +125,17 @@ pub fn emulate<T: Element>(
                 .fold(0.0f32, |a, (x, y)| x.mul_add(*y, a))
         };
         for hk in 0..hkv {
-            for key0 in (0..sk).step_by(KEYS_PER_BLOCK) {
-                let (i_begin, i_end) = query_range(p, key0, KEYS_PER_BLOCK);
-                let (m_begin, m_end) = (i_begin / ROWS_PER_STEP, i_end.div_ceil(ROWS_PER_STEP));
+            for key0 in (0..sk).step_by(bc) {
+                let (i_begin, i_end) = query_range(p, key0, bc);
+                let (m_begin, m_end) = (i_begin / br, i_end.div_ceil(br));
                 for gi in 0..group {
                     let h = hk * group + gi;
                     for m in m_begin..m_end.max(m_begin) {
-                        let row0 = m * ROWS_PER_STEP;
-                        for j in key0..(key0 + KEYS_PER_BLOCK).min(sk) {
+                        let row0 = m * br;
+                        for j in key0..(key0 + bc).min(sk) {
                             let (rmin, rmax) = rows_of_key(p, j, row0);
                             let (kr, vr) = (row(k, b, j, hk, hkv, sk), row(v, b, j, hk, hkv, sk));
-                            for i in row0..(row0 + ROWS_PER_STEP).min(sq) {
+                            for i in row0..row0 + br {
                                 let rl = (i - row0) as i64;
                                 if rl < rmin || rl > rmax {
                                     continue;
@@ -189,20 +192,22 @@ mod tests {
         cpu::forward(p, &q, &k, &v, &mut o, &mut lse).unwrap();
         let d_o: Vec<T> = random_vec(n_o, 0xd0);
         let exact = reference_grad::backward(p, &q, &k, &v, &d_o).unwrap();
-        let got = emulate(p, &q, &k, &v, &o, &lse, &d_o);
         // The bound check/backward.rs holds the GPU to.
         let bound = 2.0 * Tolerance::for_dtype(T::DTYPE).o_rel_l2;
-        for (name, g, want) in [
-            ("dq", &got.dq, &exact.dq),
-            ("dk", &got.dk, &exact.dk),
-            ("dv", &got.dv, &exact.dv),
-        ] {
-            let dd = diff(g.iter().map(|&x| x as f64), want);
-            assert!(
-                dd.is_clean() && dd.rel_l2 <= bound,
-                "{label} {} {name}: {dd} (bound {bound:e})",
-                T::DTYPE
-            );
+        for tiling in TILINGS {
+            let got = emulate(p, tiling, &q, &k, &v, &o, &lse, &d_o);
+            for (name, g, want) in [
+                ("dq", &got.dq, &exact.dq),
+                ("dk", &got.dk, &exact.dk),
+                ("dv", &got.dv, &exact.dv),
+            ] {
+                let dd = diff(g.iter().map(|&x| x as f64), want);
+                assert!(
+                    dd.is_clean() && dd.rel_l2 <= bound,
+                    "{label} {} {name} tiling {tiling:?}: {dd} (bound {bound:e})",
+                    T::DTYPE
+                );
+            }
         }
     }
 
@@ -258,12 +263,14 @@ mod tests {
                 ..ScoreMods::default()
             })
             .unwrap();
-        for key0 in (0..257).step_by(KEYS_PER_BLOCK) {
-            let (begin, end) = query_range(&p, key0, KEYS_PER_BLOCK);
+        for (key0, bc) in TILINGS
+            .iter()
+            .flat_map(|&(bc, _)| (0..257).step_by(bc).map(move |k| (k, bc)))
+        {
+            let (begin, end) = query_range(&p, key0, bc);
             for i in 0..300 {
                 let r = p.key_range(i);
-                let meets =
-                    r.start < r.end && r.start < (key0 + KEYS_PER_BLOCK).min(257) && r.end > key0;
+                let meets = r.start < r.end && r.start < (key0 + bc).min(257) && r.end > key0;
                 // Every row that sees a key of the block is visited (the range may also hold
                 // rows whose keys start past seqlen_k: the mask drops them).
                 assert!(

@@ -108,6 +108,7 @@ fn jobs() -> Vec<Job> {
     // serves at the edges of its register budget, no mask, causal and a sliding window.
     for &arch in CI_ARCHS.iter() {
         for d in [8, 40, 64, 96, 128] {
+            let tile = flashattn::cuda::backward::BwdTile::for_head_dim(d, smem_limit(arch));
             for dtype in DTYPES {
                 for (causal, window) in [(false, false), (true, false), (false, true)] {
                     let shape = flashattn::AttnShape::new(1, 256, 2, d);
@@ -129,14 +130,15 @@ fn jobs() -> Vec<Job> {
                         d,
                         dtype,
                         causal,
-                        defines: flashattn::cuda::backward::defines(dtype, &p),
+                        defines: tile.defines(dtype, &p),
                         functions: &["attn_bwd", "attn_bwd_dsum", "attn_bwd_dq"],
-                        smem: flashattn::cuda::backward::smem_bytes(d),
-                        tile: if window {
-                            "bwd window".into()
-                        } else {
-                            "bwd".into()
-                        },
+                        smem: tile.smem_bytes(d),
+                        tile: format!(
+                            "bwd {}x{}{}",
+                            tile.nwarps,
+                            tile.br,
+                            if window { " window" } else { "" }
+                        ),
                         roles: None,
                     });
                 }

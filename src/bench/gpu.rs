@@ -360,9 +360,10 @@ fn time_backward<T: GpuElement>(
             kernel: KernelKind::Mma,
             why: "the backward (attn_bwd)".into(),
             config: Some(format!(
-                "{} keys x {} rows per step",
-                crate::cuda::backward::KEYS_PER_BLOCK,
-                crate::cuda::backward::ROWS_PER_STEP
+                "{} warps, {} keys x {} rows per step",
+                info.tile.nwarps,
+                info.tile.bc(),
+                info.tile.br
             )),
             registers: info.registers,
             spill_bytes: info.spill_bytes,

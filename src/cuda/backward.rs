@@ -24,12 +24,6 @@ use crate::shape::AttnProblem;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 use serde::Serialize;
 
-/// Warps per block of attn_bwd; each owns 16 keys.
-pub const NWARPS: usize = 4;
-/// Keys per block (16 per warp).
-pub const KEYS_PER_BLOCK: usize = 16 * NWARPS;
-/// Query rows per step of a block (attn_bwd.cu `BR`).
-pub const ROWS_PER_STEP: usize = 32;
 /// The largest head_dim served: dK and dV of a warp's 16 keys stay in registers.
 pub const MAX_HEAD_DIM: usize = 128;
 
@@ -44,6 +38,8 @@ pub struct BackwardInfo {
     pub smem_bytes: usize,
     /// Its blocks (key blocks x kv heads x batch).
     pub blocks: u32,
+    /// Its geometry.
+    pub tile: BwdTile,
 }
 
 /// Why the GPU backward cannot take this problem, as the error a call would return; `None`
@@ -73,26 +69,108 @@ pub fn unsupported(p: &AttnProblem) -> Option<AttnError> {
     })
 }
 
-/// Dynamic shared memory of attn_bwd for a head_dim (attn_bwd.cu's layout: K and V of the
-/// block's keys, Q and dO of a step, dS^T, lse and D of a step).
-pub fn smem_bytes(head_dim: usize) -> usize {
-    let dp = head_dim.div_ceil(16) * 16;
-    let rs = (dp / 8 + 1) * 8;
-    let (bc, br) = (KEYS_PER_BLOCK, ROWS_PER_STEP);
-    (2 * bc * rs + 2 * br * rs + bc * (br + 8)) * 2 + 2 * br * 4
+/// Environment variable that overrides attn_bwd's tile for experiments: `nwarps,br`, e.g. `4,32`
+/// (the bench's way of timing one geometry against another in one run).
+pub const TILE_ENV: &str = "FLASHATTN_BWD_TILE";
+
+/// The block geometry of attn_bwd: `nwarps` warps of 16 keys each (a block holds `16 x nwarps`
+/// keys, their dK and dV in registers) and `br` query rows per step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct BwdTile {
+    /// Warps per block: 4 or 8.
+    pub nwarps: usize,
+    /// Query rows per step: 32 or 64 (64 spills at head_dim above 64).
+    pub br: usize,
 }
 
-/// NVRTC defines of attn_bwd for a problem.
-pub fn defines(dtype: DType, p: &AttnProblem) -> Vec<(String, String)> {
-    let b = |x: bool| u8::from(x).to_string();
-    let mut d = vec![
-        ("HEAD_DIM".to_string(), p.shape.head_dim.to_string()),
-        ("NWARPS".to_string(), NWARPS.to_string()),
-        ("IS_BF16".to_string(), b(dtype == DType::BF16)),
-        ("IS_CAUSAL".to_string(), b(p.mask.is_causal())),
-    ];
-    d.extend(score_defines(p));
-    d
+impl BwdTile {
+    /// The default for a head_dim and the device's opt-in shared memory per block: 8 warps
+    /// (128 keys: half the dQ traffic and the Q/dO loads of 64) where their shared memory fits
+    /// (sm_80, sm_90), else 4; 64 rows per step at head_dim <= 64 (registers allow it there).
+    pub fn for_head_dim(head_dim: usize, smem_limit: usize) -> Self {
+        let br = if head_dim <= 64 { 64 } else { 32 };
+        [(8, br), (8, 32), (4, 32)]
+            .into_iter()
+            .map(|(nwarps, br)| BwdTile { nwarps, br })
+            .find(|t| t.smem_bytes(head_dim) <= smem_limit)
+            .unwrap_or(BwdTile { nwarps: 4, br: 32 })
+    }
+
+    /// [`BwdTile::for_head_dim`], or the tile `FLASHATTN_BWD_TILE` names.
+    ///
+    /// # Errors
+    /// [`AttnError::InvalidInput`] for a malformed variable, or a tile this head_dim or device
+    /// cannot take (64 rows above head_dim 64 would spill; shared memory past the limit).
+    pub fn for_call(head_dim: usize, smem_limit: usize) -> Result<Self> {
+        let Ok(v) = std::env::var(TILE_ENV) else {
+            return Ok(Self::for_head_dim(head_dim, smem_limit));
+        };
+        let t = Self::parse(&v)?;
+        if t.br == 64 && head_dim > 64 {
+            return Err(AttnError::InvalidInput {
+                what: format!(
+                    "{TILE_ENV}='{v}': 64 rows per step spill above head_dim 64 (this call has {head_dim}); use 32"
+                ),
+            });
+        }
+        if t.smem_bytes(head_dim) > smem_limit {
+            return Err(AttnError::InvalidInput {
+                what: format!(
+                    "{TILE_ENV}='{v}': {} bytes of shared memory at head_dim {head_dim}, the device allows {smem_limit} per block; use 4 warps",
+                    t.smem_bytes(head_dim)
+                ),
+            });
+        }
+        Ok(t)
+    }
+
+    /// Parses `nwarps,br` (4 or 8, 32 or 64).
+    ///
+    /// # Errors
+    /// [`AttnError::InvalidInput`] naming the expected form.
+    pub fn parse(s: &str) -> Result<Self> {
+        let bad = || AttnError::InvalidInput {
+            what: format!(
+                "{TILE_ENV}='{s}': expected nwarps,br with nwarps 4 or 8 and br 32 or 64"
+            ),
+        };
+        let parts: Vec<usize> = s
+            .split(',')
+            .map(|x| x.trim().parse().map_err(|_| bad()))
+            .collect::<Result<_>>()?;
+        match parts[..] {
+            [nwarps @ (4 | 8), br @ (32 | 64)] => Ok(BwdTile { nwarps, br }),
+            _ => Err(bad()),
+        }
+    }
+
+    /// Keys per block.
+    pub fn bc(&self) -> usize {
+        16 * self.nwarps
+    }
+
+    /// Dynamic shared memory for a head_dim (attn_bwd.cu's layout: K and V of the block's
+    /// keys; two buffers each of Q, dO, lse and D; dS^T; the f32 dQ tile).
+    pub fn smem_bytes(&self, head_dim: usize) -> usize {
+        let dp = head_dim.div_ceil(16) * 16;
+        let rs = (dp / 8 + 1) * 8;
+        let (bc, br) = (self.bc(), self.br);
+        (2 * bc * rs + 4 * br * rs + bc * (br + 8)) * 2 + br * (dp + 8) * 4 + 4 * br * 4
+    }
+
+    /// NVRTC defines of attn_bwd for a problem under this tile.
+    pub fn defines(&self, dtype: DType, p: &AttnProblem) -> Vec<(String, String)> {
+        let b = |x: bool| u8::from(x).to_string();
+        let mut d = vec![
+            ("HEAD_DIM".to_string(), p.shape.head_dim.to_string()),
+            ("NWARPS".to_string(), self.nwarps.to_string()),
+            ("BWD_BR".to_string(), self.br.to_string()),
+            ("IS_BF16".to_string(), b(dtype == DType::BF16)),
+            ("IS_CAUSAL".to_string(), b(p.mask.is_causal())),
+        ];
+        d.extend(score_defines(p));
+        d
+    }
 }
 
 /// attn_bwd.cu's `BwdParams` (same field order and types).
@@ -221,7 +299,8 @@ where
         varlen: None,
         lse_head_stride: None,
     };
-    let num_k_blocks = s.seqlen_k.div_ceil(KEYS_PER_BLOCK);
+    let tile = BwdTile::for_call(s.head_dim, gpu.info().smem_per_block_optin as usize)?;
+    let num_k_blocks = s.seqlen_k.div_ceil(tile.bc());
     let blocks = num_k_blocks as u64 * s.heads_kv as u64 * s.batch as u64;
     // gridDim.x is at most 2^31 - 1.
     let blocks = u32::try_from(blocks)
@@ -233,7 +312,7 @@ where
         })?;
     let st = |x: crate::shape::Strides| [x.batch as i64, x.seq as i64, x.head as i64];
     let params = BwdParams {
-        p: FlashParams::new(&launch, ROWS_PER_STEP as u32),
+        p: FlashParams::new(&launch, tile.br as u32),
         d_o: dop,
         do_strides: st(p.o_strides),
         dsum: dsp,
@@ -244,11 +323,11 @@ where
         heads_kv: s.heads_kv as i32,
         num_k_blocks: num_k_blocks as i32,
     };
-    let defs = defines(T::DTYPE, p);
+    let defs = tile.defines(T::DTYPE, p);
     let k_dsum = gpu.kernel(KernelSource::AttnBwd, "attn_bwd_dsum", &defs)?;
     let k_main = gpu.kernel(KernelSource::AttnBwd, "attn_bwd", &defs)?;
     let k_dq = gpu.kernel(KernelSource::AttnBwd, "attn_bwd_dq", &defs)?;
-    let smem = smem_bytes(s.head_dim);
+    let smem = tile.smem_bytes(s.head_dim);
     set_dynamic_smem(&k_main.function, smem, &ctx)?;
 
     let rows = (s.batch * s.seqlen_q * s.heads_q) as u64;
@@ -278,7 +357,7 @@ where
     unsafe { b.launch(grid_1d(rows)?) }.map_err(cuda_err(format!("{ctx} (D = rowsum(do o))")))?;
     let cfg = LaunchConfig {
         grid_dim: (blocks, 1, 1),
-        block_dim: (32 * NWARPS as u32, 1, 1),
+        block_dim: (32 * tile.nwarps as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     let mut b = stream.launch_builder(&k_main.function);
@@ -296,6 +375,7 @@ where
         spill_bytes: k_main.stats.spill_stores,
         smem_bytes: smem,
         blocks,
+        tile,
     })
 }
 
@@ -390,12 +470,36 @@ mod tests {
 
     #[test]
     fn shared_memory_matches_the_kernel_layout() {
-        // d128: K, V 64 x 136, Q, dO 32 x 136, dS^T 64 x 40 (16-bit), lse and D 32 f32 each.
+        // d128, 8 warps, 32 rows: K, V 128 x 136, two buffers of Q and dO 32 x 136, dS^T
+        // 128 x 40 (16-bit); the dQ tile 32 x 136 f32; two buffers of lse and D (32 f32 each).
+        let t = BwdTile { nwarps: 8, br: 32 };
         assert_eq!(
-            smem_bytes(128),
-            (2 * 64 * 136 + 2 * 32 * 136 + 64 * 40) * 2 + 256
+            t.smem_bytes(128),
+            (2 * 128 * 136 + 4 * 32 * 136 + 128 * 40) * 2 + 32 * 136 * 4 + 512
         );
-        assert!(smem_bytes(MAX_HEAD_DIM) <= 99 * 1024);
+        // Every head_dim served has a tile on every arch we build for (99 KB on sm_86/89/120,
+        // 163 KB on sm_80, 227 KB on sm_90); sm_80 and sm_90 take 8 warps at every head_dim.
+        for d in (8..=MAX_HEAD_DIM).step_by(8) {
+            for limit in [99 * 1024, 163 * 1024, 227 * 1024] {
+                let t = BwdTile::for_head_dim(d, limit);
+                assert!(t.smem_bytes(d) <= limit, "d{d} limit {limit}: {t:?}");
+                if limit > 99 * 1024 {
+                    assert_eq!(t.nwarps, 8, "d{d} limit {limit}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tiles_parse_or_name_the_form() {
+        assert_eq!(
+            BwdTile::parse("4, 64").unwrap(),
+            BwdTile { nwarps: 4, br: 64 }
+        );
+        for bad in ["", "8", "8,48", "6,32", "8,32,1", "x,32"] {
+            let e = BwdTile::parse(bad).unwrap_err();
+            assert!(e.to_string().contains("nwarps,br"), "{bad}: {e}");
+        }
     }
 
     #[test]
