@@ -36,6 +36,11 @@ static_assert(!IS_VARLEN && !HAS_SOFTCAP && !HAS_ALIBI, "attn_bwd: no varlen, so
 #endif
 // dQ leaves a step as an f32 tile in shared memory, added to the workspace by one bulk
 // reduction per row (sm_90), or before sm_90 (or with DQ_BULK=0) by coalesced f32 atomics.
+// DETERMINISTIC=1: the key blocks add their dQ tiles of a step of rows in key-block order
+// (dq_order), so dQ is the same bytes run to run; warp 0 waits for the blocks it follows.
+#ifndef DETERMINISTIC
+#define DETERMINISTIC 0
+#endif
 #ifndef DQ_BULK
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define DQ_BULK 1
@@ -92,6 +97,8 @@ struct BwdParams {
     u16 *dk, *dv;          // dense [batch, seqlen_k, heads_kv, head_dim]
     float scale;           // softmax_scale (dS is the gradient of the scaled score)
     int heads_kv, num_k_blocks;
+    int *dq_order;         // DETERMINISTIC: per (batch, query head, step of rows), the key
+                           // blocks that have added their dQ tile; zeroed by the host
 };
 
 FA_DEVICE void mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
@@ -177,24 +184,75 @@ FA_DEVICE void load_step(const BwdParams &bp, u32 base, int buf, int b, int h, i
     }
 }
 
-// Adds the dQ tile of a finished step (rows row0.., head h; softmax_scale applied) to the f32
-// workspace, after the barrier that follows every warp's writes of it (and, for the bulk
-// path, their proxy fences). sm_90: warp 0 issues one bulk reduction per row and commits
-// them (one L2 request per row). Before: every thread adds 4 consecutive floats at a time, a
-// warp covering 128 consecutive floats of a row (coalesced atomics, unlike the fragments').
-FA_DEVICE void add_dq_tile(const BwdParams &bp, u32 sDQ, const float *tile, int b, int h, int row0) {
+// The steps of rows key block n visits, [m_begin, m_end): the rows whose key range meets its
+// keys, [i_begin, i_end) (row i sees keys [key_lo(i), key_hi(i)), both non-decreasing in i,
+// so both ends are non-decreasing in n).
+FA_DEVICE void step_range(const Params &p, int n, int &m_begin, int &m_end) {
+    const i64 key0 = (i64)n * BC, diag = (i64)p.seqlen_k - p.seqlen_q;
+    i64 i_begin = 0, i_end = p.seqlen_q;
+    if (IS_CAUSAL || IS_LOCAL) {
+        const i64 right = IS_CAUSAL ? 0 : p.window_right;
+        const i64 first = key0 - diag - right; // key_hi(i) > key0
+        i_begin = first < 0 ? 0 : (first > p.seqlen_q ? p.seqlen_q : first);
+    }
+    if (IS_LOCAL) {
+        const i64 last = key0 + BC - diag + p.window_left; // key_lo(i) < key0 + BC
+        i_end = last < 0 ? 0 : (last > p.seqlen_q ? p.seqlen_q : last);
+    }
+    m_begin = (int)(i_begin / BR);
+    m_end = i_end > i_begin ? (int)((i_end + BR - 1) / BR) : m_begin;
+}
+
+// Adds the dQ tile of a finished step (rows row0 = m BR.., head h; softmax_scale applied) to
+// the f32 workspace, after the barrier that follows every warp's writes of it (and, for the
+// bulk path, their proxy fences).
+// - sm_90: warp 0 issues one bulk reduction per row and commits them (one L2 request per row).
+// - Before: every thread adds 4 consecutive floats at a time, a warp covering 128 consecutive
+//   floats of a row (coalesced atomics, unlike the fragments').
+// - DETERMINISTIC: warp 0 alone, in descending key-block order: it waits until the key blocks
+//   after this one that visit step m (n+1..n_last: a contiguous run, step_range being
+//   monotone) have added theirs, adds its tile, waits for the additions to complete, then
+//   counts itself. Descending, because a higher key block reaches a given step of rows in
+//   fewer steps of its own (it starts later in the rows under a causal mask or a window), so
+//   the blocks rarely wait. The grid maps its first blocks to the highest key blocks, blocks
+//   start in index order, and a block waits only for blocks that started before it: no block
+//   waits for one that cannot run.
+FA_DEVICE void add_dq_tile(const BwdParams &bp, u32 sDQ, const float *tile, int b, int h, int m, int n) {
     const Params &p = bp.p;
+    const int row0 = m * BR;
     float *dqb = bp.dq_accum + ((i64)b * p.seqlen_q * p.heads_q + h) * D;
+#if DETERMINISTIC
+    if (threadIdx.x >= 32) return;
+    int *order = bp.dq_order + ((i64)b * p.heads_q + h) * ((p.seqlen_q + BR - 1) / BR) + m;
+    if (threadIdx.x == 0) {
+        int lo = n, hi = bp.num_k_blocks - 1; // n_last: the last key block that visits step m
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            int mb, me;
+            step_range(p, mid, mb, me);
+            if (mb <= m && me > m) lo = mid;
+            else hi = mid - 1;
+        }
+        while (ld_acquire_gpu(order) != lo - n) {
+        }
+    }
+    __syncwarp();
+#endif
 #if DQ_BULK
     if (threadIdx.x < 32) {
         for (int r = (int)threadIdx.x; r < BR; r += 32)
             if (row0 + r < p.seqlen_q)
                 bulk_reduce_add_f32(dqb + (i64)(row0 + r) * p.heads_q * D, sDQ + (u32)(r * DQS) * 4, D * 4);
         bulk_commit();
+#if DETERMINISTIC
+        bulk_wait0();
+        fence_proxy_async_global();
+#endif
     }
 #else
     (void)sDQ;
-    for (int i = (int)threadIdx.x; i < BR * (D / 4); i += NT) {
+    constexpr int ADDERS = DETERMINISTIC ? 32 : NT;
+    for (int i = (int)threadIdx.x; i < BR * (D / 4); i += ADDERS) {
         const int r = i / (D / 4), c = i % (D / 4) * 4;
         if (row0 + r < p.seqlen_q) {
             float *dst = dqb + (i64)(row0 + r) * p.heads_q * D + c;
@@ -202,6 +260,10 @@ FA_DEVICE void add_dq_tile(const BwdParams &bp, u32 sDQ, const float *tile, int 
             for (int e = 0; e < 4; ++e) atomicAdd(dst + e, tile[r * DQS + c + e]);
         }
     }
+#endif
+#if DETERMINISTIC
+    __syncwarp();
+    if (threadIdx.x == 0) red_release_gpu_add(order, 1);
 #endif
 }
 
@@ -213,25 +275,16 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
 
-    const int n_block = (int)(blockIdx.x % bp.num_k_blocks);
+    // Key blocks in index order; in the deterministic mode from the last (add_dq_tile).
+    const int n_index = (int)(blockIdx.x % bp.num_k_blocks);
+    const int n_block = DETERMINISTIC ? bp.num_k_blocks - 1 - n_index : n_index;
     const int rem = (int)(blockIdx.x / bp.num_k_blocks);
     const int hk = rem % bp.heads_kv, b = rem / bp.heads_kv;
     const int key0 = n_block * BC;
     const int diag = p.seqlen_k - p.seqlen_q;
 
-    // The query rows whose key range meets this block's keys, [i_begin, i_end): row i sees
-    // keys [key_lo(i), key_hi(i)), both non-decreasing in i.
-    int i_begin = 0, i_end = p.seqlen_q;
-    if (IS_CAUSAL || IS_LOCAL) {
-        const i64 right = IS_CAUSAL ? 0 : p.window_right;
-        const i64 first = (i64)key0 - diag - right; // key_hi(i) > key0
-        i_begin = (int)(first < 0 ? 0 : (first > p.seqlen_q ? p.seqlen_q : first));
-    }
-    if (IS_LOCAL) {
-        const i64 last = (i64)key0 + BC - diag + p.window_left; // key_lo(i) < key0 + BC
-        i_end = (int)(last < 0 ? 0 : (last > p.seqlen_q ? p.seqlen_q : last));
-    }
-    const int m_begin = i_begin / BR, m_end = i_end > i_begin ? (i_end + BR - 1) / BR : m_begin;
+    int m_begin, m_end;
+    step_range(p, n_block, m_begin, m_end);
     // Steps run over (query head of the group, query block), one buffer each in turn.
     const int steps_per_head = m_end - m_begin, steps = steps_per_head * p.group;
 
@@ -250,7 +303,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
     const u32 vw = sV + (u32)(warp * 16 * RS) * 2;
     const u32 sDQ = base + OFF_DQ;
     const float *dq_tile = (const float *)(smem_raw + OFF_DQ);
-    int pend_h = -1, pend_row0 = 0; // the dQ tile written but not yet added
+    int pend_h = -1, pend_m = 0; // the dQ tile written but not yet added
     for (int s = 0; s < steps; ++s) {
         const int buf = s & 1;
         const int h = hk * p.group + s / steps_per_head;
@@ -262,7 +315,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
         cp_async_commit();
         cp_async_wait<1>(); // this step's rows (and K, V) have landed for this thread
         __syncthreads();    // ... and for every thread; the previous step's dQ reads of dS^T are done
-        if (pend_h >= 0) add_dq_tile(bp, sDQ, dq_tile, b, pend_h, pend_row0);
+        if (pend_h >= 0) add_dq_tile(bp, sDQ, dq_tile, b, pend_h, pend_m, n_block);
         const u32 sQ = base + OFF_Q + buf * QBUF, sDO = base + OFF_DO + buf * QBUF;
         const float *sL = (const float *)(smem_raw + OFF_L) + buf * BR;
         const float *sD = (const float *)(smem_raw + OFF_D) + buf * BR;
@@ -384,12 +437,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
             fence_proxy_async();
 #endif
             pend_h = h;
-            pend_row0 = row0;
+            pend_m = row0 / BR;
         }
     }
     cp_async_wait<0>(); // (a block with no query rows never waited for its K/V loads)
     __syncthreads(); // the last dQ tile written by every warp
-    if (pend_h >= 0) add_dq_tile(bp, sDQ, dq_tile, b, pend_h, pend_row0);
+    if (pend_h >= 0) add_dq_tile(bp, sDQ, dq_tile, b, pend_h, pend_m, n_block);
 #if DQ_BULK
     if (warp == 0) bulk_wait0();
 #endif

@@ -73,6 +73,9 @@ FA_DEVICE void bulk_reduce_add_f32(float *dst, u32 src, u32 bytes) {
 }
 // Waits until every committed bulk operation of this thread has completed (writes included).
 FA_DEVICE void bulk_wait0() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Orders this thread's completed async-proxy global writes (bulk reductions) before its later
+// generic accesses, such as a release that publishes them to other blocks (9.7.13.4 fence).
+FA_DEVICE void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 // Ordinary shared-memory writes become visible to the async proxy (TMA, wgmma) only after
 // this fence in the writing thread, before the barrier that publishes them (9.7.13.4 fence).
 FA_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }

@@ -74,6 +74,18 @@ FA_DEVICE void cp_async_4(u32 dst, const void *src, u32 src_bytes) {
 FA_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> FA_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+// ---- acquire/release on a global counter (9.7.13.4 memory consistency: ld.acquire,
+// red.release at gpu scope): one block publishes what it wrote before the release, the block
+// whose acquire sees the new count may read it.
+FA_DEVICE int ld_acquire_gpu(const int *p) {
+    int x;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(x) : "l"(p) : "memory");
+    return x;
+}
+FA_DEVICE void red_release_gpu_add(int *p, int x) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(x) : "memory");
+}
+
 // ---- plain shared/global vector accesses (9.7.9.8 ld, 9.7.9.10 st).
 FA_DEVICE void st_shared_u32(u32 addr, u32 x) {
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");

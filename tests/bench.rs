@@ -450,7 +450,7 @@ fn gpu_bench() {
 }
 
 #[test]
-fn backward_sweep_has_one_bwd_line_and_two_and_a_half_forward_flops() {
+fn backward_sweep_has_bwd_and_bwd_det_lines_and_two_and_a_half_forward_flops() {
     let o = opts(&["--backward", "--quick"]);
     let sweep = o.sweep().unwrap();
     assert_eq!(
@@ -459,7 +459,7 @@ fn backward_sweep_has_one_bwd_line_and_two_and_a_half_forward_flops() {
             .iter()
             .map(|l| l.name.as_str())
             .collect::<Vec<_>>(),
-        ["bwd"]
+        ["bwd", "bwd-det"]
     );
     for c in &sweep.cases {
         assert!(c.backward && c.id().ends_with("-bwd"), "{}", c.id());

@@ -110,7 +110,16 @@ fn jobs() -> Vec<Job> {
         for d in [8, 40, 64, 96, 128] {
             let tile = flashattn::cuda::backward::BwdTile::for_head_dim(d, smem_limit(arch));
             for dtype in DTYPES {
-                for (causal, window) in [(false, false), (true, false), (false, true)] {
+                for (causal, window, deterministic) in [
+                    (false, false, false),
+                    (true, false, false),
+                    (false, true, false),
+                    (false, true, true),
+                ] {
+                    if deterministic && dtype != DType::F16 {
+                        continue;
+                    }
+                    let opts = flashattn::cuda::backward::BackwardOptions { deterministic };
                     let shape = flashattn::AttnShape::new(1, 256, 2, d);
                     let mut p = flashattn::AttnProblem::new(shape).unwrap();
                     if causal {
@@ -130,14 +139,15 @@ fn jobs() -> Vec<Job> {
                         d,
                         dtype,
                         causal,
-                        defines: tile.defines(dtype, &p),
+                        defines: tile.defines(dtype, &p, opts),
                         functions: &["attn_bwd", "attn_bwd_dsum", "attn_bwd_dq"],
                         smem: tile.smem_bytes(d),
                         tile: format!(
-                            "bwd {}x{}{}",
+                            "bwd {}x{}{}{}",
                             tile.nwarps,
                             tile.br,
-                            if window { " window" } else { "" }
+                            if window { " window" } else { "" },
+                            if deterministic { " det" } else { "" }
                         ),
                         roles: None,
                     });

@@ -4,7 +4,7 @@
 use super::report::{LineResult, Source};
 use super::stats;
 use super::sweep::{Case, Line};
-use crate::cuda::backward::backward_device;
+use crate::cuda::backward::{BackwardOptions, backward_device};
 use crate::cuda::device::cuda_err;
 use crate::cuda::{Gpu, GpuElement, KernelKind, forward_device};
 use crate::error::{AttnError, Result};
@@ -355,15 +355,25 @@ fn time_backward<T: GpuElement>(
     };
     let (mut dq, mut dk, mut dv) = (alloc("dq")?, alloc("dk")?, alloc("dv")?);
     let timed = time_launches(gpu, &what, iters, warmup, |_| {
-        let info = backward_device(gpu, p, q, k, v, &*o, &*lse, &d_o, &mut dq, &mut dk, &mut dv)?;
+        let opts = BackwardOptions {
+            deterministic: line.name == "bwd-det",
+        };
+        let info = backward_device(
+            gpu, p, opts, q, k, v, &*o, &*lse, &d_o, &mut dq, &mut dk, &mut dv,
+        )?;
         Ok(crate::cuda::LaunchInfo {
             kernel: KernelKind::Mma,
             why: "the backward (attn_bwd)".into(),
             config: Some(format!(
-                "{} warps, {} keys x {} rows per step",
+                "{} warps, {} keys x {} rows per step{}",
                 info.tile.nwarps,
                 info.tile.bc(),
-                info.tile.br
+                info.tile.br,
+                if info.deterministic {
+                    ", deterministic"
+                } else {
+                    ""
+                }
             )),
             registers: info.registers,
             spill_bytes: info.spill_bytes,

@@ -100,8 +100,8 @@ pub struct BenchOptions {
     #[arg(long)]
     pub alibi: bool,
     /// Time the backward pass instead of the forward: attn_bwd (line `bwd`: dq, dk, dv from
-    /// o, lse and a random dO; --kernels and --tiles do not apply), and with --peers each SDPA
-    /// backend's backward in the same run. TFLOP/s count 2.5x the forward's FLOPs
+    /// o, lse and a random dO; line `bwd-det`: the same in the deterministic mode; --kernels
+    /// and --tiles do not apply), and with --peers each SDPA backend's backward in the same run. TFLOP/s count 2.5x the forward's FLOPs
     /// (FlashAttention's convention).
     #[arg(long)]
     pub backward: bool,
@@ -290,11 +290,13 @@ impl BenchOptions {
                     what: "--backward with --softcap or --alibi: the GPU backward does not have them yet (the CPU backward does)".into(),
                 });
             }
-            lines.push(Line {
-                name: "bwd".into(),
-                kernel: KernelKind::Mma,
-                tile: None,
-            });
+            for name in ["bwd", "bwd-det"] {
+                lines.push(Line {
+                    name: name.into(),
+                    kernel: KernelKind::Mma,
+                    tile: None,
+                });
+            }
             Vec::new()
         } else if self.kernels.is_empty() && self.tiles.is_empty() {
             vec!["wgmma".into(), "mma".into()]

@@ -101,8 +101,16 @@ fn header(report: &BenchReport) -> String {
         .get("arch")
         .and_then(|v| v.as_str())
         .unwrap_or("");
+    let (pass, inputs) = if report.cases.iter().any(|c| c.case.backward) {
+        (
+            "backward TFLOP/s, 2.5x the forward's FLOPs",
+            "one input set, o and lse from one forward",
+        )
+    } else {
+        ("forward TFLOP/s", "inputs rotated past L2")
+    };
     let mut h = format!(
-        "flashattn {} bench on {dev} {arch}: forward TFLOP/s (median of {} launches, CUDA events, inputs rotated past L2; causal FLOPs count visible pairs only)",
+        "flashattn {} bench on {dev} {arch}: {pass} (median of {} launches, CUDA events, {inputs}; causal FLOPs count visible pairs only)",
         report.version, report.method.iters
     );
     if let Some(e) = &report.gpu_error {

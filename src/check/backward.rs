@@ -2,12 +2,13 @@
 //! ([`crate::reference_grad`]): both dtypes, head dims 8 to 128, no mask, causal (seqlen_q
 //! below, equal to and above seqlen_k) and sliding windows, GQA and MQA, lengths that are not
 //! multiples of the tiles. o and lse come from the CPU forward, so that a forward error cannot
-//! hide a backward one; the gradients start as NaN (an element the kernels skip fails).
+//! hide a backward one; the gradients start as NaN (an element the kernels skip fails). The
+//! deterministic mode runs 5 times per case and must give the same bytes every time.
 //! Problems the GPU backward does not take must be refused with a typed error.
 
 use super::CaseResult;
 use crate::compare::{Tolerance, diff, random_inputs, random_vec, widen};
-use crate::cuda::backward::{backward_host, unsupported};
+use crate::cuda::backward::{BackwardOptions, backward_host, unsupported};
 use crate::cuda::{Gpu, GpuElement, KernelKind};
 use crate::dtype::DType;
 use crate::error::Result;
@@ -26,7 +27,13 @@ pub struct BwdCase {
     pub dtype: DType,
     /// The problem (dense layouts).
     pub problem: AttnProblem,
+    /// Run in the deterministic mode, [`DETERMINISTIC_RUNS`] times: every run must give the
+    /// same bytes.
+    pub deterministic: bool,
 }
+
+/// Runs of a deterministic case (issue 14: identical bytes across 5 runs).
+pub const DETERMINISTIC_RUNS: usize = 5;
 
 /// The sweep: (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim) x masks x dtypes.
 pub fn cases() -> Vec<BwdCase> {
@@ -40,6 +47,7 @@ pub fn cases() -> Vec<BwdCase> {
         (1, 128, 128, 2, 2, 64),
         (2, 64, 200, 8, 8, 128),
         (1, 513, 513, 2, 1, 64),
+        (1, 700, 900, 4, 2, 128),
     ];
     let mut out = Vec::new();
     for dtype in [DType::F16, DType::BF16] {
@@ -60,14 +68,24 @@ pub fn cases() -> Vec<BwdCase> {
                     base.clone().with_scores(window).expect("valid window"),
                 ),
             ];
+            // The deterministic mode where more than one key block adds to a dQ row (more
+            // than 128 keys): every shape in f16, the GQA one in bf16 too.
+            let det = sk > 128 && (dtype == DType::F16 || hq != hkv && d == 96);
             for (name, problem) in variants {
-                out.push(BwdCase {
-                    label: format!(
-                        "{dtype} backward b={b} sq={sq} sk={sk} hq={hq} hkv={hkv} d={d} {name}"
-                    ),
-                    dtype,
-                    problem,
-                });
+                for deterministic in [false, true] {
+                    if deterministic && !det {
+                        continue;
+                    }
+                    out.push(BwdCase {
+                        label: format!(
+                            "{dtype} backward b={b} sq={sq} sk={sk} hq={hq} hkv={hkv} d={d} {name}{}",
+                            if deterministic { " deterministic" } else { "" }
+                        ),
+                        dtype,
+                        problem: problem.clone(),
+                        deterministic,
+                    });
+                }
             }
         }
     }
@@ -99,13 +117,46 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &BwdCase, seed: u64) -> Result<Case
     cpu::forward(p, &q, &k, &v, &mut o, &mut lse)?;
     let d_o: Vec<T> = random_vec(n_o, seed ^ 0xd0);
     let exact = reference_grad::backward(p, &q, &k, &v, &d_o)?;
-    let got = match backward_host(gpu, p, &q, &k, &v, &o, &lse, &d_o) {
+    let opts = BackwardOptions {
+        deterministic: case.deterministic,
+    };
+    let got = match backward_host(gpu, p, opts, &q, &k, &v, &o, &lse, &d_o) {
         Ok(g) => g,
         Err(e) => {
             result.message = e.to_string();
             return Ok(result);
         }
     };
+    // The deterministic mode: the other runs must give the bytes of the first.
+    let mut same = Vec::new();
+    if case.deterministic {
+        let bits = |x: &[T]| x.iter().map(|e| e.to_f32().to_bits()).collect::<Vec<u32>>();
+        for run in 2..=DETERMINISTIC_RUNS {
+            let again = match backward_host(gpu, p, opts, &q, &k, &v, &o, &lse, &d_o) {
+                Ok(g) => g,
+                Err(e) => {
+                    result.message = format!("run {run}: {e}");
+                    return Ok(result);
+                }
+            };
+            for (name, a, b) in [
+                ("dq", &got.dq, &again.dq),
+                ("dk", &got.dk, &again.dk),
+                ("dv", &got.dv, &again.dv),
+            ] {
+                let differ = bits(a)
+                    .iter()
+                    .zip(bits(b))
+                    .filter(|(x, y)| **x != *y)
+                    .count();
+                if differ > 0 {
+                    same.push(format!(
+                        "run {run}: {differ} {name} elements differ from run 1"
+                    ));
+                }
+            }
+        }
+    }
     let bound = 2.0 * Tolerance::for_dtype(T::DTYPE).o_rel_l2;
     let mut notes = Vec::new();
     let (mut worst_rel, mut worst_abs) = (0.0f64, 0.0f64);
@@ -122,6 +173,14 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &BwdCase, seed: u64) -> Result<Case
         if !d.is_clean() || d.rel_l2.is_nan() || d.rel_l2 > bound {
             ok = false;
             notes.push(format!("{name}: {d} (bound {bound:.1e})"));
+        }
+    }
+    if case.deterministic {
+        if same.is_empty() {
+            notes.push(format!("{DETERMINISTIC_RUNS} runs identical"));
+        } else {
+            ok = false;
+            notes.extend(same);
         }
     }
     result.o_rel_l2 = worst_rel;
@@ -154,7 +213,17 @@ pub fn refusals(gpu: &Gpu) -> Vec<(String, bool, String)> {
         let n_k = s.batch * s.seqlen_k * s.heads_kv * s.head_dim;
         let x = vec![f16::from_f32(0.5); n_q.max(n_k)];
         let lse = vec![0.0f32; s.lse_len()];
-        let r = backward_host(gpu, &prob, &x, &x, &x, &x, &lse, &x);
+        let r = backward_host(
+            gpu,
+            &prob,
+            BackwardOptions::default(),
+            &x,
+            &x,
+            &x,
+            &x,
+            &lse,
+            &x,
+        );
         let expected = unsupported(&prob).map(|e| e.to_string());
         match (r, expected) {
             (Err(e), Some(want)) if e.to_string() == want => {

@@ -1,15 +1,15 @@
 //! Launcher of attn_bwd.cu: the backward pass on Tensor Cores (FlashAttention-2's Algorithm 2,
 //! Dao 2023, arXiv 2307.08691): `D = rowsum(do * o)`, then one block per (key block, kv head,
-//! batch) accumulating dK and dV in registers and adding dQ to an f32 workspace with atomics,
-//! then the workspace converted to the element type.
+//! batch) accumulating dK and dV in registers and adding dQ tiles to an f32 workspace (bulk
+//! reductions on sm_90, atomics before), then the workspace converted to the element type.
 //!
 //! Serves head_dim a multiple of 8 up to 128, no mask, causal and sliding windows; softcap and
 //! ALiBi are refused with a typed error (the CPU backward, [`crate::cpu_backward`], has them).
-//! dQ's atomics make its last bits depend on the order the blocks run in; dK and dV are the
-//! same bytes run to run.
+//! dQ's additions make its last bits depend on the order the blocks run in, unless the call
+//! asks for [`BackwardOptions::deterministic`]; dK and dV are the same bytes run to run.
 //!
-//! Status: compiled for every CI arch without spills, checked by `flashattn check` (the
-//! `backward` cases), but not yet run on a GPU; `run --backward` still uses the CPU backward.
+//! Status: compiled for every CI arch without spills; checked on the H200 by `flashattn
+//! check` (the `backward` cases, runs 58-61); `run --backward` still uses the CPU backward.
 
 use super::attention::{check_alignment, check_contexts, check_gpu_problem};
 use super::device::{Gpu, cuda_err};
@@ -27,6 +27,16 @@ use serde::Serialize;
 /// The largest head_dim served: dK and dV of a warp's 16 keys stay in registers.
 pub const MAX_HEAD_DIM: usize = 128;
 
+/// Options of a backward call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct BackwardOptions {
+    /// dQ the same bytes run to run: the key blocks add their dQ tiles of each step of rows
+    /// in a fixed order, the last key block first (a counter per (batch, query head, step)),
+    /// instead of as they come.
+    /// dK and dV are the same bytes either way. FlashAttention-2's `deterministic=True`.
+    pub deterministic: bool,
+}
+
 /// What a backward call ran.
 #[derive(Debug, Clone, Serialize)]
 pub struct BackwardInfo {
@@ -40,6 +50,8 @@ pub struct BackwardInfo {
     pub blocks: u32,
     /// Its geometry.
     pub tile: BwdTile,
+    /// Whether dQ was added in key-block order.
+    pub deterministic: bool,
 }
 
 /// Why the GPU backward cannot take this problem, as the error a call would return; `None`
@@ -159,7 +171,12 @@ impl BwdTile {
     }
 
     /// NVRTC defines of attn_bwd for a problem under this tile.
-    pub fn defines(&self, dtype: DType, p: &AttnProblem) -> Vec<(String, String)> {
+    pub fn defines(
+        &self,
+        dtype: DType,
+        p: &AttnProblem,
+        opts: BackwardOptions,
+    ) -> Vec<(String, String)> {
         let b = |x: bool| u8::from(x).to_string();
         let mut d = vec![
             ("HEAD_DIM".to_string(), p.shape.head_dim.to_string()),
@@ -167,6 +184,7 @@ impl BwdTile {
             ("BWD_BR".to_string(), self.br.to_string()),
             ("IS_BF16".to_string(), b(dtype == DType::BF16)),
             ("IS_CAUSAL".to_string(), b(p.mask.is_causal())),
+            ("DETERMINISTIC".to_string(), b(opts.deterministic)),
         ];
         d.extend(score_defines(p));
         d
@@ -187,6 +205,7 @@ struct BwdParams {
     scale: f32,
     heads_kv: i32,
     num_k_blocks: i32,
+    dq_order: u64,
 }
 // SAFETY: plain old data with C layout, mirrored field by field by the kernel's struct.
 unsafe impl DeviceRepr for BwdParams {}
@@ -195,11 +214,13 @@ unsafe impl DeviceRepr for BwdParams {}
 /// `o_strides`, `lse` the forward's (dense `[batch, heads_q, seqlen_q]` f32, natural log).
 /// Writes `dq` dense `[batch, seqlen_q, heads_q, head_dim]` and `dk`, `dv` dense `[batch,
 /// seqlen_k, heads_kv, head_dim]` (summed over the query heads of each kv head), in the
-/// element type. Asynchronous on `gpu.stream()`; the f32 workspaces (D and dQ) are freed in
-/// stream order.
+/// element type. `opts.deterministic` makes dQ the same bytes run to run (dK, dV always are).
+/// Asynchronous on `gpu.stream()`; the workspaces (D, dQ in f32, the order counters) are
+/// freed in stream order.
 ///
 /// # Errors
-/// [`unsupported`]'s errors; every error of [`check_gpu_problem`];
+/// [`unsupported`]'s errors; every error of [`check_gpu_problem`]; [`AttnError::InvalidInput`]
+/// for a malformed `FLASHATTN_BWD_TILE` ([`BwdTile::for_call`]);
 /// [`AttnError::BufferTooShort`] for any buffer shorter than its layout needs (`do` named as
 /// such); [`AttnError::InvalidStrides`] for a base address not 16-byte aligned;
 /// [`AttnError::ShapeMismatch`] for a buffer of another context; [`AttnError::Compile`] /
@@ -208,6 +229,7 @@ unsafe impl DeviceRepr for BwdParams {}
 pub fn backward_device<T, Q, K, V, O, L, G, DQ, DK, DV>(
     gpu: &Gpu,
     p: &AttnProblem,
+    opts: BackwardOptions,
     q: &Q,
     k: &K,
     v: &V,
@@ -286,6 +308,17 @@ where
         .map_err(cuda_err(format!("{ctx}: allocating the dQ workspace")))?;
     let (dsp, _gds) = dsum.device_ptr_mut(stream);
     let (dap, _gda) = dq_accum.device_ptr_mut(stream);
+    let tile = BwdTile::for_call(s.head_dim, gpu.info().smem_per_block_optin as usize)?;
+    // The key-block counters of the deterministic mode: one per (batch, query head, step).
+    let n_order = if opts.deterministic {
+        s.batch * s.heads_q * s.seqlen_q.div_ceil(tile.br)
+    } else {
+        1
+    };
+    let mut dq_order: CudaSlice<i32> = stream
+        .alloc_zeros(n_order)
+        .map_err(cuda_err(format!("{ctx}: allocating the dQ order counters")))?;
+    let (dop_order, _gor) = dq_order.device_ptr_mut(stream);
 
     let launch = Launch {
         problem: p,
@@ -299,7 +332,6 @@ where
         varlen: None,
         lse_head_stride: None,
     };
-    let tile = BwdTile::for_call(s.head_dim, gpu.info().smem_per_block_optin as usize)?;
     let num_k_blocks = s.seqlen_k.div_ceil(tile.bc());
     let blocks = num_k_blocks as u64 * s.heads_kv as u64 * s.batch as u64;
     // gridDim.x is at most 2^31 - 1.
@@ -322,8 +354,9 @@ where
         scale: p.softmax_scale,
         heads_kv: s.heads_kv as i32,
         num_k_blocks: num_k_blocks as i32,
+        dq_order: dop_order,
     };
-    let defs = tile.defines(T::DTYPE, p);
+    let defs = tile.defines(T::DTYPE, p, opts);
     let k_dsum = gpu.kernel(KernelSource::AttnBwd, "attn_bwd_dsum", &defs)?;
     let k_main = gpu.kernel(KernelSource::AttnBwd, "attn_bwd", &defs)?;
     let k_dq = gpu.kernel(KernelSource::AttnBwd, "attn_bwd_dq", &defs)?;
@@ -376,6 +409,7 @@ where
         smem_bytes: smem,
         blocks,
         tile,
+        deterministic: opts.deterministic,
     })
 }
 
@@ -400,6 +434,7 @@ pub struct HostGradients<T> {
 pub fn backward_host<T: GpuElement>(
     gpu: &Gpu,
     p: &AttnProblem,
+    opts: BackwardOptions,
     q: &[T],
     k: &[T],
     v: &[T],
@@ -447,7 +482,8 @@ pub fn backward_host<T: GpuElement>(
         poisoned(n_k, "dv")?,
     );
     let info = backward_device(
-        gpu, p, &dq_in, &dk_in, &dv_in, &do_in, &d_lse, &d_do, &mut g_dq, &mut g_dk, &mut g_dv,
+        gpu, p, opts, &dq_in, &dk_in, &dv_in, &do_in, &d_lse, &d_do, &mut g_dq, &mut g_dk,
+        &mut g_dv,
     )?;
     let what = launch_context("attn_bwd", p);
     let back = |x: &CudaSlice<T>, name: &str| {
