@@ -34,6 +34,9 @@ static_assert(!IS_VARLEN && !HAS_SOFTCAP && !HAS_ALIBI, "attn_bwd: no varlen, so
 #ifndef BWD_BR
 #define BWD_BR 32
 #endif
+#ifndef KEYS_PER_WARP
+#define KEYS_PER_WARP 16
+#endif
 // dQ leaves a step as an f32 tile in shared memory, added to the workspace by one bulk
 // reduction per row (sm_90), or before sm_90 (or with DQ_BULK=0) by coalesced f32 atomics.
 // DETERMINISTIC=1: the key blocks add their dQ tiles of a step of rows in key-block order
@@ -53,7 +56,9 @@ static_assert(!IS_VARLEN && !HAS_SOFTCAP && !HAS_ALIBI, "attn_bwd: no varlen, so
 constexpr int DP = (D + 15) / 16 * 16; // head_dim padded to the k-step; pad channels are zero
 constexpr int CH = DP / 8;             // 16-byte chunks per row
 constexpr int RS = (CH + 1) * 8;       // row stride (elements): an odd number of 16-byte slots
-constexpr int BC = 16 * NWARPS;        // keys per block: 16 per warp
+constexpr int KPW = KEYS_PER_WARP;     // keys per warp: MT m-tiles of 16
+constexpr int MT = KPW / 16;
+constexpr int BC = KPW * NWARPS;       // keys per block
 constexpr int BR = BWD_BR;             // query rows per step (S^T and dP^T are 16 x BR per warp)
 constexpr int NT = 32 * NWARPS;        // threads
 constexpr int KS = DP / 16;            // k-steps over channels (S^T, dP^T)
@@ -70,9 +75,10 @@ constexpr int QPARTS = NWARPS / RG;         // channel parts of dQ
 constexpr int NP = ND / 2;                  // 16-channel pairs
 constexpr int PP = (NP + QPARTS - 1) / QPARTS; // pairs per part (the last may have fewer)
 static_assert(BR == 32 || BR == 64, "BWD_BR is 32 or 64");
+static_assert(KPW == 16 || KPW == 32, "KEYS_PER_WARP is 16 or 32");
 static_assert(NWARPS % RG == 0, "NWARPS must be a multiple of BR / 16");
 static_assert(BR <= 32 * NWARPS, "one thread per row loads lse and D");
-static_assert(DP <= 128, "attn_bwd keeps dK and dV of 16 keys in registers: head_dim <= 128");
+static_assert(DP * MT <= 128, "attn_bwd keeps dK and dV of a warp's keys in registers: head_dim x keys per warp <= 128 x 16");
 
 // Shared memory (bytes from the base): K and V of the block's keys; two buffers each of Q, dO
 // (the next step's rows load while this step computes), lse and D (f32); dS^T; the
@@ -109,29 +115,37 @@ FA_DEVICE void mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1
 #endif
 }
 
-// acc (16 rows x 8*NQ columns) += A (16 rows of `a_rows`, k = channels) B, B[c][n] = row n of
-// `b_rows` (both [rows, DP] tiles): the forward's S = Q K^T pattern.
-FA_DEVICE void gemm_rows_rows(float (&acc)[NQ][4], u32 a_rows, u32 b_rows, int lane) {
+// acc (MT m-tiles of 16 rows x 8*NQ columns) += A (16 MT rows of `a_rows`, k = channels) B,
+// B[c][n] = row n of `b_rows` (both [rows, DP] tiles): the forward's S = Q K^T pattern. Each B
+// fragment serves the MT m-tiles.
+FA_DEVICE void gemm_rows_rows(float (&acc)[MT][NQ][4], u32 a_rows, u32 b_rows, int lane) {
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) {
-        u32 a0, a1, a2, a3;
-        ldmatrix_x4(a0, a1, a2, a3, a_rows + (u32)((lane % 16) * RS + (kk * 2 + lane / 16) * 8) * 2);
+        u32 a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+            ldmatrix_x4(a[mt][0], a[mt][1], a[mt][2], a[mt][3],
+                        a_rows + (u32)((mt * 16 + lane % 16) * RS + (kk * 2 + lane / 16) * 8) * 2);
 #pragma unroll
         for (int np = 0; np < NQ / 2; ++np) {
             const int r = np * 16 + (lane % 8) + (lane / 16) * 8;
             const int c = kk * 2 + (lane / 8) % 2;
             u32 b0, b1, b2, b3;
             ldmatrix_x4(b0, b1, b2, b3, b_rows + (u32)(r * RS + c * 8) * 2);
-            mma(acc[2 * np], a0, a1, a2, a3, b0, b1);
-            mma(acc[2 * np + 1], a0, a1, a2, a3, b2, b3);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma(acc[mt][2 * np], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
+                mma(acc[mt][2 * np + 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b2, b3);
+            }
         }
     }
 }
 
-// acc (16 rows x DP channels) += A B with A the packed 16-bit C fragments of a 16 x BR product
-// (af[nt][r]: row g + 8r, columns 8nt + 2t, +1) and B = `rows` ([BR, DP] tile) read with
-// ldmatrix.trans: the forward's O += P V pattern.
-FA_DEVICE void gemm_frags_rows(float (&acc)[ND][4], const u32 (&af)[NQ][2], u32 rows, int lane) {
+// acc (MT m-tiles of 16 rows x DP channels) += A B with A the packed 16-bit C fragments of a
+// (16 MT) x BR product (af[mt][nt][r]: row 16mt + g + 8r, columns 8nt + 2t, +1) and B = `rows`
+// ([BR, DP] tile) read with ldmatrix.trans: the forward's O += P V pattern. Each B fragment
+// serves the MT m-tiles.
+FA_DEVICE void gemm_frags_rows(float (&acc)[MT][ND][4], const u32 (&af)[MT][NQ][2], u32 rows, int lane) {
 #pragma unroll
     for (int kk = 0; kk < PK; ++kk) {
 #pragma unroll
@@ -140,8 +154,12 @@ FA_DEVICE void gemm_frags_rows(float (&acc)[ND][4], const u32 (&af)[NQ][2], u32 
             const int c = dp * 2 + lane / 16;
             u32 b0, b1, b2, b3;
             ldmatrix_x4_trans(b0, b1, b2, b3, rows + (u32)(r * RS + c * 8) * 2);
-            mma(acc[2 * dp], af[2 * kk][0], af[2 * kk][1], af[2 * kk + 1][0], af[2 * kk + 1][1], b0, b1);
-            mma(acc[2 * dp + 1], af[2 * kk][0], af[2 * kk][1], af[2 * kk + 1][0], af[2 * kk + 1][1], b2, b3);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                const u32(&a)[NQ][2] = af[mt];
+                mma(acc[mt][2 * dp], a[2 * kk][0], a[2 * kk][1], a[2 * kk + 1][0], a[2 * kk + 1][1], b0, b1);
+                mma(acc[mt][2 * dp + 1], a[2 * kk][0], a[2 * kk][1], a[2 * kk + 1][0], a[2 * kk + 1][1], b2, b3);
+            }
         }
     }
 }
@@ -293,14 +311,16 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
     if (steps > 0) load_step(bp, base, 0, b, hk * p.group, m_begin * BR);
     cp_async_commit();
 
-    float dk[ND][4], dv[ND][4];
+    float dk[MT][ND][4], dv[MT][ND][4];
 #pragma unroll
-    for (int nd = 0; nd < ND; ++nd)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dk[nd][e] = dv[nd][e] = 0.f;
+        for (int nd = 0; nd < ND; ++nd)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dk[mt][nd][e] = dv[mt][nd][e] = 0.f;
 
-    const u32 kw = sK + (u32)(warp * 16 * RS) * 2; // this warp's 16 keys
-    const u32 vw = sV + (u32)(warp * 16 * RS) * 2;
+    const u32 kw = sK + (u32)(warp * KPW * RS) * 2; // this warp's keys
+    const u32 vw = sV + (u32)(warp * KPW * RS) * 2;
     const u32 sDQ = base + OFF_DQ;
     const float *dq_tile = (const float *)(smem_raw + OFF_DQ);
     int pend_h = -1, pend_m = 0; // the dQ tile written but not yet added
@@ -320,69 +340,81 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
         const float *sL = (const float *)(smem_raw + OFF_L) + buf * BR;
         const float *sD = (const float *)(smem_raw + OFF_D) + buf * BR;
 
-        // S^T = K Q^T (this warp's 16 keys x BR rows), then P^T in place. Element e of
-        // n-tile nt: key key0 + 16 warp + g + 8(e/2), row row0 + 8nt + 2t + e%2.
-        float st[NQ][4];
+        // S^T = K Q^T (this warp's KPW keys x BR rows), then P^T in place. Element e of
+        // n-tile nt of m-tile mt: key key0 + KPW warp + 16mt + g + 8(e/2), row row0 + 8nt +
+        // 2t + e%2.
+        float st[MT][NQ][4];
 #pragma unroll
-        for (int nt = 0; nt < NQ; ++nt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) st[nt][e] = 0.f;
+            for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) st[mt][nt][e] = 0.f;
         gemm_rows_rows(st, kw, sQ, lane);
-        // The rows that see key j are [j - diag - right, j - diag + left] (attn_common.cuh's
-        // key range turned around: right = 0 when causal) and below seqlen_q (their lse and D
-        // were read as zeros), as offsets from row0; a key past the end is seen by none.
-        int rmin[2], rmax[2];
+        u32 pf[MT][NQ][2];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const i64 j = key0 + warp * 16 + g + 8 * r;
-            const i64 right = IS_CAUSAL ? 0 : (IS_LOCAL ? p.window_right : (1 << 30));
-            const i64 lo = j >= p.seqlen_k ? (1 << 30) : j - diag - right - row0;
-            const i64 last = (i64)p.seqlen_q - 1 - row0;
-            i64 hi = IS_LOCAL ? j - diag + p.window_left - row0 : last;
-            hi = hi < last ? hi : last;
-            rmin[r] = (int)(lo < -(1 << 30) ? -(1 << 30) : (lo > (1 << 30) ? (1 << 30) : lo));
-            rmax[r] = (int)(hi < -(1 << 30) ? -(1 << 30) : (hi > (1 << 30) ? (1 << 30) : hi));
-        }
+        for (int mt = 0; mt < MT; ++mt) {
+            // The rows that see key j are [j - diag - right, j - diag + left] (attn_common.cuh's
+            // key range turned around: right = 0 when causal) and below seqlen_q (their lse and
+            // D were read as zeros), as offsets from row0; a key past the end is seen by none.
+            int rmin[2], rmax[2];
 #pragma unroll
-        for (int nt = 0; nt < NQ; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int rl = 8 * nt + 2 * t + e % 2;
-                const bool seen = rl >= rmin[e / 2] && rl <= rmax[e / 2];
-                st[nt][e] = seen ? ex2(fmaf(st[nt][e], p.scale_log2, -LOG2E * sL[rl])) : 0.f;
+            for (int r = 0; r < 2; ++r) {
+                const i64 j = key0 + warp * KPW + mt * 16 + g + 8 * r;
+                const i64 right = IS_CAUSAL ? 0 : (IS_LOCAL ? p.window_right : (1 << 30));
+                const i64 lo = j >= p.seqlen_k ? (1 << 30) : j - diag - right - row0;
+                const i64 last = (i64)p.seqlen_q - 1 - row0;
+                i64 hi = IS_LOCAL ? j - diag + p.window_left - row0 : last;
+                hi = hi < last ? hi : last;
+                rmin[r] = (int)(lo < -(1 << 30) ? -(1 << 30) : (lo > (1 << 30) ? (1 << 30) : lo));
+                rmax[r] = (int)(hi < -(1 << 30) ? -(1 << 30) : (hi > (1 << 30) ? (1 << 30) : hi));
             }
-        u32 pf[NQ][2];
 #pragma unroll
-        for (int nt = 0; nt < NQ; ++nt)
+            for (int nt = 0; nt < NQ; ++nt)
 #pragma unroll
-            for (int r = 0; r < 2; ++r) pf[nt][r] = pack2(st[nt][2 * r], st[nt][2 * r + 1]);
+                for (int e = 0; e < 4; ++e) {
+                    const int rl = 8 * nt + 2 * t + e % 2;
+                    const bool seen = rl >= rmin[e / 2] && rl <= rmax[e / 2];
+                    st[mt][nt][e] = seen ? ex2(fmaf(st[mt][nt][e], p.scale_log2, -LOG2E * sL[rl])) : 0.f;
+                }
+#pragma unroll
+            for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) pf[mt][nt][r] = pack2(st[mt][nt][2 * r], st[mt][nt][2 * r + 1]);
+        }
         // dV += P^T dO
         gemm_frags_rows(dv, pf, sDO, lane);
         // dP^T = V dO^T, then dS^T = P^T (dP^T - D) in its place
-        float dpt[NQ][4];
+        float dpt[MT][NQ][4];
 #pragma unroll
-        for (int nt = 0; nt < NQ; ++nt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dpt[nt][e] = 0.f;
+            for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dpt[mt][nt][e] = 0.f;
         gemm_rows_rows(dpt, vw, sDO, lane);
         // P from its 16-bit pairs (the f32 values are not kept live through dP^T: at d128
         // they pushed the kernel past 255 registers); P V used the same rounded values.
 #pragma unroll
-        for (int nt = 0; nt < NQ; ++nt)
+        for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const u32 pair = pf[nt][e / 2];
-                const float pe = to_f32((u16)(e % 2 ? pair >> 16 : pair & 0xffff));
-                dpt[nt][e] = pe * (dpt[nt][e] - sD[8 * nt + 2 * t + e % 2]);
-            }
+            for (int nt = 0; nt < NQ; ++nt)
 #pragma unroll
-        for (int nt = 0; nt < NQ; ++nt)
+                for (int e = 0; e < 4; ++e) {
+                    const u32 pair = pf[mt][nt][e / 2];
+                    const float pe = to_f32((u16)(e % 2 ? pair >> 16 : pair & 0xffff));
+                    dpt[mt][nt][e] = pe * (dpt[mt][nt][e] - sD[8 * nt + 2 * t + e % 2]);
+                }
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                pf[nt][r] = pack2(dpt[nt][2 * r], dpt[nt][2 * r + 1]);
-                // dS^T to shared memory: row = key (in the block), column = query row
-                st_shared_u32(sDS + (u32)((warp * 16 + g + 8 * r) * RSS + 8 * nt + 2 * t) * 2, pf[nt][r]);
-            }
+            for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    pf[mt][nt][r] = pack2(dpt[mt][nt][2 * r], dpt[mt][nt][2 * r + 1]);
+                    // dS^T to shared memory: row = key (in the block), column = query row
+                    const int key = warp * KPW + mt * 16 + g + 8 * r;
+                    st_shared_u32(sDS + (u32)(key * RSS + 8 * nt + 2 * t) * 2, pf[mt][nt][r]);
+                }
+        }
         // dK += dS^T Q (softmax_scale applied at the end)
         gemm_frags_rows(dk, pf, sQ, lane);
 #if DQ_BULK
@@ -449,17 +481,19 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
 
     // dK (times softmax_scale) and dV of this warp's keys, as 16-bit pairs, dense.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int j = key0 + warp * 16 + g + 8 * r;
-        if (j >= p.seqlen_k) continue;
-        const i64 at = (((i64)b * p.seqlen_k + j) * bp.heads_kv + hk) * D;
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nd = 0; nd < ND; ++nd) {
-            const int c = nd * 8 + 2 * t;
-            if (c < D) {
-                *(u32 *)(bp.dk + at + c) = pack2(dk[nd][2 * r] * bp.scale, dk[nd][2 * r + 1] * bp.scale);
-                *(u32 *)(bp.dv + at + c) = pack2(dv[nd][2 * r], dv[nd][2 * r + 1]);
+        for (int r = 0; r < 2; ++r) {
+            const int j = key0 + warp * KPW + mt * 16 + g + 8 * r;
+            if (j >= p.seqlen_k) continue;
+            const i64 at = (((i64)b * p.seqlen_k + j) * bp.heads_kv + hk) * D;
+#pragma unroll
+            for (int nd = 0; nd < ND; ++nd) {
+                const int c = nd * 8 + 2 * t;
+                if (c < D) {
+                    *(u32 *)(bp.dk + at + c) = pack2(dk[mt][nd][2 * r] * bp.scale, dk[mt][nd][2 * r + 1] * bp.scale);
+                    *(u32 *)(bp.dv + at + c) = pack2(dv[mt][nd][2 * r], dv[mt][nd][2 * r + 1]);
+                }
             }
         }
-    }
 }

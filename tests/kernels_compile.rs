@@ -107,9 +107,14 @@ fn jobs() -> Vec<Job> {
     // The backward pass (attn_bwd and its two small kernels), every arch, the head dims it
     // serves at the edges of its register budget, no mask, causal and a sliding window.
     for &arch in CI_ARCHS.iter() {
-        for d in [8, 40, 64, 96, 128] {
-            let tile = flashattn::cuda::backward::BwdTile::for_head_dim(d, smem_limit(arch));
+        for d in [8, 40, 56, 64, 96, 128] {
             for dtype in DTYPES {
+                let tile = flashattn::cuda::backward::BwdTile::for_head_dim(
+                    d,
+                    dtype,
+                    parse_cc(arch),
+                    smem_limit(arch),
+                );
                 for (causal, window, deterministic) in [
                     (false, false, false),
                     (true, false, false),
@@ -143,8 +148,9 @@ fn jobs() -> Vec<Job> {
                         functions: &["attn_bwd", "attn_bwd_dsum", "attn_bwd_dq"],
                         smem: tile.smem_bytes(d),
                         tile: format!(
-                            "bwd {}x{}{}{}",
+                            "bwd {}x{}x{}{}{}",
                             tile.nwarps,
+                            tile.keys_per_warp,
                             tile.br,
                             if window { " window" } else { "" },
                             if deterministic { " det" } else { "" }

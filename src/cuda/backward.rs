@@ -9,7 +9,7 @@
 //! asks for [`BackwardOptions::deterministic`]; dK and dV are the same bytes run to run.
 //!
 //! Status: compiled for every CI arch without spills; checked on the H200 by `flashattn
-//! check` (the `backward` cases, runs 58-61); `run --backward` still uses the CPU backward.
+//! check` (the `backward` cases, runs 58-65); `run --backward` still uses the CPU backward.
 
 use super::attention::{check_alignment, check_contexts, check_gpu_problem};
 use super::device::{Gpu, cuda_err};
@@ -81,31 +81,48 @@ pub fn unsupported(p: &AttnProblem) -> Option<AttnError> {
     })
 }
 
-/// Environment variable that overrides attn_bwd's tile for experiments: `nwarps,br`, e.g. `4,32`
-/// (the bench's way of timing one geometry against another in one run).
+/// Environment variable that overrides attn_bwd's tile for experiments: `nwarps,br[,keys_per_warp]`,
+/// e.g. `4,32` or `4,32,32` (the bench's way of timing one geometry against another).
 pub const TILE_ENV: &str = "FLASHATTN_BWD_TILE";
 
-/// The block geometry of attn_bwd: `nwarps` warps of 16 keys each (a block holds `16 x nwarps`
-/// keys, their dK and dV in registers) and `br` query rows per step.
+/// The block geometry of attn_bwd: `nwarps` warps of `keys_per_warp` keys each (their dK and
+/// dV in registers) and `br` query rows per step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct BwdTile {
     /// Warps per block: 4 or 8.
     pub nwarps: usize,
     /// Query rows per step: 32 or 64 (64 spills at head_dim above 64).
     pub br: usize,
+    /// Keys per warp: 16, or 32 at head_dim <= 64 (each shared-memory fragment of Q and dO
+    /// then serves two m-tiles of keys).
+    pub keys_per_warp: usize,
 }
 
 impl BwdTile {
-    /// The default for a head_dim and the device's opt-in shared memory per block: 8 warps
-    /// (128 keys: half the dQ traffic and the Q/dO loads of 64) where their shared memory fits
-    /// (sm_80, sm_90), else 4; 64 rows per step at head_dim <= 64 (registers allow it there).
-    pub fn for_head_dim(head_dim: usize, smem_limit: usize) -> Self {
+    /// The default for a head_dim, element type, compute capability and the device's opt-in
+    /// shared memory per block:
+    /// - f16 on sm_90 at head_dim <= 64 except 56: 4 warps of 32 keys, 32 rows per step, two
+    ///   blocks per SM; each shared-memory fragment of Q and dO serves two m-tiles of keys
+    ///   (+11-19 % over 8 warps of 16 keys at d64 f16 on the H200, run 64). Elsewhere (bf16,
+    ///   sm_80, d56) ptxas spills it at 255 registers;
+    /// - else 8 warps of 16 keys (128 keys: half the dQ traffic and the Q/dO loads of 64)
+    ///   where their shared memory fits (sm_80, sm_90), else 4; 64 rows per step at
+    ///   head_dim <= 64 (registers allow it there).
+    pub fn for_head_dim(head_dim: usize, dtype: DType, cc: (i32, i32), smem_limit: usize) -> Self {
+        let tile = |nwarps, br, keys_per_warp| BwdTile {
+            nwarps,
+            br,
+            keys_per_warp,
+        };
         let br = if head_dim <= 64 { 64 } else { 32 };
-        [(8, br), (8, 32), (4, 32)]
+        let mut options = vec![tile(8, br, 16), tile(8, 32, 16), tile(4, 32, 16)];
+        if head_dim <= 64 && head_dim != 56 && dtype == DType::F16 && cc == (9, 0) {
+            options.insert(0, tile(4, 32, 32));
+        }
+        options
             .into_iter()
-            .map(|(nwarps, br)| BwdTile { nwarps, br })
             .find(|t| t.smem_bytes(head_dim) <= smem_limit)
-            .unwrap_or(BwdTile { nwarps: 4, br: 32 })
+            .unwrap_or(tile(4, 32, 16))
     }
 
     /// [`BwdTile::for_head_dim`], or the tile `FLASHATTN_BWD_TILE` names.
@@ -113,11 +130,23 @@ impl BwdTile {
     /// # Errors
     /// [`AttnError::InvalidInput`] for a malformed variable, or a tile this head_dim or device
     /// cannot take (64 rows above head_dim 64 would spill; shared memory past the limit).
-    pub fn for_call(head_dim: usize, smem_limit: usize) -> Result<Self> {
+    pub fn for_call(
+        head_dim: usize,
+        dtype: DType,
+        cc: (i32, i32),
+        smem_limit: usize,
+    ) -> Result<Self> {
         let Ok(v) = std::env::var(TILE_ENV) else {
-            return Ok(Self::for_head_dim(head_dim, smem_limit));
+            return Ok(Self::for_head_dim(head_dim, dtype, cc, smem_limit));
         };
         let t = Self::parse(&v)?;
+        if t.keys_per_warp == 32 && (head_dim > 64 || t.br == 64) {
+            return Err(AttnError::InvalidInput {
+                what: format!(
+                    "{TILE_ENV}='{v}': 32 keys per warp take head_dim <= 64 and 32 rows per step (this call has head_dim {head_dim})"
+                ),
+            });
+        }
         if t.br == 64 && head_dim > 64 {
             return Err(AttnError::InvalidInput {
                 what: format!(
@@ -136,29 +165,38 @@ impl BwdTile {
         Ok(t)
     }
 
-    /// Parses `nwarps,br` (4 or 8, 32 or 64).
+    /// Parses `nwarps,br[,keys_per_warp]` (4 or 8, 32 or 64, 16 or 32; 16 by default).
     ///
     /// # Errors
     /// [`AttnError::InvalidInput`] naming the expected form.
     pub fn parse(s: &str) -> Result<Self> {
         let bad = || AttnError::InvalidInput {
             what: format!(
-                "{TILE_ENV}='{s}': expected nwarps,br with nwarps 4 or 8 and br 32 or 64"
+                "{TILE_ENV}='{s}': expected nwarps,br[,keys_per_warp] with nwarps 4 or 8, br 32 or 64, keys_per_warp 16 or 32"
             ),
         };
         let parts: Vec<usize> = s
             .split(',')
             .map(|x| x.trim().parse().map_err(|_| bad()))
             .collect::<Result<_>>()?;
-        match parts[..] {
-            [nwarps @ (4 | 8), br @ (32 | 64)] => Ok(BwdTile { nwarps, br }),
+        let (nwarps, br, keys_per_warp) = match parts[..] {
+            [n, b] => (n, b, 16),
+            [n, b, k] => (n, b, k),
+            _ => return Err(bad()),
+        };
+        match (nwarps, br, keys_per_warp) {
+            (4 | 8, 32 | 64, 16 | 32) => Ok(BwdTile {
+                nwarps,
+                br,
+                keys_per_warp,
+            }),
             _ => Err(bad()),
         }
     }
 
     /// Keys per block.
     pub fn bc(&self) -> usize {
-        16 * self.nwarps
+        self.keys_per_warp * self.nwarps
     }
 
     /// Dynamic shared memory for a head_dim (attn_bwd.cu's layout: K and V of the block's
@@ -182,6 +220,7 @@ impl BwdTile {
             ("HEAD_DIM".to_string(), p.shape.head_dim.to_string()),
             ("NWARPS".to_string(), self.nwarps.to_string()),
             ("BWD_BR".to_string(), self.br.to_string()),
+            ("KEYS_PER_WARP".to_string(), self.keys_per_warp.to_string()),
             ("IS_BF16".to_string(), b(dtype == DType::BF16)),
             ("IS_CAUSAL".to_string(), b(p.mask.is_causal())),
             ("DETERMINISTIC".to_string(), b(opts.deterministic)),
@@ -308,7 +347,13 @@ where
         .map_err(cuda_err(format!("{ctx}: allocating the dQ workspace")))?;
     let (dsp, _gds) = dsum.device_ptr_mut(stream);
     let (dap, _gda) = dq_accum.device_ptr_mut(stream);
-    let tile = BwdTile::for_call(s.head_dim, gpu.info().smem_per_block_optin as usize)?;
+    let info = gpu.info();
+    let tile = BwdTile::for_call(
+        s.head_dim,
+        T::DTYPE,
+        info.compute_capability,
+        info.smem_per_block_optin as usize,
+    )?;
     // The key-block counters of the deterministic mode: one per (batch, query head, step).
     let n_order = if opts.deterministic {
         s.batch * s.heads_q * s.seqlen_q.div_ceil(tile.br)
@@ -508,19 +553,31 @@ mod tests {
     fn shared_memory_matches_the_kernel_layout() {
         // d128, 8 warps, 32 rows: K, V 128 x 136, two buffers of Q and dO 32 x 136, dS^T
         // 128 x 40 (16-bit); the dQ tile 32 x 136 f32; two buffers of lse and D (32 f32 each).
-        let t = BwdTile { nwarps: 8, br: 32 };
+        let t = BwdTile {
+            nwarps: 8,
+            br: 32,
+            keys_per_warp: 16,
+        };
         assert_eq!(
             t.smem_bytes(128),
             (2 * 128 * 136 + 4 * 32 * 136 + 128 * 40) * 2 + 32 * 136 * 4 + 512
         );
         // Every head_dim served has a tile on every arch we build for (99 KB on sm_86/89/120,
-        // 163 KB on sm_80, 227 KB on sm_90); sm_80 and sm_90 take 8 warps at every head_dim.
+        // 163 KB on sm_80, 227 KB on sm_90); sm_80 and sm_90 take 128 keys per block.
         for d in (8..=MAX_HEAD_DIM).step_by(8) {
-            for limit in [99 * 1024, 163 * 1024, 227 * 1024] {
-                let t = BwdTile::for_head_dim(d, limit);
-                assert!(t.smem_bytes(d) <= limit, "d{d} limit {limit}: {t:?}");
-                if limit > 99 * 1024 {
-                    assert_eq!(t.nwarps, 8, "d{d} limit {limit}");
+            for (cc, limit) in [
+                ((8, 6), 99 * 1024),
+                ((8, 0), 163 * 1024),
+                ((9, 0), 227 * 1024),
+            ] {
+                for dtype in [DType::F16, DType::BF16] {
+                    let t = BwdTile::for_head_dim(d, dtype, cc, limit);
+                    assert!(t.smem_bytes(d) <= limit, "d{d} {cc:?}: {t:?}");
+                    if limit > 99 * 1024 {
+                        assert_eq!(t.bc(), 128, "d{d} {cc:?}");
+                    }
+                    let kpw32 = cc == (9, 0) && dtype == DType::F16 && d <= 64 && d != 56;
+                    assert_eq!(t.keys_per_warp == 32, kpw32, "d{d} {cc:?} {dtype}");
                 }
             }
         }
@@ -530,9 +587,14 @@ mod tests {
     fn tiles_parse_or_name_the_form() {
         assert_eq!(
             BwdTile::parse("4, 64").unwrap(),
-            BwdTile { nwarps: 4, br: 64 }
+            BwdTile {
+                nwarps: 4,
+                br: 64,
+                keys_per_warp: 16
+            }
         );
-        for bad in ["", "8", "8,48", "6,32", "8,32,1", "x,32"] {
+        assert_eq!(BwdTile::parse("4,32,32").unwrap().bc(), 128);
+        for bad in ["", "8", "8,48", "6,32", "8,32,1", "x,32", "4,32,32,1"] {
             let e = BwdTile::parse(bad).unwrap_err();
             assert!(e.to_string().contains("nwarps,br"), "{bad}: {e}");
         }
