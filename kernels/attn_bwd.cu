@@ -255,6 +255,10 @@ FA_DEVICE void add_dq_tile(const BwdParams &bp, u32 sDQ, const float *tile, int 
         }
     }
     __syncwarp();
+#if DQ_BULK
+    // The acquired count (generic proxy) before this block's bulk reductions (async proxy).
+    fence_proxy_async_global();
+#endif
 #endif
 #if DQ_BULK
     if (threadIdx.x < 32) {

@@ -8,8 +8,8 @@ use crate::dtype::Element;
 use crate::shape::AttnProblem;
 
 /// The block geometries attn_bwd is built with (`crate::cuda::backward::BwdTile`): (keys per
-/// block, query rows per step). 16 keys per warp, 4 or 8 warps; 32 or 64 rows.
-pub const TILINGS: [(usize, usize); 3] = [(64, 32), (128, 32), (128, 64)];
+/// block, query rows per step): 4 or 8 warps of 16 keys or 4 of 32; 32 or 64 rows.
+pub const TILINGS: [(usize, usize); 4] = [(64, 32), (64, 64), (128, 32), (128, 64)];
 
 /// An unbounded window side, as the kernel takes it (2^30 keys).
 const UNBOUNDED: i64 = 1 << 30;
@@ -70,6 +70,39 @@ pub fn rows_of_key(p: &AttnProblem, j: usize, row0: usize) -> (i64, i64) {
         clamp(lo, -UNBOUNDED, UNBOUNDED),
         clamp(hi, -UNBOUNDED, UNBOUNDED),
     )
+}
+
+/// The steps of `br` rows key block `n` (of `bc` keys) visits, `[m_begin, m_end)`
+/// (attn_bwd.cu `step_range`): `query_range` in steps, empty ranges at their start.
+pub fn step_range(p: &AttnProblem, n: usize, (bc, br): (usize, usize)) -> (usize, usize) {
+    let (begin, end) = query_range(p, n * bc, bc);
+    let m_begin = begin / br;
+    (
+        m_begin,
+        if end > begin {
+            end.div_ceil(br)
+        } else {
+            m_begin
+        },
+    )
+}
+
+/// The last key block that visits step `m`, searched upward from block `n` (which visits
+/// it), as warp 0 of the deterministic mode does before adding its dQ tile (attn_bwd.cu
+/// `add_dq_tile`): block `n` waits until `last - n` blocks have added theirs.
+pub fn last_visitor(p: &AttnProblem, tiling: (usize, usize), n: usize, m: usize) -> usize {
+    let blocks = p.shape.seqlen_k.div_ceil(tiling.0);
+    let (mut lo, mut hi) = (n, blocks - 1);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        let (mb, me) = step_range(p, mid, tiling);
+        if mb <= m && me > m {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
 }
 
 /// Gradients in f32, dense: `dq [batch, seqlen_q, heads_q, head_dim]`, `dk` and `dv`
@@ -251,6 +284,49 @@ mod tests {
                 let label = format!("{} {name}", p.shape);
                 check::<f16>(&p, &label);
                 check::<bf16>(&p, &label);
+            }
+        }
+    }
+
+    #[test]
+    fn the_key_blocks_visiting_a_step_are_one_run_that_the_deterministic_search_finds() {
+        // The deterministic mode's wait count is right only if, for every step m, the key
+        // blocks that visit it are contiguous and the search from any of them finds the last.
+        let window = |l, r| ScoreMods {
+            window: Window::from_fa(l, r).unwrap(),
+            ..ScoreMods::default()
+        };
+        for (sq, sk) in [(300, 257), (1, 700), (700, 130), (513, 513), (65, 20)] {
+            let base = problem(1, sq, sk, 1, 1, 8);
+            let masks = [
+                base.clone(),
+                base.clone().with_mask(Mask::Causal),
+                base.clone().with_scores(window(40, 8)).unwrap(),
+                base.clone().with_scores(window(0, 0)).unwrap(),
+                base.clone().with_scores(window(-1, 100)).unwrap(),
+                base.clone()
+                    .with_mask(Mask::Causal)
+                    .with_scores(window(200, -1))
+                    .unwrap(),
+            ];
+            for p in &masks {
+                for tiling in TILINGS {
+                    let blocks = sk.div_ceil(tiling.0);
+                    for m in 0..sq.div_ceil(tiling.1) {
+                        let visitors: Vec<usize> = (0..blocks)
+                            .filter(|&n| {
+                                let (mb, me) = step_range(p, n, tiling);
+                                mb <= m && m < me
+                            })
+                            .collect();
+                        if let (Some(&first), Some(&last)) = (visitors.first(), visitors.last()) {
+                            assert_eq!(visitors.len(), last - first + 1, "sq {sq} sk {sk} m {m}");
+                            for &n in &visitors {
+                                assert_eq!(last_visitor(p, tiling, n, m), last, "n {n} m {m}");
+                            }
+                        }
+                    }
+                }
             }
         }
     }
