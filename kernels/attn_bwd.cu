@@ -3,9 +3,9 @@
 // the forward's lse, never stored. Three kernels, launched in this order by
 // src/cuda/backward.rs:
 // - attn_bwd_dsum: D_i = do_i . o_i (f32, laid out as lse);
-// - attn_bwd: one block per (key block of BC keys, kv head, batch). Its warps own 16 keys
-//   each and keep dK and dV of those keys in registers across every query block of every query
-//   head of the group (GQA sums in the block: no atomics for dK, dV). Per step (BR query rows
+// - attn_bwd: one block per (key block of BC keys, kv head, batch). Its warps own KPW keys
+//   (16 or 32) each and keep dK and dV of those keys in registers across every query block of
+//   every query head of the group (GQA sums in the block: no atomics for dK, dV). Per step (BR query rows
 //   of one head, their Q, dO, lse and D loaded by cp.async one step ahead, in two buffers):
 //   S^T = K Q^T, P^T = 2^(S^T scale_log2 - lse log2 e), dV += P^T dO, dP^T = V dO^T,
 //   dS^T = P^T (dP^T - D), dK += dS^T Q; dS^T goes through shared memory so that each warp
@@ -20,9 +20,9 @@
 // The tiling and masks (query_range, rows_of_key) are modelled on the CPU, with the same
 // rounding of P and dS, in src/backward_tiles.rs, whose tests hold them against the exact
 // gradients.
-// Specialised at NVRTC time by HEAD_DIM (multiple of 8, at most 128 here), NWARPS, BWD_BR, IS_BF16,
-// IS_CAUSAL and IS_LOCAL (attn_common.cuh's key range); softcap and ALiBi are refused by the
-// host for now.
+// Specialised at NVRTC time by HEAD_DIM (multiple of 8, at most 128 here), NWARPS, BWD_BR,
+// KEYS_PER_WARP, DETERMINISTIC, IS_BF16, IS_CAUSAL and IS_LOCAL (attn_common.cuh's key range);
+// softcap and ALiBi are refused by the host for now.
 #include "ptx.cuh"
 #include "hopper.cuh"
 #include "attn_common.cuh"
@@ -309,10 +309,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
     step_range(p, n_block, m_begin, m_end);
     // Steps run over (query head of the group, query block), one buffer each in turn.
     const int steps_per_head = m_end - m_begin, steps = steps_per_head * p.group;
+    const auto head_of = [&](int s) { return hk * p.group + s / steps_per_head; };
+    const auto row0_of = [&](int s) { return (m_begin + s % steps_per_head) * BR; };
 
     load_rows<BC, RS, NT>(sK, p.k + b * p.k_sb + hk * p.k_sh, p.k_ss, key0, p.seqlen_k);
     load_rows<BC, RS, NT>(sV, p.v + b * p.v_sb + hk * p.v_sh, p.v_ss, key0, p.seqlen_k);
-    if (steps > 0) load_step(bp, base, 0, b, hk * p.group, m_begin * BR);
+    if (steps > 0) load_step(bp, base, 0, b, head_of(0), row0_of(0));
     cp_async_commit();
 
     float dk[MT][ND][4], dv[MT][ND][4];
@@ -326,16 +328,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
     const u32 kw = sK + (u32)(warp * KPW * RS) * 2; // this warp's keys
     const u32 vw = sV + (u32)(warp * KPW * RS) * 2;
     const u32 sDQ = base + OFF_DQ;
-    const float *dq_tile = (const float *)(smem_raw + OFF_DQ);
+    float *dq_tile = (float *)(smem_raw + OFF_DQ);
     int pend_h = -1, pend_m = 0; // the dQ tile written but not yet added
     for (int s = 0; s < steps; ++s) {
         const int buf = s & 1;
-        const int h = hk * p.group + s / steps_per_head;
-        const int row0 = (m_begin + s % steps_per_head) * BR;
+        const int h = head_of(s), row0 = row0_of(s);
         // The other buffer was last read before the previous step's second barrier.
-        if (s + 1 < steps)
-            load_step(bp, base, buf ^ 1, b, hk * p.group + (s + 1) / steps_per_head,
-                      (m_begin + (s + 1) % steps_per_head) * BR);
+        if (s + 1 < steps) load_step(bp, base, buf ^ 1, b, head_of(s + 1), row0_of(s + 1));
         cp_async_commit();
         cp_async_wait<1>(); // this step's rows (and K, V) have landed for this thread
         __syncthreads();    // ... and for every thread; the previous step's dQ reads of dS^T are done
@@ -465,8 +464,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
                     const int row = rg * 16 + g + 8 * r;
                     const int c = (part * PP * 2 + nd) * 8 + 2 * t;
                     if (c < DP) {
-                        float *at = (float *)(smem_raw + OFF_DQ) + row * DQS + c;
-                        *(float2 *)at = make_float2(dq[nd][2 * r] * bp.scale, dq[nd][2 * r + 1] * bp.scale);
+                        *(float2 *)(dq_tile + row * DQS + c) = make_float2(dq[nd][2 * r] * bp.scale, dq[nd][2 * r + 1] * bp.scale);
                     }
                 }
 #if DQ_BULK
