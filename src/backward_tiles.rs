@@ -159,11 +159,10 @@ pub fn emulate<T: Element>(
         };
         for hk in 0..hkv {
             for key0 in (0..sk).step_by(bc) {
-                let (i_begin, i_end) = query_range(p, key0, bc);
-                let (m_begin, m_end) = (i_begin / br, i_end.div_ceil(br));
+                let (m_begin, m_end) = step_range(p, key0 / bc, (bc, br));
                 for gi in 0..group {
                     let h = hk * group + gi;
-                    for m in m_begin..m_end.max(m_begin) {
+                    for m in m_begin..m_end {
                         let row0 = m * br;
                         for j in key0..(key0 + bc).min(sk) {
                             let (rmin, rmax) = rows_of_key(p, j, row0);

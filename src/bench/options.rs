@@ -101,8 +101,8 @@ pub struct BenchOptions {
     pub alibi: bool,
     /// Time the backward pass instead of the forward: attn_bwd (line `bwd`: dq, dk, dv from
     /// o, lse and a random dO; line `bwd-det`: the same in the deterministic mode; --kernels
-    /// and --tiles do not apply), and with --peers each SDPA backend's backward in the same run. TFLOP/s count 2.5x the forward's FLOPs
-    /// (FlashAttention's convention).
+    /// and --tiles do not apply), and with --peers each SDPA backend's backward in the same
+    /// run. TFLOP/s count 2.5x the forward's FLOPs (FlashAttention's convention).
     #[arg(long)]
     pub backward: bool,
     /// Packed variable-length batch instead of the sweep: `NxL` (e.g. 8x2k), `ragged`

@@ -121,7 +121,7 @@ impl BwdTile {
         }
         options
             .into_iter()
-            .find(|t| t.smem_bytes(head_dim) <= smem_limit)
+            .find(|t| t.check(head_dim, smem_limit).is_ok())
             .unwrap_or(tile(4, 32, 16))
     }
 
@@ -140,29 +140,33 @@ impl BwdTile {
             return Ok(Self::for_head_dim(head_dim, dtype, cc, smem_limit));
         };
         let t = Self::parse(&v)?;
-        if t.keys_per_warp == 32 && (head_dim > 64 || t.br == 64) {
-            return Err(AttnError::InvalidInput {
-                what: format!(
-                    "{TILE_ENV}='{v}': 32 keys per warp take head_dim <= 64 and 32 rows per step (this call has head_dim {head_dim})"
-                ),
-            });
-        }
-        if t.br == 64 && head_dim > 64 {
-            return Err(AttnError::InvalidInput {
-                what: format!(
-                    "{TILE_ENV}='{v}': 64 rows per step spill above head_dim 64 (this call has {head_dim}); use 32"
-                ),
-            });
-        }
-        if t.smem_bytes(head_dim) > smem_limit {
-            return Err(AttnError::InvalidInput {
-                what: format!(
-                    "{TILE_ENV}='{v}': {} bytes of shared memory at head_dim {head_dim}, the device allows {smem_limit} per block; use 4 warps",
-                    t.smem_bytes(head_dim)
-                ),
-            });
-        }
+        t.check(head_dim, smem_limit)
+            .map_err(|why| AttnError::InvalidInput {
+                what: format!("{TILE_ENV}='{v}': {why}"),
+            })?;
         Ok(t)
+    }
+
+    /// Whether this tile can take a head_dim on a device with `smem_limit` bytes of opt-in
+    /// shared memory per block; `Err` says why not and what to use instead.
+    fn check(&self, head_dim: usize, smem_limit: usize) -> std::result::Result<(), String> {
+        if self.keys_per_warp == 32 && (head_dim > 64 || self.br == 64) {
+            return Err(format!(
+                "32 keys per warp take head_dim <= 64 and 32 rows per step (this call has head_dim {head_dim})"
+            ));
+        }
+        if self.br == 64 && head_dim > 64 {
+            return Err(format!(
+                "64 rows per step spill above head_dim 64 (this call has {head_dim}); use 32"
+            ));
+        }
+        let bytes = self.smem_bytes(head_dim);
+        if bytes > smem_limit {
+            return Err(format!(
+                "{bytes} bytes of shared memory at head_dim {head_dim}, the device allows {smem_limit} per block; use 4 warps"
+            ));
+        }
+        Ok(())
     }
 
     /// Parses `nwarps,br[,keys_per_warp]` (4 or 8, 32 or 64, 16 or 32; 16 by default).
