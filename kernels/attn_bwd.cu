@@ -26,6 +26,7 @@
 #include "ptx.cuh"
 #include "hopper.cuh"
 #include "attn_common.cuh"
+#include "bwd_common.cuh"
 static_assert(!IS_VARLEN && !HAS_SOFTCAP && !HAS_ALIBI, "attn_bwd: no varlen, softcap or ALiBi yet");
 
 #ifndef NWARPS
@@ -94,19 +95,6 @@ constexpr u32 OFF_D = OFF_L + 2 * BR * 4;
 constexpr u32 SMEM_BYTES = OFF_D + 2 * BR * 4;
 constexpr u32 QBUF = BR * RS * 2; // bytes of one Q (or dO) buffer
 
-struct BwdParams {
-    Params p;              // q, k, v, lse, strides, lengths, heads, scale_log2, window
-    const u16 *d_o;        // do, o's layout
-    i64 do_sb, do_ss, do_sh;
-    float *dsum;           // D, laid out as lse (written by attn_bwd_dsum)
-    float *dq_accum;       // dense [batch, seqlen_q, heads_q, head_dim] f32, zeroed by the host
-    u16 *dk, *dv;          // dense [batch, seqlen_k, heads_kv, head_dim]
-    float scale;           // softmax_scale (dS is the gradient of the scaled score)
-    int heads_kv, num_k_blocks;
-    int *dq_order;         // DETERMINISTIC: per (batch, query head, step of rows), the key
-                           // blocks that have added their dQ tile; zeroed by the host
-};
-
 FA_DEVICE void mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
 #if IS_BF16
     mma_bf16(d, a0, a1, a2, a3, b0, b1);
@@ -164,28 +152,6 @@ FA_DEVICE void gemm_frags_rows(float (&acc)[MT][ND][4], const u32 (&af)[MT][NQ][
     }
 }
 
-// D_i = do_i . o_i in f32, one thread per (batch, row, head), written where lse has it.
-extern "C" __global__ void attn_bwd_dsum(const BwdParams bp, const u16 *o, i64 o_sb, i64 o_ss, i64 o_sh) {
-    const Params &p = bp.p;
-    const i64 n = (i64)p.batch * p.seqlen_q * p.heads_q;
-    const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= n) return;
-    const int h = (int)(idx % p.heads_q);
-    const int i = (int)(idx / p.heads_q % p.seqlen_q);
-    const int b = (int)(idx / p.heads_q / p.seqlen_q);
-    const u16 *orow = o + b * o_sb + i * o_ss + h * o_sh;
-    const u16 *drow = bp.d_o + b * bp.do_sb + i * bp.do_ss + h * bp.do_sh;
-    float sum = 0.f;
-    for (int c = 0; c < D; ++c) sum = fmaf(to_f32(drow[c]), to_f32(orow[c]), sum);
-    bp.dsum[lse_offset(p, b, h, 0) + i] = sum;
-}
-
-// The f32 dQ workspace to the element type (dense, same index).
-extern "C" __global__ void attn_bwd_dq(const float *dq_accum, u16 *dq, i64 n) {
-    const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx < n) dq[idx] = from_f32(dq_accum[idx]);
-}
-
 // Q and dO rows of step (h, row0) into buffer `buf`, with lse (natural log) and D of its rows (cp.async;
 // rows past the end read as zero: the mask gives them P = 0, so their lse is never used).
 FA_DEVICE void load_step(const BwdParams &bp, u32 base, int buf, int b, int h, int row0) {
@@ -200,25 +166,6 @@ FA_DEVICE void load_step(const BwdParams &bp, u32 base, int buf, int b, int h, i
         cp_async_4(base + OFF_L + (u32)(buf * BR + r) * 4, ok ? p.lse + at : p.lse, ok ? 4 : 0);
         cp_async_4(base + OFF_D + (u32)(buf * BR + r) * 4, ok ? bp.dsum + at : bp.dsum, ok ? 4 : 0);
     }
-}
-
-// The steps of rows key block n visits, [m_begin, m_end): the rows whose key range meets its
-// keys, [i_begin, i_end) (row i sees keys [key_lo(i), key_hi(i)), both non-decreasing in i,
-// so both ends are non-decreasing in n).
-FA_DEVICE void step_range(const Params &p, int n, int &m_begin, int &m_end) {
-    const i64 key0 = (i64)n * BC, diag = (i64)p.seqlen_k - p.seqlen_q;
-    i64 i_begin = 0, i_end = p.seqlen_q;
-    if (IS_CAUSAL || IS_LOCAL) {
-        const i64 right = IS_CAUSAL ? 0 : p.window_right;
-        const i64 first = key0 - diag - right; // key_hi(i) > key0
-        i_begin = first < 0 ? 0 : (first > p.seqlen_q ? p.seqlen_q : first);
-    }
-    if (IS_LOCAL) {
-        const i64 last = key0 + BC - diag + p.window_left; // key_lo(i) < key0 + BC
-        i_end = last < 0 ? 0 : (last > p.seqlen_q ? p.seqlen_q : last);
-    }
-    m_begin = (int)(i_begin / BR);
-    m_end = i_end > i_begin ? (int)((i_end + BR - 1) / BR) : m_begin;
 }
 
 // Adds the dQ tile of a finished step (rows row0 = m BR.., head h; softmax_scale applied) to
@@ -247,7 +194,7 @@ FA_DEVICE void add_dq_tile(const BwdParams &bp, u32 sDQ, const float *tile, int 
         while (lo < hi) {
             const int mid = (lo + hi + 1) / 2;
             int mb, me;
-            step_range(p, mid, mb, me);
+            step_range<BR, BC>(p, mid, mb, me);
             if (mb <= m && me > m) lo = mid;
             else hi = mid - 1;
         }
@@ -306,7 +253,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
     const int diag = p.seqlen_k - p.seqlen_q;
 
     int m_begin, m_end;
-    step_range(p, n_block, m_begin, m_end);
+    step_range<BR, BC>(p, n_block, m_begin, m_end);
     // Steps run over (query head of the group, query block), one buffer each in turn.
     const int steps_per_head = m_end - m_begin, steps = steps_per_head * p.group;
     const auto head_of = [&](int s) { return hk * p.group + s / steps_per_head; };
@@ -357,21 +304,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
         u32 pf[MT][NQ][2];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-            // The rows that see key j are [j - diag - right, j - diag + left] (attn_common.cuh's
-            // key range turned around: right = 0 when causal) and below seqlen_q (their lse and
-            // D were read as zeros), as offsets from row0; a key past the end is seen by none.
+            // The rows that see the lane's keys (rows past seqlen_q, whose lse and D were read
+            // as zeros, see none).
             int rmin[2], rmax[2];
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const i64 j = key0 + warp * KPW + mt * 16 + g + 8 * r;
-                const i64 right = IS_CAUSAL ? 0 : (IS_LOCAL ? p.window_right : (1 << 30));
-                const i64 lo = j >= p.seqlen_k ? (1 << 30) : j - diag - right - row0;
-                const i64 last = (i64)p.seqlen_q - 1 - row0;
-                i64 hi = IS_LOCAL ? j - diag + p.window_left - row0 : last;
-                hi = hi < last ? hi : last;
-                rmin[r] = (int)(lo < -(1 << 30) ? -(1 << 30) : (lo > (1 << 30) ? (1 << 30) : lo));
-                rmax[r] = (int)(hi < -(1 << 30) ? -(1 << 30) : (hi > (1 << 30) ? (1 << 30) : hi));
-            }
+            for (int r = 0; r < 2; ++r) rows_of_key(p, diag, key0 + warp * KPW + mt * 16 + g + 8 * r, row0, rmin[r], rmax[r]);
 #pragma unroll
             for (int nt = 0; nt < NQ; ++nt)
 #pragma unroll

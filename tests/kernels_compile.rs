@@ -124,7 +124,10 @@ fn jobs() -> Vec<Job> {
                     if deterministic && dtype != DType::F16 {
                         continue;
                     }
-                    let opts = flashattn::cuda::backward::BackwardOptions { deterministic };
+                    let opts = flashattn::cuda::backward::BackwardOptions {
+                        deterministic,
+                        ..Default::default()
+                    };
                     let shape = flashattn::AttnShape::new(1, 256, 2, d);
                     let mut p = flashattn::AttnProblem::new(shape).unwrap();
                     if causal {
@@ -158,6 +161,39 @@ fn jobs() -> Vec<Job> {
                         roles: None,
                     });
                 }
+            }
+        }
+    }
+    // The Hopper backward: sm_90a only, both padded head dims (64, 128) and 96, each mask.
+    for d in [64, 96, 128] {
+        for dtype in DTYPES {
+            for (causal, window) in [(false, false), (true, false), (false, true)] {
+                let shape = flashattn::AttnShape::new(1, 256, 2, d);
+                let mut p = flashattn::AttnProblem::new(shape).unwrap();
+                if causal {
+                    p = p.with_mask(flashattn::Mask::Causal);
+                }
+                if window {
+                    p = p
+                        .with_scores(flashattn::scores::ScoreMods {
+                            window: flashattn::scores::Window::from_fa(40, 8).unwrap(),
+                            ..Default::default()
+                        })
+                        .unwrap();
+                }
+                use flashattn::cuda::backward_wgmma as bw;
+                out.push(Job {
+                    source: KernelSource::AttnBwdWgmma,
+                    arch: "sm_90a",
+                    d,
+                    dtype,
+                    causal,
+                    defines: bw::defines(dtype, &p),
+                    functions: &["attn_bwd_wgmma", "attn_bwd_dsum", "attn_bwd_dq_tiled"],
+                    smem: bw::smem_bytes(d),
+                    tile: format!("bwd-wg{}", if window { " window" } else { "" }),
+                    roles: Some((24, 240)),
+                });
             }
         }
     }
@@ -473,6 +509,7 @@ fn every_kernel_compiles_for_every_arch_without_spills() {
         KernelSource::KvAppend,
         KernelSource::ReadPass,
         KernelSource::AttnBwd,
+        KernelSource::AttnBwdWgmma,
     ]
     .into_iter()
     .map(|s| (s, s.text()))

@@ -4,7 +4,7 @@
 use super::report::{LineResult, Source};
 use super::stats;
 use super::sweep::{Case, Line};
-use crate::cuda::backward::{BackwardOptions, backward_device};
+use crate::cuda::backward::{BackwardOptions, BwdKernel, backward_device};
 use crate::cuda::device::cuda_err;
 use crate::cuda::{Gpu, GpuElement, KernelKind, forward_device};
 use crate::error::{AttnError, Result};
@@ -357,24 +357,41 @@ fn time_backward<T: GpuElement>(
     let timed = time_launches(gpu, &what, iters, warmup, |_| {
         let opts = BackwardOptions {
             deterministic: line.name == "bwd-det",
+            kernel: if line.name == "bwd" {
+                BwdKernel::Auto
+            } else {
+                BwdKernel::Mma
+            },
         };
         let info = backward_device(
             gpu, p, opts, q, k, v, &*o, &*lse, &d_o, &mut dq, &mut dk, &mut dv,
         )?;
-        Ok(crate::cuda::LaunchInfo {
-            kernel: KernelKind::Mma,
-            why: "the backward (attn_bwd)".into(),
-            config: Some(format!(
-                "{} warps, {} keys x {} rows per step{}",
-                info.tile.nwarps,
-                info.tile.bc(),
-                info.tile.br,
+        let config = match info.tile {
+            Some(t) => format!(
+                "{}: {} warps, {} keys x {} rows per step{}",
+                info.kernel,
+                t.nwarps,
+                t.bc(),
+                t.br,
                 if info.deterministic {
                     ", deterministic"
                 } else {
                     ""
                 }
-            )),
+            ),
+            None => format!(
+                "{}: 128 keys x 64 rows per step, producer warp + 2 consumer warpgroups",
+                info.kernel
+            ),
+        };
+        Ok(crate::cuda::LaunchInfo {
+            kernel: KernelKind::Mma,
+            why: if info.why_not_wgmma.is_empty() {
+                format!("the backward ({})", info.kernel)
+            } else {
+                format!("the backward ({}): {}", info.kernel, info.why_not_wgmma)
+            },
+            config: Some(config),
             registers: info.registers,
             spill_bytes: info.spill_bytes,
             smem_bytes: info.smem_bytes,

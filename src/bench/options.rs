@@ -99,10 +99,11 @@ pub struct BenchOptions {
     /// ALiBi with the standard geometric slopes on every case; no peers.
     #[arg(long)]
     pub alibi: bool,
-    /// Time the backward pass instead of the forward: attn_bwd (line `bwd`: dq, dk, dv from
-    /// o, lse and a random dO; line `bwd-det`: the same in the deterministic mode; --kernels
-    /// and --tiles do not apply), and with --peers each SDPA backend's backward in the same
-    /// run. TFLOP/s count 2.5x the forward's FLOPs (FlashAttention's convention).
+    /// Time the backward pass instead of the forward: line `bwd` (dq, dk, dv from o, lse and
+    /// a random dO, on attn_bwd_wgmma where it serves the call, else attn_bwd), `bwd-mma`
+    /// (attn_bwd) and `bwd-det` (attn_bwd in the deterministic mode); --kernels picks among
+    /// these lines, --tiles does not apply; with --peers each SDPA backend's backward in the
+    /// same run. TFLOP/s count 2.5x the forward's FLOPs (FlashAttention's convention).
     #[arg(long)]
     pub backward: bool,
     /// Packed variable-length batch instead of the sweep: `NxL` (e.g. 8x2k), `ragged`
@@ -280,9 +281,24 @@ impl BenchOptions {
         };
         let mut lines: Vec<Line> = Vec::new();
         let names: Vec<String> = if self.backward {
-            if !self.kernels.is_empty() || !self.tiles.is_empty() {
+            const BWD_LINES: [&str; 3] = ["bwd", "bwd-mma", "bwd-det"];
+            if !self.tiles.is_empty() {
                 return Err(AttnError::InvalidInput {
-                    what: "--backward times attn_bwd (line bwd): drop --kernels and --tiles".into(),
+                    what:
+                        "--backward times the backward lines (bwd, bwd-mma, bwd-det): drop --tiles"
+                            .into(),
+                });
+            }
+            if let Some(k) = self
+                .kernels
+                .iter()
+                .map(|k| k.trim())
+                .find(|k| !BWD_LINES.contains(k))
+            {
+                return Err(AttnError::InvalidInput {
+                    what: format!(
+                        "--backward --kernels takes the backward lines bwd, bwd-mma, bwd-det, not '{k}'"
+                    ),
                 });
             }
             if self.softcap.is_some() || self.alibi {
@@ -290,7 +306,12 @@ impl BenchOptions {
                     what: "--backward with --softcap or --alibi: the GPU backward does not have them yet (the CPU backward does)".into(),
                 });
             }
-            for name in ["bwd", "bwd-det"] {
+            // bwd: attn_bwd_wgmma where it serves the call; bwd-mma: attn_bwd; bwd-det: the
+            // deterministic mode (attn_bwd).
+            for name in BWD_LINES {
+                if !self.kernels.is_empty() && !self.kernels.iter().any(|k| k.trim() == name) {
+                    continue;
+                }
                 lines.push(Line {
                     name: name.into(),
                     kernel: KernelKind::Mma,

@@ -1,5 +1,6 @@
 //! The GPU backward ([`crate::cuda::backward`]) against the exact f64 gradients
-//! ([`crate::reference_grad`]): both dtypes, head dims 8 to 128, no mask, causal (seqlen_q
+//! ([`crate::reference_grad`]), on both main kernels where attn_bwd_wgmma takes the head_dim
+//! (the default and attn_bwd by name): both dtypes, head dims 8 to 128, no mask, causal (seqlen_q
 //! below, equal to and above seqlen_k) and sliding windows, GQA and MQA, lengths that are not
 //! multiples of the tiles. o and lse come from the CPU forward, so that a forward error cannot
 //! hide a backward one; the gradients start as NaN (an element the kernels skip fails). The
@@ -8,7 +9,8 @@
 
 use super::CaseResult;
 use crate::compare::{Tolerance, diff, random_inputs, random_vec, widen};
-use crate::cuda::backward::{BackwardOptions, backward_host, unsupported};
+use crate::cuda::backward::{BackwardOptions, BwdKernel, backward_host, unsupported};
+use crate::cuda::backward_wgmma::padded_head_dim;
 use crate::cuda::{Gpu, GpuElement, KernelKind};
 use crate::dtype::DType;
 use crate::error::Result;
@@ -30,6 +32,9 @@ pub struct BwdCase {
     /// Run in the deterministic mode, [`DETERMINISTIC_RUNS`] times: every run must give the
     /// same bytes.
     pub deterministic: bool,
+    /// The main kernel asked for: `Auto` (attn_bwd_wgmma where it serves the call), or `Mma`
+    /// to hold attn_bwd to the same cases.
+    pub kernel: BwdKernel,
 }
 
 /// Runs of a deterministic case (issue 14: identical bytes across 5 runs).
@@ -71,20 +76,34 @@ pub fn cases() -> Vec<BwdCase> {
             // The deterministic mode where more than one key block adds to a dQ row (more
             // than 128 keys): every shape in f16, the GQA one in bf16 too.
             let det = sk > 128 && (dtype == DType::F16 || hq != hkv && d == 96);
+            // Where attn_bwd_wgmma takes the head_dim, the non-deterministic cases run on both
+            // kernels (the default and attn_bwd by name).
+            let kernels: &[BwdKernel] = if padded_head_dim(d).is_some() {
+                &[BwdKernel::Auto, BwdKernel::Mma]
+            } else {
+                &[BwdKernel::Auto]
+            };
             for (name, problem) in variants {
                 for deterministic in [false, true] {
                     if deterministic && !det {
                         continue;
                     }
-                    out.push(BwdCase {
-                        label: format!(
-                            "{dtype} backward b={b} sq={sq} sk={sk} hq={hq} hkv={hkv} d={d} {name}{}",
-                            if deterministic { " deterministic" } else { "" }
-                        ),
-                        dtype,
-                        problem: problem.clone(),
-                        deterministic,
-                    });
+                    for &kernel in kernels {
+                        if deterministic && kernel != BwdKernel::Auto {
+                            continue;
+                        }
+                        out.push(BwdCase {
+                            label: format!(
+                                "{dtype} backward b={b} sq={sq} sk={sk} hq={hq} hkv={hkv} d={d} {name}{}{}",
+                                if deterministic { " deterministic" } else { "" },
+                                if kernel == BwdKernel::Mma { " mma" } else { "" }
+                            ),
+                            dtype,
+                            problem: problem.clone(),
+                            deterministic,
+                            kernel,
+                        });
+                    }
                 }
             }
         }
@@ -119,6 +138,7 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &BwdCase, seed: u64) -> Result<Case
     let exact = reference_grad::backward(p, &q, &k, &v, &d_o)?;
     let opts = BackwardOptions {
         deterministic: case.deterministic,
+        kernel: case.kernel,
     };
     let got = match backward_host(gpu, p, opts, &q, &k, &v, &o, &lse, &d_o) {
         Ok(g) => g,
@@ -127,6 +147,10 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &BwdCase, seed: u64) -> Result<Case
             return Ok(result);
         }
     };
+    // The kernel that ran, in the result's kernel column: bwd (attn_bwd) or bwd-wg.
+    if got.info.kernel == "attn_bwd_wgmma" {
+        result.kernel = "bwd-wg".into();
+    }
     // The deterministic mode: the other runs must give the bytes of the first.
     let mut same = Vec::new();
     if case.deterministic {
@@ -159,6 +183,9 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &BwdCase, seed: u64) -> Result<Case
     }
     let bound = 2.0 * Tolerance::for_dtype(T::DTYPE).o_rel_l2;
     let mut notes = Vec::new();
+    if !got.info.why_not_wgmma.is_empty() {
+        notes.push(format!("attn_bwd: {}", got.info.why_not_wgmma));
+    }
     let (mut worst_rel, mut worst_abs) = (0.0f64, 0.0f64);
     let mut ok = true;
     for (name, g, want) in [

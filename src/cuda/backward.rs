@@ -1,7 +1,11 @@
-//! Launcher of attn_bwd.cu: the backward pass on Tensor Cores (FlashAttention-2's Algorithm 2,
-//! Dao 2023, arXiv 2307.08691): `D = rowsum(do * o)`, then one block per (key block, kv head,
-//! batch) accumulating dK and dV in registers and adding dQ tiles to an f32 workspace (bulk
-//! reductions on sm_90, atomics before), then the workspace converted to the element type.
+//! Launcher of the backward pass on Tensor Cores (FlashAttention-2's Algorithm 2, Dao 2023,
+//! arXiv 2307.08691): `D = rowsum(do * o)`, then one block per (key block, kv head, batch)
+//! accumulating dK and dV in registers and adding dQ tiles to an f32 workspace, then the
+//! workspace converted to the element type. Two main kernels:
+//! - attn_bwd_wgmma ([`super::backward_wgmma`]; wgmma + TMA, FlashAttention-3's structure):
+//!   the default on sm_90 at head_dim 64 and 72..=128;
+//! - attn_bwd (`mma.sync`, bulk reductions on sm_90, atomics before): every other call, the
+//!   deterministic mode, and any call that asks for it ([`BwdKernel::Mma`]).
 //!
 //! Serves head_dim a multiple of 8 up to 128, no mask, causal and sliding windows; softcap and
 //! ALiBi are refused with a typed error (the CPU backward, [`crate::cpu_backward`], has them).
@@ -9,14 +13,18 @@
 //! asks for [`BackwardOptions::deterministic`]; dK and dV are the same bytes run to run.
 //!
 //! Status: compiled for every CI arch without spills; checked on the H200 by `flashattn
-//! check` (the `backward` cases, runs 58-65); `run --backward` still uses the CPU backward.
+//! check` (the `backward` cases on both kernels, runs 58-72); `run --backward` still uses the
+//! CPU backward.
 
 use super::attention::{check_alignment, check_contexts, check_gpu_problem};
+pub use super::backward_wgmma::BwdKernel;
+use super::backward_wgmma::{self as bw, MapAddrs};
 use super::device::{Gpu, cuda_err};
 use super::launch::{
     FlashParams, GpuElement, KernelKind, Launch, launch_context, score_defines, set_dynamic_smem,
 };
 use super::sources::KernelSource;
+use super::tma::TmaMap;
 use crate::cpu_backward::check_buffers;
 use crate::dtype::DType;
 use crate::error::{AttnError, Result};
@@ -30,6 +38,9 @@ pub const MAX_HEAD_DIM: usize = 128;
 /// Options of a backward call.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct BackwardOptions {
+    /// Which main kernel runs: attn_bwd_wgmma where it serves the call (the default), or
+    /// one of the two by name.
+    pub kernel: BwdKernel,
     /// dQ the same bytes run to run: the key blocks add their dQ tiles of each step of rows
     /// in a fixed order, the last key block first (a counter per (batch, query head, step)),
     /// instead of as they come.
@@ -40,6 +51,10 @@ pub struct BackwardOptions {
 /// What a backward call ran.
 #[derive(Debug, Clone, Serialize)]
 pub struct BackwardInfo {
+    /// The main kernel: `attn_bwd` or `attn_bwd_wgmma`.
+    pub kernel: &'static str,
+    /// Why attn_bwd ran where the caller left the choice to the library (empty otherwise).
+    pub why_not_wgmma: String,
     /// Registers per thread of attn_bwd.
     pub registers: u32,
     /// Its spill stores in bytes.
@@ -48,8 +63,8 @@ pub struct BackwardInfo {
     pub smem_bytes: usize,
     /// Its blocks (key blocks x kv heads x batch).
     pub blocks: u32,
-    /// Its geometry.
-    pub tile: BwdTile,
+    /// attn_bwd's geometry (attn_bwd_wgmma's is fixed: 128 keys, 64 rows per step).
+    pub tile: Option<BwdTile>,
     /// Whether dQ was added in key-block order.
     pub deterministic: bool,
 }
@@ -253,6 +268,16 @@ struct BwdParams {
 // SAFETY: plain old data with C layout, mirrored field by field by the kernel's struct.
 unsafe impl DeviceRepr for BwdParams {}
 
+/// attn_bwd_wgmma.cu's `BwdWgmmaParams`: the tensor maps of q, k, v and do, then BwdParams.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct BwdWgmmaParams {
+    maps: [TmaMap; 4],
+    bp: BwdParams,
+}
+// SAFETY: as BwdParams; TmaMap is 64-byte aligned in both.
+unsafe impl DeviceRepr for BwdWgmmaParams {}
+
 /// Gradients on device buffers: `q`, `k`, `v` in the problem's layout, `o` and `d_o` through
 /// `o_strides`, `lse` the forward's (dense `[batch, heads_q, seqlen_q]` f32, natural log).
 /// Writes `dq` dense `[batch, seqlen_q, heads_q, head_dim]` and `dk`, `dv` dense `[batch,
@@ -345,12 +370,7 @@ where
     let mut dsum: CudaSlice<f32> = stream
         .alloc_zeros(s.lse_len())
         .map_err(cuda_err(format!("{ctx}: allocating D")))?;
-    let n_q = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
-    let mut dq_accum: CudaSlice<f32> = stream
-        .alloc_zeros(n_q)
-        .map_err(cuda_err(format!("{ctx}: allocating the dQ workspace")))?;
     let (dsp, _gds) = dsum.device_ptr_mut(stream);
-    let (dap, _gda) = dq_accum.device_ptr_mut(stream);
     let info = gpu.info();
     let tile = BwdTile::for_call(
         s.head_dim,
@@ -358,6 +378,36 @@ where
         info.compute_capability,
         info.smem_per_block_optin as usize,
     )?;
+    // attn_bwd_wgmma where it serves the call and its tensor maps encode; else attn_bwd.
+    let wgmma_maps = match opts.kernel {
+        BwdKernel::Mma => Err("the call asked for attn_bwd".to_string()),
+        BwdKernel::Auto | BwdKernel::Wgmma => match bw::unsupported(info, p, opts.deterministic) {
+            Some(why) => Err(why),
+            None => bw::maps(
+                T::DTYPE,
+                p,
+                &MapAddrs {
+                    q: qp,
+                    k: kp,
+                    v: vp,
+                    d_o: dop,
+                },
+            ),
+        },
+    };
+    let wgmma_maps = match (wgmma_maps, opts.kernel) {
+        (Err(why), BwdKernel::Wgmma) => {
+            return Err(AttnError::InvalidInput {
+                what: format!("{ctx}: attn_bwd_wgmma cannot serve this call: {why}"),
+            });
+        }
+        (m, _) => m,
+    };
+    let bc = if wgmma_maps.is_ok() {
+        bw::BC
+    } else {
+        tile.bc()
+    };
     // The key-block counters of the deterministic mode: one per (batch, query head, step).
     let n_order = if opts.deterministic {
         s.batch * s.heads_q * s.seqlen_q.div_ceil(tile.br)
@@ -368,6 +418,17 @@ where
         .alloc_zeros(n_order)
         .map_err(cuda_err(format!("{ctx}: allocating the dQ order counters")))?;
     let (dop_order, _gor) = dq_order.device_ptr_mut(stream);
+    // The f32 dQ workspace: dense as dq for attn_bwd; tile by tile for attn_bwd_wgmma (its
+    // rows rounded up to whole steps, its channels to the padded head_dim).
+    let n_q = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
+    let n_accum = match &wgmma_maps {
+        Ok(_) => bw::dq_accum_len(p),
+        Err(_) => n_q,
+    };
+    let mut dq_accum: CudaSlice<f32> = stream
+        .alloc_zeros(n_accum)
+        .map_err(cuda_err(format!("{ctx}: allocating the dQ workspace")))?;
+    let (dap, _gda) = dq_accum.device_ptr_mut(stream);
 
     let launch = Launch {
         problem: p,
@@ -381,7 +442,7 @@ where
         varlen: None,
         lse_head_stride: None,
     };
-    let num_k_blocks = s.seqlen_k.div_ceil(tile.bc());
+    let num_k_blocks = s.seqlen_k.div_ceil(bc);
     let blocks = num_k_blocks as u64 * s.heads_kv as u64 * s.batch as u64;
     // gridDim.x is at most 2^31 - 1.
     let blocks = u32::try_from(blocks)
@@ -405,11 +466,30 @@ where
         num_k_blocks: num_k_blocks as i32,
         dq_order: dop_order,
     };
-    let defs = tile.defines(T::DTYPE, p, opts);
-    let k_dsum = gpu.kernel(KernelSource::AttnBwd, "attn_bwd_dsum", &defs)?;
-    let k_main = gpu.kernel(KernelSource::AttnBwd, "attn_bwd", &defs)?;
-    let k_dq = gpu.kernel(KernelSource::AttnBwd, "attn_bwd_dq", &defs)?;
-    let smem = tile.smem_bytes(s.head_dim);
+    let (source, main_name, defs, smem, threads) = match &wgmma_maps {
+        Ok(_) => (
+            KernelSource::AttnBwdWgmma,
+            "attn_bwd_wgmma",
+            bw::defines(T::DTYPE, p),
+            bw::smem_bytes(s.head_dim),
+            bw::THREADS,
+        ),
+        Err(_) => (
+            KernelSource::AttnBwd,
+            "attn_bwd",
+            tile.defines(T::DTYPE, p, opts),
+            tile.smem_bytes(s.head_dim),
+            32 * tile.nwarps as u32,
+        ),
+    };
+    let k_dsum = gpu.kernel(source, "attn_bwd_dsum", &defs)?;
+    let k_main = gpu.kernel(source, main_name, &defs)?;
+    let dq_name = if wgmma_maps.is_ok() {
+        "attn_bwd_dq_tiled"
+    } else {
+        "attn_bwd_dq"
+    };
+    let k_dq = gpu.kernel(source, dq_name, &defs)?;
     set_dynamic_smem(&k_main.function, smem, &ctx)?;
 
     let rows = (s.batch * s.seqlen_q * s.heads_q) as u64;
@@ -436,28 +516,56 @@ where
         .arg(&ost[2]);
     // SAFETY: the arguments mirror attn_bwd_dsum's; every buffer was checked against the
     // shape and strides above, and the kernel reads and writes only inside them.
-    unsafe { b.launch(grid_1d(rows)?) }.map_err(cuda_err(format!("{ctx} (D = rowsum(do o))")))?;
+    // Eight threads per row.
+    unsafe { b.launch(grid_1d(rows * 8)?) }
+        .map_err(cuda_err(format!("{ctx} (D = rowsum(do o))")))?;
     let cfg = LaunchConfig {
         grid_dim: (blocks, 1, 1),
-        block_dim: (32 * tile.nwarps as u32, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     let mut b = stream.launch_builder(&k_main.function);
-    b.arg(&params);
-    // SAFETY: as above; dq_accum holds n_q floats, dk and dv their dense sizes.
-    unsafe { b.launch(cfg) }.map_err(cuda_err(ctx.clone()))?;
+    let wparams;
+    match &wgmma_maps {
+        Ok(maps) => {
+            wparams = BwdWgmmaParams {
+                maps: *maps,
+                bp: params,
+            };
+            b.arg(&wparams);
+        }
+        Err(_) => {
+            b.arg(&params);
+        }
+    }
+    // SAFETY: as above; dq_accum holds n_q floats, dk and dv their dense sizes; the tensor
+    // maps describe q, k, v and do within their checked extents.
+    unsafe { b.launch(cfg) }.map_err(cuda_err(format!("{ctx} ({main_name})")))?;
     let n = n_q as i64;
     let mut b = stream.launch_builder(&k_dq.function);
-    b.arg(&dap).arg(&dqp).arg(&n);
-    // SAFETY: dq_accum and dq hold n_q elements each (dq checked above).
-    unsafe { b.launch(grid_1d(n_q as u64)?) }
+    if wgmma_maps.is_ok() {
+        b.arg(&params).arg(&dqp);
+    } else {
+        b.arg(&dap).arg(&dqp).arg(&n);
+    }
+    // SAFETY: dq holds n_q elements (checked above); dq_accum n_q (attn_bwd) or the tiled
+    // length the kernel indexes (attn_bwd_dq_tiled, bw::dq_accum_len).
+    // attn_bwd_dq_tiled: one thread per 8 channels (head_dim is a multiple of 8).
+    let convert_threads = if wgmma_maps.is_ok() { n_q / 8 } else { n_q };
+    unsafe { b.launch(grid_1d(convert_threads as u64)?) }
         .map_err(cuda_err(format!("{ctx} (dQ to the element type)")))?;
+    let wgmma = wgmma_maps.is_ok();
     Ok(BackwardInfo {
+        kernel: main_name,
+        why_not_wgmma: match (&wgmma_maps, opts.kernel) {
+            (Err(why), BwdKernel::Auto) => why.clone(),
+            _ => String::new(),
+        },
         registers: k_main.stats.registers,
         spill_bytes: k_main.stats.spill_stores,
         smem_bytes: smem,
         blocks,
-        tile,
+        tile: (!wgmma).then_some(tile),
         deterministic: opts.deterministic,
     })
 }

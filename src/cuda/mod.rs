@@ -17,6 +17,7 @@ pub const CI_ARCHS: [&str; 5] = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_120"];
 
 pub mod attention;
 pub mod backward;
+pub mod backward_wgmma;
 pub mod decode;
 pub mod launch;
 pub mod mma;

@@ -13,8 +13,11 @@ pub const HOPPER_CUH: &str = include_str!("../../kernels/hopper.cuh");
 pub const WGMMA_OPS_CUH: &str = include_str!("../../kernels/wgmma_ops.cuh");
 /// Where key j of a sequence sits in a contiguous or paged KV cache.
 pub const KV_CACHE_CUH: &str = include_str!("../../kernels/kv_cache.cuh");
+/// What the two backward kernels share (parameters, D and dQ-conversion kernels, step ranges).
+pub const BWD_COMMON_CUH: &str = include_str!("../../kernels/bwd_common.cuh");
 /// Headers a kernel may include, by the name in its `#include "..."` line.
-const HEADERS: [(&str, &str); 5] = [
+const HEADERS: [(&str, &str); 6] = [
+    ("bwd_common.cuh", BWD_COMMON_CUH),
     ("kv_cache.cuh", KV_CACHE_CUH),
     ("ptx.cuh", PTX_CUH),
     ("attn_common.cuh", ATTN_COMMON_CUH),
@@ -49,11 +52,13 @@ pub enum KernelSource {
     ReadPass,
     /// The backward pass: D = rowsum(do o), dK/dV/dQ on Tensor Cores, dQ to the element type.
     AttnBwd,
+    /// The Hopper backward: wgmma + TMA + a producer warp (sm_90a only).
+    AttnBwdWgmma,
 }
 
 impl KernelSource {
     /// Every source, for compile tests.
-    pub const ALL: [KernelSource; 12] = [
+    pub const ALL: [KernelSource; 13] = [
         KernelSource::LayoutProbe,
         KernelSource::AttnNaive,
         KernelSource::AttnSimt,
@@ -66,6 +71,7 @@ impl KernelSource {
         KernelSource::KvAppend,
         KernelSource::ReadPass,
         KernelSource::AttnBwd,
+        KernelSource::AttnBwdWgmma,
     ];
 
     /// File stem, also the NVRTC program name.
@@ -83,6 +89,7 @@ impl KernelSource {
             KernelSource::KvAppend => "kv_append",
             KernelSource::ReadPass => "read_pass",
             KernelSource::AttnBwd => "attn_bwd",
+            KernelSource::AttnBwdWgmma => "attn_bwd_wgmma",
         }
     }
 
@@ -90,7 +97,9 @@ impl KernelSource {
     /// need the arch-specific `sm_90a` of an sm_90 device; the others the device's own arch.
     pub fn target(self, device_arch: &str) -> String {
         match self {
-            KernelSource::AttnWgmma | KernelSource::WgmmaProbe if device_arch == "sm_90" => {
+            KernelSource::AttnWgmma | KernelSource::WgmmaProbe | KernelSource::AttnBwdWgmma
+                if device_arch == "sm_90" =>
+            {
                 "sm_90a".to_string()
             }
             _ => device_arch.to_string(),
@@ -111,6 +120,7 @@ impl KernelSource {
             KernelSource::KvAppend => include_str!("../../kernels/kv_append.cu"),
             KernelSource::ReadPass => include_str!("../../kernels/read_pass.cu"),
             KernelSource::AttnBwd => include_str!("../../kernels/attn_bwd.cu"),
+            KernelSource::AttnBwdWgmma => include_str!("../../kernels/attn_bwd_wgmma.cu"),
         }
     }
 

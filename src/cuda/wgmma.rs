@@ -335,7 +335,13 @@ unsafe impl DeviceRepr for WgmmaParams {}
 
 /// The 4-D map (head_dim, seqlen, heads, batch) of one bshd tensor, `dims` in that order,
 /// with a box of (64 channels, `rows`, 1, 1).
-fn bshd_map(dtype: DType, addr: u64, dims: [usize; 4], st: Strides, rows: u32) -> TiledMap {
+pub(super) fn bshd_map(
+    dtype: DType,
+    addr: u64,
+    dims: [usize; 4],
+    st: Strides,
+    rows: u32,
+) -> TiledMap {
     TiledMap {
         dtype,
         addr,

@@ -1,0 +1,422 @@
+// attn_bwd_wgmma.cu: FlashAttention backward for Hopper (sm_90a) with wgmma and TMA, in the
+// structure of FlashAttention-3's backward (Shah et al. 2024): P is recomputed from q, k and
+// the forward's lse, never stored. The D = rowsum(dO O) and dQ-conversion kernels are
+// bwd_common.cuh's; src/cuda/backward_wgmma.rs launches this kernel between them.
+//
+// One block per (key block of BC = 128 keys, kv head, batch), three warpgroups:
+// - warpgroup 0, the producer: one warp; lane 0 loads K and V of the block once, then the Q
+//   and dO tiles of each step (BR = 64 or 128 query rows of one query head) by TMA into a ring of
+//   STAGES stages; its 32 lanes copy the step's lse (times log2 e) and D beside them. A stage
+//   is "full" when the bytes have landed and the 32 lanes have arrived, "empty" when every
+//   consumer warp has arrived after its last read of it.
+// - warpgroups 1 and 2, the consumers: 64 keys each (the M side of every product), with dK
+//   and dV of their keys in registers across every step of every query head of the group
+//   (GQA sums inside the block). Per step:
+//     S^T  = K Q^T      wgmma m64 nBR, A = K rows, B = Q rows, both K-major from shared memory
+//     dP^T = V dO^T     the same with V and dO
+//     P^T  = 2^(S^T scale_log2 - lse log2 e), masked (rows_of_key); dS^T = P^T (dP^T - D)
+//     dV  += P^T dO     A = P^T from registers (the forward's P), B = dO MN-major (the forward's V)
+//     dK  += dS^T Q     the same with dS^T and Q
+//     dQ   = dS K       dS^T goes to shared memory transposed (dS: BR rows x 128 keys, K-major,
+//                       the 128-byte swizzle); after a barrier of both consumers, consumer c
+//                       computes channels [c DP/2, (c+1) DP/2) of dQ over all 128 keys
+//                       (A = dS, B = K MN-major), stages them as an f32 tile in shared memory
+//                       and adds it to the f32 workspace with one bulk reduction: the
+//                       workspace is laid out tile by tile (dq_tile_index), so that the
+//                       tile is one contiguous run; attn_bwd_dq_tiled turns it back.
+//   dS^T has two buffers: a consumer writes step s+1's only after the barrier of step s, which
+//   both passed after their dQ products of step s-1 (the last reads of that buffer).
+// Layouts: shared tiles are TMA boxes of 64 channels x rows, 128-byte swizzled (hopper.cuh);
+// accumulator i of a lane: row 16 warp + g + 8((i/2)%2), column 8(i/4) + 2t + i%2; the A
+// fragment of k-step kk from an accumulator is {pack(a[8kk], a[8kk+1]), ..., pack(a[8kk+6],
+// a[8kk+7])}: both proven by kernels/wgmma_probe.cu and used by attn_wgmma.cu.
+//
+// Specialised at NVRTC time by HEAD_DIM (the real head_dim: 64, or 72..128 padded to 128 by
+// TMA's zero fill), BWD_BR (rows per step), STAGES, IS_BF16, IS_CAUSAL, IS_LOCAL (attn_common.cuh's key range),
+// CONSUMER_REGS and PRODUCER_REGS; softcap, ALiBi, varlen and the deterministic order stay on
+// attn_bwd.cu (the host routes them there).
+#include "ptx.cuh"
+#include "attn_common.cuh"
+#include "hopper.cuh"
+#include "bwd_common.cuh"
+#if IS_BF16
+#define WG_AB "bf16"
+#else
+#define WG_AB "f16"
+#endif
+#include "wgmma_ops.cuh"
+static_assert(!IS_VARLEN && !HAS_SOFTCAP && !HAS_ALIBI, "attn_bwd_wgmma: no varlen, softcap or ALiBi");
+
+#ifndef STAGES
+#define STAGES 2
+#endif
+#ifndef CONSUMER_REGS
+#define CONSUMER_REGS 240
+#endif
+#ifndef PRODUCER_REGS
+#define PRODUCER_REGS 24
+#endif
+#ifndef BWD_BR
+#define BWD_BR 64
+#endif
+
+
+// ---- geometry -------------------------------------------------------------------------------
+constexpr int DP = D <= 64 ? 64 : 128;  // padded head_dim: one or two 64-channel boxes
+constexpr int NSUB = DP / 64;
+constexpr int BC = 128;                 // keys per block: 64 per consumer
+constexpr int BR = BWD_BR;              // query rows per step: 64, or 128 (two m64 halves of dQ)
+constexpr int MH = BR / 64;
+constexpr int NT = 384;                 // producer + two consumers
+constexpr u32 SUB_K = BC * 128;         // one 64-channel box of K or V
+constexpr u32 SUB_Q = BR * 128;         // one 64-channel box of Q or dO; one 64-key box of dS
+constexpr u32 KV_BYTES = NSUB * SUB_K;
+constexpr u32 Q_BYTES = NSUB * SUB_Q;
+constexpr u32 DS_BYTES = 2 * SUB_Q;     // dS: 64 rows x 128 keys
+constexpr int HALF = DP / 2;            // dQ channels per consumer
+constexpr u32 DQ_HALF_BYTES = BR * HALF * 4; // one consumer's dQ tile (f32)
+constexpr int KSTEPS = DP / 16;         // k-steps of S^T and dP^T (channels)
+constexpr int RSTEPS = BR / 16;         // k-steps of dV and dK (query rows)
+constexpr int QSTEPS = BC / 16;         // k-steps of dQ (keys)
+constexpr int NSC = BR / 2;             // S^T (and dP^T) accumulators per thread
+constexpr int NACC = DP / 2;            // dK (and dV) accumulators per thread
+constexpr int NQ = DP / 4;              // dQ accumulators per thread (DP/2 channels)
+static_assert(D % 8 == 0 && (D == 64 || (D >= 72 && D <= 128)), "HEAD_DIM 64 or 72..128");
+static_assert(STAGES >= 2 && STAGES <= 4, "STAGES in 2..4");
+static_assert(BR == 64 || BR == 128, "BWD_BR is 64 or 128");
+static_assert((2 * CONSUMER_REGS + PRODUCER_REGS) * 128 <= (65536 / NT / 8 * 8) * NT,
+              "setmaxnreg targets exceed the block's register pool");
+
+// Named barriers (0 is __syncthreads, used only before the roles split).
+constexpr u32 BAR_DS = 1;               // both consumers: dS of the step written
+constexpr u32 BAR_DQ = 2;               // + consumer: its dQ staging rows
+
+// Shared memory from a 1024-byte-aligned base (swizzle atoms): K | V | Q stages | dO stages |
+// dS x2 | dQ staging (f32) | lse, D stages (f32) | mbarriers. src/cuda/backward_wgmma.rs
+// sizes it the same way (smem_bytes).
+constexpr u32 OFF_K = 0;
+constexpr u32 OFF_V = OFF_K + KV_BYTES;
+constexpr u32 OFF_Q = OFF_V + KV_BYTES;
+constexpr u32 OFF_DO = OFF_Q + STAGES * Q_BYTES;
+constexpr u32 OFF_DS = OFF_DO + STAGES * Q_BYTES;
+constexpr u32 OFF_DQ = OFF_DS + 2 * DS_BYTES;
+constexpr u32 OFF_L = OFF_DQ + 2 * DQ_HALF_BYTES;
+constexpr u32 OFF_D = OFF_L + STAGES * BR * 4;
+constexpr u32 OFF_BARS = OFF_D + STAGES * BR * 4;
+constexpr u32 SMEM_BYTES = OFF_BARS + 8 * (1 + 2 * STAGES) + 1024; // + alignment slack
+
+// The dQ workspace, tile by tile: for (batch b, query head h, step of rows m, consumer half)
+// a contiguous [BR rows][HALF channels] f32 tile, channel c of row r at c ^ swz(r) (the
+// staging tile's layout, copied as it is: float2 stores of a warp's 8 rows then hit every
+// bank). Rows past seqlen_q and channels past head_dim hold zeros (dS and K are zero there).
+FA_DEVICE int swz(int r) { return (r & 3) << 3; }
+FA_DEVICE i64 dq_tile_index(const Params &p, int b, int h, int m, int half) {
+    const int m_blocks = (p.seqlen_q + BR - 1) / BR;
+    return ((((i64)b * p.heads_q + h) * m_blocks + m) * 2 + half) * (BR * HALF);
+}
+
+struct BwdWgmmaParams {
+    TmaMap tq;  // q: dims (head_dim, seqlen_q, heads_q, batch), box (64, BR, 1, 1)
+    TmaMap tk;  // k: dims (head_dim, seqlen_k, heads_kv, batch), box (64, BC, 1, 1)
+    TmaMap tv;  // v: as k
+    TmaMap tdo; // do: as q
+    BwdParams bp;
+};
+
+struct Smem {
+    u32 base;
+    FA_DEVICE u32 k() const { return base + OFF_K; }
+    FA_DEVICE u32 v() const { return base + OFF_V; }
+    FA_DEVICE u32 q(int s) const { return base + OFF_Q + (u32)s * Q_BYTES; }
+    FA_DEVICE u32 d_o(int s) const { return base + OFF_DO + (u32)s * Q_BYTES; }
+    FA_DEVICE u32 ds(int b) const { return base + OFF_DS + (u32)b * DS_BYTES; }
+    FA_DEVICE u32 dq() const { return base + OFF_DQ; }
+    FA_DEVICE u32 lse(int s) const { return base + OFF_L + (u32)s * BR * 4; }
+    FA_DEVICE u32 dsum(int s) const { return base + OFF_D + (u32)s * BR * 4; }
+    FA_DEVICE u32 kv_full() const { return base + OFF_BARS; }
+    FA_DEVICE u32 full(int s) const { return base + OFF_BARS + 8 * (1 + s); }
+    FA_DEVICE u32 empty(int s) const { return base + OFF_BARS + 8 * (1 + STAGES + s); }
+};
+
+// x, through an empty asm the compiler cannot see into: a value made from it inside the step
+// loop cannot be hoisted out (ptxas otherwise keeps loop-invariant descriptors and addresses
+// live across the loop, and spills at head_dim 128).
+FA_DEVICE u32 in_loop(u32 x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
+FA_DEVICE float ld_shared_f32(u32 addr) { return __uint_as_float(ld_shared_u32(addr)); }
+FA_DEVICE void ld_shared_f32x2(u32 addr, float &x, float &y) {
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(x), "=f"(y) : "r"(addr));
+}
+FA_DEVICE void st_shared_u16(u32 addr, u16 x) { asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(x)); }
+FA_DEVICE void st_shared_f32x2(u32 addr, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y));
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd_wgmma(const __grid_constant__ BwdWgmmaParams w) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const Smem sm{(smem_u32(smem_raw) + 1023u) & ~1023u};
+    const BwdParams &bp = w.bp;
+    const Params &p = bp.p;
+    const int tid = threadIdx.x, wg = tid / 128;
+
+    const int n_block = (int)(blockIdx.x % bp.num_k_blocks);
+    const int rem = (int)(blockIdx.x / bp.num_k_blocks);
+    const int hk = rem % bp.heads_kv, b = rem / bp.heads_kv;
+    const int key0 = n_block * BC;
+    const int diag = p.seqlen_k - p.seqlen_q;
+    int m_begin, m_end;
+    step_range<BR, BC>(p, n_block, m_begin, m_end);
+    // Steps run over (query head of the group, query block). (Starting each key block at a
+    // different step, so that the blocks of a head add to different dQ tiles at any one time,
+    // measured the same within 2 %, run 70.)
+    const int steps_per_head = m_end - m_begin, steps = steps_per_head * p.group;
+    const auto head_of = [&](int s) { return hk * p.group + s / steps_per_head; };
+    const auto row0_of = [&](int s) { return (m_begin + s % steps_per_head) * BR; };
+
+    if (tid == 0) {
+        mbar_init(sm.kv_full(), 1);
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(sm.full(s), 1 + 32); // lane 0's expect_tx, then every lane after lse/D
+            mbar_init(sm.empty(s), 8);     // one arrival per consumer warp
+        }
+        fence_mbar_init();
+    }
+    __syncthreads();
+
+    // ================================ producer =================================================
+    if (wg == 0) {
+        setmaxnreg_dec<PRODUCER_REGS>();
+        if (tid >= 32) return;
+        const int lane = tid;
+        if (lane == 0) {
+            tma_prefetch(w.tq);
+            tma_prefetch(w.tdo);
+            mbar_arrive_expect_tx(sm.kv_full(), 2 * KV_BYTES);
+#pragma unroll
+            for (int j = 0; j < NSUB; ++j) {
+                tma_load_4d(sm.k() + j * SUB_K, w.tk, sm.kv_full(), 64 * j, key0, hk, b);
+                tma_load_4d(sm.v() + j * SUB_K, w.tv, sm.kv_full(), 64 * j, key0, hk, b);
+            }
+        }
+        for (int s = 0; s < steps; ++s) {
+            const int stage = s % STAGES, use = s / STAGES;
+            if (use > 0) mbar_wait(sm.empty(stage), (u32)(use - 1) & 1);
+            const int h = head_of(s), row0 = row0_of(s);
+            if (lane == 0) {
+                mbar_arrive_expect_tx(sm.full(stage), 2 * Q_BYTES);
+#pragma unroll
+                for (int j = 0; j < NSUB; ++j) {
+                    tma_load_4d(sm.q(stage) + j * SUB_Q, w.tq, sm.full(stage), 64 * j, row0, h, b);
+                    tma_load_4d(sm.d_o(stage) + j * SUB_Q, w.tdo, sm.full(stage), 64 * j, row0, h, b);
+                }
+            }
+            // lse in log2 units and D of the step's rows (rows past the end: 0, and masked).
+            const i64 at = lse_offset(p, b, h, 0);
+            for (int r = lane; r < BR; r += 32) {
+                const bool ok = row0 + r < p.seqlen_q;
+                st_shared_u32(sm.lse(stage) + r * 4, __float_as_uint(ok ? p.lse[at + row0 + r] * LOG2E : 0.f));
+                st_shared_u32(sm.dsum(stage) + r * 4, __float_as_uint(ok ? bp.dsum[at + row0 + r] : 0.f));
+            }
+            mbar_arrive(sm.full(stage));
+        }
+        return;
+    }
+
+    // ================================ consumers ================================================
+    setmaxnreg_inc<CONSUMER_REGS>();
+    const int cons = wg - 1;          // keys 64 cons .. 64 cons + 63 of the block
+    const int ctid = tid - 128 * wg;
+    const int warp = ctid / 32, lane = ctid % 32;
+    const int g = lane / 4, t = lane % 4;
+    const u32 sk_rows = sm.k() + (u32)cons * 64 * 128; // this consumer's keys in each K box
+    const u32 sv_rows = sm.v() + (u32)cons * 64 * 128;
+    const int c0 = cons * (DP / 2);   // this consumer's dQ channels: [c0, c0 + DP/2)
+    // B of dQ = dS K: K MN-major from channel c0 (a whole box at DP 128, half a box at 64:
+    // the swizzle is a function of the address, as for the K-major k-steps inside a box).
+    const u32 sk_cols = sm.k() + (u32)(c0 / 64) * SUB_K + (u32)(c0 % 64) * 2;
+    const int dq_cols = min(D - c0, DP / 2); // real channels of this consumer's dQ half
+    // The lane's two keys (accumulator rows g and g + 8 of its warp).
+    const int kw = key0 + cons * 64 + warp * 16 + g;
+
+    float dk[NACC], dv[NACC];
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) dk[i] = dv[i] = 0.f;
+
+    mbar_wait(sm.kv_full(), 0);
+    for (int s = 0; s < steps; ++s) {
+        const int stage = s % STAGES;
+        const int h = head_of(s), row0 = row0_of(s);
+        mbar_wait(sm.full(stage), (u32)(s / STAGES) & 1);
+        const u32 sq = sm.q(stage), sdo = sm.d_o(stage);
+        const u32 k_rows = in_loop(sk_rows), v_rows = in_loop(sv_rows);
+
+        // S^T = K Q^T and dP^T = V dO^T, two groups.
+        float st[NSC], dpt[NSC];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk)
+            wgmma_ss<BR, 0>(st, desc_kmajor_sw128(k_rows, kk, SUB_K), desc_kmajor_sw128(sq, kk, SUB_Q), kk > 0);
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk)
+            wgmma_ss<BR, 0>(dpt, desc_kmajor_sw128(v_rows, kk, SUB_K), desc_kmajor_sw128(sdo, kk, SUB_Q), kk > 0);
+        wgmma_commit();
+
+        // P^T while dP^T runs: element i is key kw + 8((i/2)%2), row row0 + 8(i/4) + 2t + i%2.
+        wgmma_wait<1>();
+        fence_regs(st);
+        int rmin[2], rmax[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) rows_of_key(p, diag, kw + 8 * r, row0, rmin[r], rmax[r]);
+        const u32 sl = sm.lse(stage), sd = sm.dsum(stage);
+        const float scale_log2 = p.scale_log2;
+        // Steps where every row sees both of every lane's keys (most, without a mask) skip the
+        // per-element test.
+        const bool all_seen = !vote_any(rmin[0] > 0 || rmin[1] > 0 || rmax[0] < BR - 1 || rmax[1] < BR - 1);
+#pragma unroll
+        for (int i = 0; i < NSC; i += 2) {
+            const int rl = 8 * (i / 4) + 2 * t, r = (i / 2) % 2;
+            float l0, l1; // lse of rows rl, rl + 1 (log2 units)
+            ld_shared_f32x2(sl + rl * 4, l0, l1);
+            if (!all_seen) {
+                // An unseen element gets lse +inf: P = 2^-inf = 0 (S is finite: never NaN).
+                l0 = rl >= rmin[r] && rl <= rmax[r] ? l0 : __int_as_float(0x7f800000);
+                l1 = rl + 1 >= rmin[r] && rl + 1 <= rmax[r] ? l1 : __int_as_float(0x7f800000);
+            }
+            st[i] = ex2(fmaf(st[i], scale_log2, -l0));
+            st[i + 1] = ex2(fmaf(st[i + 1], scale_log2, -l1));
+        }
+        u32 pf[NSC / 2];
+#pragma unroll
+        for (int r = 0; r < NSC / 2; ++r) pf[r] = pack2(st[2 * r], st[2 * r + 1]);
+        wgmma_wait<0>();
+        fence_regs(dpt);
+
+        // dV += P^T dO
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < RSTEPS; ++kk)
+            wgmma_rs<DP, 1>(dv, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3], desc_mnmajor_sw128(sdo, kk, SUB_Q), 1);
+        wgmma_commit();
+
+        // dS^T = P^T (dP^T - D); to shared memory transposed: dS[row][key] at row rl, key
+        // 16 warp + g + 8r of the 64-key box cons.
+        u32 dsf[NSC / 2];
+        // Row 8(i/4) + 2t + e sits at 128 bytes per row, its 16-byte chunk of keys (2 warp + r)
+        // at chunk (2 warp + r) ^ (2t + e) (the row's index mod 8): four lane addresses, and
+        // 1024 bytes more per i/4.
+        const u32 sds = sm.ds(s & 1) + (u32)cons * SUB_Q;
+        u32 ds_at[2][2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const u32 row = (u32)(2 * t + e), chunk = (u32)(2 * warp + r);
+                ds_at[r][e] = sds + row * 128 + ((chunk ^ row) * 16) + (u32)g * 2;
+            }
+#pragma unroll
+        for (int i = 0; i < NSC; i += 2) {
+            const int rl = 8 * (i / 4) + 2 * t, r = (i / 2) % 2;
+            // P from its 16-bit pair, the values dV used (the f32 ones are not kept live
+            // through dP^T: registers).
+            const float p0 = to_f32((u16)(pf[i / 2] & 0xffff)), p1 = to_f32((u16)(pf[i / 2] >> 16));
+            float D0, D1;
+            ld_shared_f32x2(sd + rl * 4, D0, D1);
+            const float d0 = p0 * (dpt[i] - D0);
+            const float d1 = p1 * (dpt[i + 1] - D1);
+            const u32 pair = pack2(d0, d1);
+            dsf[i / 2] = pair;
+            st_shared_u16(ds_at[r][0] + (u32)(i / 4) * 1024, (u16)(pair & 0xffff));
+            st_shared_u16(ds_at[r][1] + (u32)(i / 4) * 1024, (u16)(pair >> 16));
+        }
+
+        // dK += dS^T Q (softmax_scale applied at the end)
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < RSTEPS; ++kk)
+            wgmma_rs<DP, 1>(dk, dsf[4 * kk], dsf[4 * kk + 1], dsf[4 * kk + 2], dsf[4 * kk + 3], desc_mnmajor_sw128(sq, kk, SUB_Q), 1);
+        wgmma_commit();
+
+        // dS of both consumers written (generic stores, read by wgmma: proxy fence first).
+        fence_proxy_async();
+        named_sync(BAR_DS, 256);
+
+        // dQ = dS K for this consumer's channels, over all 128 keys (rows in m64 halves).
+        float dq[MH][NQ];
+        const u32 k_cols = in_loop(sk_cols);
+        wgmma_fence();
+#pragma unroll
+        for (int mh = 0; mh < MH; ++mh)
+#pragma unroll
+            for (int kk = 0; kk < QSTEPS; ++kk)
+                wgmma_ss<HALF, 1>(dq[mh], desc_kmajor_sw128(sm.ds(s & 1) + (u32)mh * 64 * 128, kk, SUB_Q),
+                                  desc_mnmajor_sw128(k_cols, kk, SUB_K), kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(dv);
+        fence_regs(dk);
+#pragma unroll
+        for (int mh = 0; mh < MH; ++mh) fence_regs(dq[mh]);
+        if (lane == 0) mbar_arrive(sm.empty(stage)); // Q, dO, lse and D of the stage are read
+
+        // dQ (times softmax_scale) to this consumer's staging tile, then one bulk reduction.
+        // The previous step's reduction must have read the tile first.
+        const u32 sdq = sm.dq() + (u32)cons * DQ_HALF_BYTES;
+        if (ctid == 0) bulk_wait_read0();
+        named_sync(BAR_DQ + cons, 128);
+        const int gl = (int)in_loop((u32)g); // (the 16 swizzled addresses are not hoisted: registers)
+#pragma unroll
+        for (int mh = 0; mh < MH; ++mh)
+#pragma unroll
+            for (int i = 0; i < NQ; i += 2) {
+                const int row = mh * 64 + warp * 16 + gl + 8 * ((i / 2) % 2);
+                const int c = 8 * (i / 4) + 2 * t;
+                st_shared_f32x2(sdq + (u32)(row * HALF + (c ^ swz(row))) * 4, dq[mh][i] * bp.scale, dq[mh][i + 1] * bp.scale);
+            }
+        fence_proxy_async();
+        named_sync(BAR_DQ + cons, 128);
+        if (ctid == 0 && dq_cols > 0) {
+            bulk_reduce_add_f32(bp.dq_accum + dq_tile_index(p, b, h, row0 / BR, cons), sdq, DQ_HALF_BYTES);
+            bulk_commit();
+        }
+    }
+    if (ctid == 0) bulk_wait0();
+
+    // dK (times softmax_scale) and dV of the lane's keys, as 16-bit pairs, dense.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int j = kw + 8 * r;
+        if (j >= p.seqlen_k) continue;
+        const i64 at = (((i64)b * p.seqlen_k + j) * bp.heads_kv + hk) * D;
+#pragma unroll
+        for (int i = 2 * r; i < NACC; i += 4) {
+            const int c = 8 * (i / 4) + 2 * t;
+            if (c < D) {
+                *(u32 *)(bp.dk + at + c) = pack2(dk[i] * bp.scale, dk[i + 1] * bp.scale);
+                *(u32 *)(bp.dv + at + c) = pack2(dv[i], dv[i + 1]);
+            }
+        }
+    }
+}
+
+// The tiled dQ workspace (dq_tile_index) to the element type, dense [batch, seqlen_q,
+// heads_q, head_dim]: one thread per 8 channels (the swizzle moves 8-channel runs whole: two
+// 16-byte loads, one 16-byte store).
+extern "C" __global__ void attn_bwd_dq_tiled(const BwdParams bp, u16 *dq) {
+    const Params &p = bp.p;
+    constexpr int C8 = D / 8;
+    const i64 n = (i64)p.batch * p.seqlen_q * p.heads_q * C8;
+    const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n) return;
+    const int c = (int)(idx % C8) * 8;
+    const int h = (int)(idx / C8 % p.heads_q);
+    const int row = (int)(idx / C8 / p.heads_q % p.seqlen_q);
+    const int b = (int)(idx / C8 / p.heads_q / p.seqlen_q);
+    const int r = row % BR, half = c / HALF, cc = c % HALF;
+    const float4 *src = (const float4 *)(bp.dq_accum + dq_tile_index(p, b, h, row / BR, half) + r * HALF + (cc ^ swz(r)));
+    const float4 x = src[0], y = src[1];
+    st_global_v4(dq + idx * 8, pack2(x.x, x.y), pack2(x.z, x.w), pack2(y.x, y.y), pack2(y.z, y.w));
+}
