@@ -20,7 +20,7 @@
 // The tiling and masks (query_range, rows_of_key) are modelled on the CPU, with the same
 // rounding of P and dS, in src/backward_tiles.rs, whose tests hold them against the exact
 // gradients.
-// Specialised at NVRTC time by HEAD_DIM (multiple of 8, at most 128 here), NWARPS, BWD_BR,
+// Specialised at NVRTC time by HEAD_DIM (multiple of 8 up to 128, or 256), CH0, NWARPS, BWD_BR,
 // KEYS_PER_WARP, DETERMINISTIC, IS_BF16, IS_CAUSAL and IS_LOCAL (attn_common.cuh's key range);
 // softcap and ALiBi are refused by the host for now.
 #include "ptx.cuh"
@@ -55,6 +55,15 @@ static_assert(!IS_VARLEN && !HAS_SOFTCAP && !HAS_ALIBI, "attn_bwd: no varlen, so
 
 // ---- tile geometry --------------------------------------------------------------------------
 constexpr int DP = (D + 15) / 16 * 16; // head_dim padded to the k-step; pad channels are zero
+// Channels of dK, dV and dQ this launch computes: all of them up to 128; above, 128 of them,
+// [CH0, CH0 + 128): the host launches CH0 = 0 and CH0 = 128, each pass recomputing S^T and
+// dP^T over every channel (dK and dV of 16 keys x 256 channels would not fit a warp's
+// registers). The host pads head dims between 128 and 256 to 256 (zero channels).
+#ifndef CH0
+#define CH0 0
+#endif
+constexpr int DKV = DP <= 128 ? DP : 128;
+constexpr int NCH = D - CH0 < DKV ? D - CH0 : DKV; // real channels of this pass
 constexpr int CH = DP / 8;             // 16-byte chunks per row
 constexpr int RS = (CH + 1) * 8;       // row stride (elements): an odd number of 16-byte slots
 constexpr int KPW = KEYS_PER_WARP;     // keys per warp: MT m-tiles of 16
@@ -64,11 +73,11 @@ constexpr int BR = BWD_BR;             // query rows per step (S^T and dP^T are 
 constexpr int NT = 32 * NWARPS;        // threads
 constexpr int KS = DP / 16;            // k-steps over channels (S^T, dP^T)
 constexpr int NQ = BR / 8;             // n8 tiles over query rows (S^T, dP^T)
-constexpr int ND = DP / 8;             // n8 tiles over channels (dK, dV, dQ)
+constexpr int ND = DKV / 8;            // n8 tiles over this pass's channels (dK, dV, dQ)
 constexpr int PK = BR / 16;            // k-steps over query rows (dV, dK)
 constexpr int KK = BC / 16;            // k-steps over keys (dQ)
 constexpr int RSS = BR + 8;            // dS^T row stride (elements): an odd number of 16-byte slots
-constexpr int DQS = DP + 8;            // dQ tile row stride (f32): float2 stores of a quad free of conflicts
+constexpr int DQS = DKV + 8;           // dQ tile row stride (f32): float2 stores of a quad free of conflicts
 // dQ = dS K: warp w takes rows 16 (w % RG) .. + 15 of the step and the channel pairs (16
 // channels each) of part w / RG.
 constexpr int RG = BR / 16;                 // row groups of dQ
@@ -79,7 +88,9 @@ static_assert(BR == 32 || BR == 64, "BWD_BR is 32 or 64");
 static_assert(KPW == 16 || KPW == 32, "KEYS_PER_WARP is 16 or 32");
 static_assert(NWARPS % RG == 0, "NWARPS must be a multiple of BR / 16");
 static_assert(BR <= 32 * NWARPS, "one thread per row loads lse and D");
-static_assert(DP * MT <= 128, "attn_bwd keeps dK and dV of a warp's keys in registers: head_dim x keys per warp <= 128 x 16");
+static_assert(DKV * MT <= 128, "attn_bwd keeps dK and dV of a warp's keys in registers: channels x keys per warp <= 128 x 16");
+static_assert((DP <= 128 || DP == 256) && CH0 % 16 == 0 && CH0 < D,
+              "HEAD_DIM up to 128, or 256 (the host pads 129..255 to 256); CH0 a pass's first channel");
 
 // Shared memory (bytes from the base): K and V of the block's keys; two buffers each of Q, dO
 // (the next step's rows load while this step computes), lse and D (f32); dS^T; the
@@ -185,7 +196,7 @@ FA_DEVICE void load_step(const BwdParams &bp, u32 base, int buf, int b, int h, i
 FA_DEVICE void add_dq_tile(const BwdParams &bp, u32 sDQ, const float *tile, int b, int h, int m, int n) {
     const Params &p = bp.p;
     const int row0 = m * BR;
-    float *dqb = bp.dq_accum + ((i64)b * p.seqlen_q * p.heads_q + h) * D;
+    float *dqb = bp.dq_accum + ((i64)b * p.seqlen_q * p.heads_q + h) * D + CH0;
 #if DETERMINISTIC
     if (threadIdx.x >= 32) return;
     int *order = bp.dq_order + ((i64)b * p.heads_q + h) * ((p.seqlen_q + BR - 1) / BR) + m;
@@ -211,7 +222,7 @@ FA_DEVICE void add_dq_tile(const BwdParams &bp, u32 sDQ, const float *tile, int 
     if (threadIdx.x < 32) {
         for (int r = (int)threadIdx.x; r < BR; r += 32)
             if (row0 + r < p.seqlen_q)
-                bulk_reduce_add_f32(dqb + (i64)(row0 + r) * p.heads_q * D, sDQ + (u32)(r * DQS) * 4, D * 4);
+                bulk_reduce_add_f32(dqb + (i64)(row0 + r) * p.heads_q * D, sDQ + (u32)(r * DQS) * 4, NCH * 4);
         bulk_commit();
 #if DETERMINISTIC
         bulk_wait0();
@@ -221,8 +232,8 @@ FA_DEVICE void add_dq_tile(const BwdParams &bp, u32 sDQ, const float *tile, int 
 #else
     (void)sDQ;
     constexpr int ADDERS = DETERMINISTIC ? 32 : NT;
-    for (int i = (int)threadIdx.x; i < BR * (D / 4); i += ADDERS) {
-        const int r = i / (D / 4), c = i % (D / 4) * 4;
+    for (int i = (int)threadIdx.x; i < BR * (NCH / 4); i += ADDERS) {
+        const int r = i / (NCH / 4), c = i % (NCH / 4) * 4;
         if (row0 + r < p.seqlen_q) {
             float *dst = dqb + (i64)(row0 + r) * p.heads_q * D + c;
 #pragma unroll
@@ -323,7 +334,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
                 for (int r = 0; r < 2; ++r) pf[mt][nt][r] = pack2(st[mt][nt][2 * r], st[mt][nt][2 * r + 1]);
         }
         // dV += P^T dO
-        gemm_frags_rows(dv, pf, sDO, lane);
+        gemm_frags_rows(dv, pf, sDO + CH0 * 2, lane);
         // dP^T = V dO^T, then dS^T = P^T (dP^T - D) in its place
         float dpt[MT][NQ][4];
 #pragma unroll
@@ -356,7 +367,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
                 }
         }
         // dK += dS^T Q (softmax_scale applied at the end)
-        gemm_frags_rows(dk, pf, sQ, lane);
+        gemm_frags_rows(dk, pf, sQ + CH0 * 2, lane);
 #if DQ_BULK
         if (warp == 0) bulk_wait_read0(); // the bulk reductions have read the previous dQ tile
 #endif
@@ -386,7 +397,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
                         const int r = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
                         const int c = dp * 2 + lane / 16;
                         u32 b0, b1, b2, b3;
-                        ldmatrix_x4_trans(b0, b1, b2, b3, sK + (u32)(r * RS + c * 8) * 2);
+                        ldmatrix_x4_trans(b0, b1, b2, b3, sK + (u32)(r * RS + CH0 + c * 8) * 2);
                         mma(dq[2 * pp], a0, a1, a2, a3, b0, b1);
                         mma(dq[2 * pp + 1], a0, a1, a2, a3, b2, b3);
                     }
@@ -400,7 +411,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
                 for (int r = 0; r < 2; ++r) {
                     const int row = rg * 16 + g + 8 * r;
                     const int c = (part * PP * 2 + nd) * 8 + 2 * t;
-                    if (c < DP) {
+                    if (c < DKV) {
                         *(float2 *)(dq_tile + row * DQS + c) = make_float2(dq[nd][2 * r] * bp.scale, dq[nd][2 * r + 1] * bp.scale);
                     }
                 }
@@ -428,7 +439,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
             const i64 at = (((i64)b * p.seqlen_k + j) * bp.heads_kv + hk) * D;
 #pragma unroll
             for (int nd = 0; nd < ND; ++nd) {
-                const int c = nd * 8 + 2 * t;
+                const int c = CH0 + nd * 8 + 2 * t;
                 if (c < D) {
                     *(u32 *)(bp.dk + at + c) = pack2(dk[mt][nd][2 * r] * bp.scale, dk[mt][nd][2 * r + 1] * bp.scale);
                     *(u32 *)(bp.dv + at + c) = pack2(dv[mt][nd][2 * r], dv[mt][nd][2 * r + 1]);

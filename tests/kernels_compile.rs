@@ -105,9 +105,10 @@ fn jobs() -> Vec<Job> {
         }
     }
     // The backward pass (attn_bwd and its two small kernels), every arch, the head dims it
-    // serves at the edges of its register budget, no mask, causal and a sliding window.
+    // serves at the edges of its register budget (256: each of its two channel passes, where
+    // the tile's shared memory fits), no mask, causal and a sliding window.
     for &arch in CI_ARCHS.iter() {
-        for d in [8, 40, 56, 64, 96, 128] {
+        for d in [8, 40, 56, 64, 96, 128, 256] {
             for dtype in DTYPES {
                 let tile = flashattn::cuda::backward::BwdTile::for_head_dim(
                     d,
@@ -141,25 +142,31 @@ fn jobs() -> Vec<Job> {
                             })
                             .unwrap();
                     }
-                    out.push(Job {
-                        source: KernelSource::AttnBwd,
-                        arch,
-                        d,
-                        dtype,
-                        causal,
-                        defines: tile.defines(dtype, &p, opts),
-                        functions: &["attn_bwd", "attn_bwd_dsum", "attn_bwd_dq"],
-                        smem: tile.smem_bytes(d),
-                        tile: format!(
-                            "bwd {}x{}x{}{}{}",
-                            tile.nwarps,
-                            tile.keys_per_warp,
-                            tile.br,
-                            if window { " window" } else { "" },
-                            if deterministic { " det" } else { "" }
-                        ),
-                        roles: None,
-                    });
+                    if tile.smem_bytes(d) > smem_limit(arch) {
+                        continue; // refused with a typed error there (BwdTile::for_call)
+                    }
+                    for ch0 in flashattn::cuda::backward::BwdTile::passes(d) {
+                        out.push(Job {
+                            source: KernelSource::AttnBwd,
+                            arch,
+                            d,
+                            dtype,
+                            causal,
+                            defines: tile.defines(dtype, &p, opts, ch0),
+                            functions: &["attn_bwd", "attn_bwd_dsum", "attn_bwd_dq"],
+                            smem: tile.smem_bytes(d),
+                            tile: format!(
+                                "bwd {}x{}x{}{}{}{}",
+                                tile.nwarps,
+                                tile.keys_per_warp,
+                                tile.br,
+                                if ch0 > 0 { " ch128" } else { "" },
+                                if window { " window" } else { "" },
+                                if deterministic { " det" } else { "" }
+                            ),
+                            roles: None,
+                        });
+                    }
                 }
             }
         }

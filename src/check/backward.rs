@@ -1,6 +1,7 @@
 //! The GPU backward ([`crate::cuda::backward`]) against the exact f64 gradients
 //! ([`crate::reference_grad`]), on both main kernels where attn_bwd_wgmma takes the head_dim
-//! (the default and attn_bwd by name): both dtypes, head dims 8 to 128, no mask, causal (seqlen_q
+//! (the default and attn_bwd by name): both dtypes, head dims 8 to 256 (36 and 160 padded),
+//! no mask, causal (seqlen_q
 //! below, equal to and above seqlen_k) and sliding windows, GQA and MQA, lengths that are not
 //! multiples of the tiles. o and lse come from the CPU forward, so that a forward error cannot
 //! hide a backward one; the gradients start as NaN (an element the kernels skip fails). The
@@ -53,6 +54,9 @@ pub fn cases() -> Vec<BwdCase> {
         (2, 64, 200, 8, 8, 128),
         (1, 513, 513, 2, 1, 64),
         (1, 700, 900, 4, 2, 128),
+        (1, 77, 130, 4, 2, 36),
+        (2, 90, 70, 2, 1, 160),
+        (1, 200, 300, 4, 2, 256),
     ];
     let mut out = Vec::new();
     for dtype in [DType::F16, DType::BF16] {
@@ -218,7 +222,7 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &BwdCase, seed: u64) -> Result<Case
     Ok(result)
 }
 
-/// Problems the GPU backward must refuse with a typed error (head_dim 36 and 256, softcap),
+/// Problems the GPU backward must refuse with a typed error (softcap, ALiBi),
 /// each checked through [`backward_host`]: `(label, passed, message)`.
 pub fn refusals(gpu: &Gpu) -> Vec<(String, bool, String)> {
     let p = |d| AttnProblem::new(AttnShape::new(1, 32, 2, d)).expect("valid shape");
@@ -228,45 +232,47 @@ pub fn refusals(gpu: &Gpu) -> Vec<(String, bool, String)> {
             ..ScoreMods::default()
         })
         .expect("valid softcap");
-    [
-        ("head_dim 36", p(36)),
-        ("head_dim 256", p(256)),
-        ("softcap", softcap),
-    ]
-    .into_iter()
-    .map(|(label, prob)| {
-        let s = prob.shape;
-        let n_q = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
-        let n_k = s.batch * s.seqlen_k * s.heads_kv * s.head_dim;
-        let x = vec![f16::from_f32(0.5); n_q.max(n_k)];
-        let lse = vec![0.0f32; s.lse_len()];
-        let r = backward_host(
-            gpu,
-            &prob,
-            BackwardOptions::default(),
-            &x,
-            &x,
-            &x,
-            &x,
-            &lse,
-            &x,
-        );
-        let expected = unsupported(&prob).map(|e| e.to_string());
-        match (r, expected) {
-            (Err(e), Some(want)) if e.to_string() == want => {
-                (format!("backward {label}"), true, e.to_string())
+    let alibi = p(64)
+        .with_scores(ScoreMods {
+            alibi: Some(crate::scores::Alibi::geometric(2)),
+            ..ScoreMods::default()
+        })
+        .expect("valid ALiBi");
+    [("softcap", softcap), ("ALiBi", alibi)]
+        .into_iter()
+        .map(|(label, prob)| {
+            let s = prob.shape;
+            let n_q = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
+            let n_k = s.batch * s.seqlen_k * s.heads_kv * s.head_dim;
+            let x = vec![f16::from_f32(0.5); n_q.max(n_k)];
+            let lse = vec![0.0f32; s.lse_len()];
+            let r = backward_host(
+                gpu,
+                &prob,
+                BackwardOptions::default(),
+                &x,
+                &x,
+                &x,
+                &x,
+                &lse,
+                &x,
+            );
+            let expected = unsupported(&prob).map(|e| e.to_string());
+            match (r, expected) {
+                (Err(e), Some(want)) if e.to_string() == want => {
+                    (format!("backward {label}"), true, e.to_string())
+                }
+                (Err(e), _) => (
+                    format!("backward {label}"),
+                    false,
+                    format!("refused with an unexpected error: {e}"),
+                ),
+                (Ok(_), _) => (
+                    format!("backward {label}"),
+                    false,
+                    "accepted a problem the GPU backward does not serve".into(),
+                ),
             }
-            (Err(e), _) => (
-                format!("backward {label}"),
-                false,
-                format!("refused with an unexpected error: {e}"),
-            ),
-            (Ok(_), _) => (
-                format!("backward {label}"),
-                false,
-                "accepted a problem the GPU backward does not serve".into(),
-            ),
-        }
-    })
-    .collect()
+        })
+        .collect()
 }

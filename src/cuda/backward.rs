@@ -7,13 +7,14 @@
 //! - attn_bwd (`mma.sync`, bulk reductions on sm_90, atomics before): every other call, the
 //!   deterministic mode, and any call that asks for it ([`BwdKernel::Mma`]).
 //!
-//! Serves head_dim a multiple of 8 up to 128, no mask, causal and sliding windows; softcap and
-//! ALiBi are refused with a typed error (the CPU backward, [`crate::cpu_backward`], has them).
+//! Serves every head_dim up to 256 ([`run_head_dim`]: some padded with zero channels, 256 in
+//! two channel passes), no mask, causal and sliding windows; softcap and ALiBi are refused
+//! with a typed error (the CPU backward, [`crate::cpu_backward`], has them).
 //! dQ's additions make its last bits depend on the order the blocks run in, unless the call
 //! asks for [`BackwardOptions::deterministic`]; dK and dV are the same bytes run to run.
 //!
 //! Status: compiled for every CI arch without spills; checked on the H200 by `flashattn
-//! check` (the `backward` cases on both kernels, runs 58-72); `run --backward` still uses the
+//! check` (the `backward` cases on both kernels, runs 58-73); `run --backward` still uses the
 //! CPU backward.
 
 use super::attention::{check_alignment, check_contexts, check_gpu_problem};
@@ -32,8 +33,21 @@ use crate::shape::AttnProblem;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 use serde::Serialize;
 
-/// The largest head_dim served: dK and dV of a warp's 16 keys stay in registers.
-pub const MAX_HEAD_DIM: usize = 128;
+/// The largest head_dim served. attn_bwd keeps dK and dV of 128 channels of a warp's 16 keys
+/// in registers: at head_dim 256 it runs two passes of 128 channels (each recomputing S^T and
+/// dP^T over all 256); head dims between 128 and 256 run padded to 256, and those not a
+/// multiple of 8 padded to the next multiple ([`run_head_dim`]).
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// The head_dim the kernels run a call's head_dim at: itself (a multiple of 8 up to 128, or
+/// 256), else padded with zero channels to the next multiple of 8 (up to 128) or to 256.
+pub fn run_head_dim(head_dim: usize) -> usize {
+    if head_dim > 128 {
+        256
+    } else {
+        head_dim.next_multiple_of(8)
+    }
+}
 
 /// Options of a backward call.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -67,18 +81,21 @@ pub struct BackwardInfo {
     pub tile: Option<BwdTile>,
     /// Whether dQ was added in key-block order.
     pub deterministic: bool,
+    /// The head_dim the kernels ran at when the call's is not a multiple of 8 (q, k, v, o and
+    /// do padded with zero channels, the gradients copied back: [`super::pad::backward_padded`]).
+    pub padded_head_dim: Option<usize>,
 }
 
 /// Why the GPU backward cannot take this problem, as the error a call would return; `None`
 /// when it can. The CPU backward ([`crate::cpu_backward::backward`]) takes every problem.
 pub fn unsupported(p: &AttnProblem) -> Option<AttnError> {
     let d = p.shape.head_dim;
-    if !d.is_multiple_of(8) || d > MAX_HEAD_DIM {
+    if d > MAX_HEAD_DIM {
         return Some(AttnError::UnsupportedHeadDim {
             head_dim: d,
             backend: "the GPU backward (attn_bwd)".into(),
             supported: format!(
-                "multiples of 8 up to {MAX_HEAD_DIM}; the CPU backward takes every head_dim"
+                "up to {MAX_HEAD_DIM} (padded where the kernels need it); the CPU backward takes every head_dim"
             ),
         });
     }
@@ -131,6 +148,9 @@ impl BwdTile {
         };
         let br = if head_dim <= 64 { 64 } else { 32 };
         let mut options = vec![tile(8, br, 16), tile(8, 32, 16), tile(4, 32, 16)];
+        if head_dim > 128 {
+            options = vec![tile(4, 32, 16)];
+        }
         if head_dim <= 64 && head_dim != 56 && dtype == DType::F16 && cc == (9, 0) {
             options.insert(0, tile(4, 32, 32));
         }
@@ -152,7 +172,14 @@ impl BwdTile {
         smem_limit: usize,
     ) -> Result<Self> {
         let Ok(v) = std::env::var(TILE_ENV) else {
-            return Ok(Self::for_head_dim(head_dim, dtype, cc, smem_limit));
+            let t = Self::for_head_dim(head_dim, dtype, cc, smem_limit);
+            t.check(head_dim, smem_limit)
+                .map_err(|why| AttnError::UnsupportedHeadDim {
+                    head_dim,
+                    backend: "the GPU backward (attn_bwd) on this device".into(),
+                    supported: format!("{why}; the CPU backward takes every head_dim"),
+                })?;
+            return Ok(t);
         };
         let t = Self::parse(&v)?;
         t.check(head_dim, smem_limit)
@@ -165,6 +192,11 @@ impl BwdTile {
     /// Whether this tile can take a head_dim on a device with `smem_limit` bytes of opt-in
     /// shared memory per block; `Err` says why not and what to use instead.
     fn check(&self, head_dim: usize, smem_limit: usize) -> std::result::Result<(), String> {
+        if head_dim > 128 && (self.nwarps, self.br, self.keys_per_warp) != (4, 32, 16) {
+            return Err(format!(
+                "head_dim {head_dim} runs on 4 warps of 16 keys and 32 rows per step only"
+            ));
+        }
         if self.keys_per_warp == 32 && (head_dim > 64 || self.br == 64) {
             return Err(format!(
                 "32 keys per warp take head_dim <= 64 and 32 rows per step (this call has head_dim {head_dim})"
@@ -222,21 +254,34 @@ impl BwdTile {
     /// keys; two buffers each of Q, dO, lse and D; dS^T; the f32 dQ tile).
     pub fn smem_bytes(&self, head_dim: usize) -> usize {
         let dp = head_dim.div_ceil(16) * 16;
+        let dkv = dp.min(128); // channels of the dQ tile per pass
         let rs = (dp / 8 + 1) * 8;
         let (bc, br) = (self.bc(), self.br);
-        (2 * bc * rs + 4 * br * rs + bc * (br + 8)) * 2 + br * (dp + 8) * 4 + 4 * br * 4
+        (2 * bc * rs + 4 * br * rs + bc * (br + 8)) * 2 + br * (dkv + 8) * 4 + 4 * br * 4
+    }
+
+    /// The passes of a head_dim: the first channel of each ([`MAX_HEAD_DIM`]).
+    pub fn passes(head_dim: usize) -> Vec<usize> {
+        if head_dim > 128 {
+            vec![0, 128]
+        } else {
+            vec![0]
+        }
     }
 
     /// NVRTC defines of attn_bwd for a problem under this tile.
+    /// `ch0` is the pass's first channel ([`BwdTile::passes`]).
     pub fn defines(
         &self,
         dtype: DType,
         p: &AttnProblem,
         opts: BackwardOptions,
+        ch0: usize,
     ) -> Vec<(String, String)> {
         let b = |x: bool| u8::from(x).to_string();
         let mut d = vec![
             ("HEAD_DIM".to_string(), p.shape.head_dim.to_string()),
+            ("CH0".to_string(), ch0.to_string()),
             ("NWARPS".to_string(), self.nwarps.to_string()),
             ("BWD_BR".to_string(), self.br.to_string()),
             ("KEYS_PER_WARP".to_string(), self.keys_per_warp.to_string()),
@@ -366,6 +411,19 @@ where
         check_alignment(name, ptr)?;
     }
     let s = &p.shape;
+    if run_head_dim(s.head_dim) != s.head_dim {
+        let b = super::pad::BwdBuffers {
+            q: qp,
+            k: kp,
+            v: vp,
+            o: op,
+            d_o: dop,
+            dq: dqp,
+            dk: dkp,
+            dv: dvp,
+        };
+        return super::pad::backward_padded::<T, L>(gpu, p, opts, &b, lse);
+    }
     let ctx = launch_context("attn_bwd", p);
     let mut dsum: CudaSlice<f32> = stream
         .alloc_zeros(s.lse_len())
@@ -408,9 +466,13 @@ where
     } else {
         tile.bc()
     };
-    // The key-block counters of the deterministic mode: one per (batch, query head, step).
+    // attn_bwd's passes over the channels of dK, dV and dQ (two at head_dim 256).
+    let passes = BwdTile::passes(s.head_dim);
+    // The key-block counters of the deterministic mode: one per (batch, query head, step),
+    // for each pass.
+    let per_pass = s.batch * s.heads_q * s.seqlen_q.div_ceil(tile.br);
     let n_order = if opts.deterministic {
-        s.batch * s.heads_q * s.seqlen_q.div_ceil(tile.br)
+        per_pass * passes.len()
     } else {
         1
     };
@@ -477,13 +539,25 @@ where
         Err(_) => (
             KernelSource::AttnBwd,
             "attn_bwd",
-            tile.defines(T::DTYPE, p, opts),
+            tile.defines(T::DTYPE, p, opts, 0),
             tile.smem_bytes(s.head_dim),
             32 * tile.nwarps as u32,
         ),
     };
     let k_dsum = gpu.kernel(source, "attn_bwd_dsum", &defs)?;
     let k_main = gpu.kernel(source, main_name, &defs)?;
+    // attn_bwd's later passes: the same kernel at their first channel.
+    let k_later: Vec<_> = match &wgmma_maps {
+        Ok(_) => Vec::new(),
+        Err(_) => passes[1..]
+            .iter()
+            .map(|&ch0| {
+                let k = gpu.kernel(source, main_name, &tile.defines(T::DTYPE, p, opts, ch0))?;
+                set_dynamic_smem(&k.function, smem, &ctx)?;
+                Ok(k)
+            })
+            .collect::<Result<_>>()?,
+    };
     let dq_name = if wgmma_maps.is_ok() {
         "attn_bwd_dq_tiled"
     } else {
@@ -541,6 +615,20 @@ where
     // SAFETY: as above; dq_accum holds n_q floats, dk and dv their dense sizes; the tensor
     // maps describe q, k, v and do within their checked extents.
     unsafe { b.launch(cfg) }.map_err(cuda_err(format!("{ctx} ({main_name})")))?;
+    for (i, k) in k_later.iter().enumerate() {
+        // Each pass counts its own dQ order (the deterministic mode).
+        let pass_params = BwdParams {
+            dq_order: dop_order + ((i + 1) * per_pass * 4) as u64 * u64::from(opts.deterministic),
+            ..params
+        };
+        let mut b = stream.launch_builder(&k.function);
+        b.arg(&pass_params);
+        // SAFETY: as the first pass; the order counters hold passes x per_pass entries.
+        unsafe { b.launch(cfg) }.map_err(cuda_err(format!(
+            "{ctx} ({main_name}, channels from {})",
+            passes[i + 1]
+        )))?;
+    }
     let n = n_q as i64;
     let mut b = stream.launch_builder(&k_dq.function);
     if wgmma_maps.is_ok() {
@@ -567,6 +655,7 @@ where
         blocks,
         tile: (!wgmma).then_some(tile),
         deterministic: opts.deterministic,
+        padded_head_dim: None,
     })
 }
 
@@ -674,9 +763,27 @@ mod tests {
             t.smem_bytes(128),
             (2 * 128 * 136 + 4 * 32 * 136 + 128 * 40) * 2 + 32 * 136 * 4 + 512
         );
-        // Every head_dim served has a tile on every arch we build for (99 KB on sm_86/89/120,
-        // 163 KB on sm_80, 227 KB on sm_90); sm_80 and sm_90 take 128 keys per block.
-        for d in (8..=MAX_HEAD_DIM).step_by(8) {
+        // Every head_dim up to 128 has a tile on every arch we build for (99 KB on
+        // sm_86/89/120, 163 KB on sm_80, 227 KB on sm_90); sm_80 and sm_90 take 128 keys per
+        // block. head_dim 256 (two passes of 128 channels) takes 4 warps of 16 keys where its
+        // 154.5 KB fit (sm_80, sm_90); the 99 KB GPUs refuse it with a typed error.
+        let t256 = BwdTile::for_head_dim(256, DType::F16, (9, 0), 227 * 1024);
+        assert_eq!((t256.nwarps, t256.br, t256.keys_per_warp), (4, 32, 16));
+        assert_eq!(t256.smem_bytes(256), 158_208);
+        assert!(t256.check(256, 163 * 1024).is_ok() && t256.check(256, 99 * 1024).is_err());
+        assert_eq!(BwdTile::passes(256), vec![0, 128]);
+        assert_eq!(BwdTile::passes(128), vec![0]);
+        for (d, run) in [
+            (36, 40),
+            (64, 64),
+            (100, 104),
+            (128, 128),
+            (136, 256),
+            (256, 256),
+        ] {
+            assert_eq!(run_head_dim(d), run, "d{d}");
+        }
+        for d in (8..=128).step_by(8) {
             for (cc, limit) in [
                 ((8, 6), 99 * 1024),
                 ((8, 0), 163 * 1024),
@@ -717,9 +824,17 @@ mod tests {
         let p = |d| AttnProblem::new(AttnShape::new(1, 64, 2, d)).unwrap();
         assert!(unsupported(&p(64)).is_none());
         assert!(unsupported(&p(128).with_mask(Mask::Causal)).is_none());
-        for d in [36, 136, 256] {
-            let e = unsupported(&p(d)).expect("refused");
-            assert!(e.to_string().contains("CPU backward"), "{e}");
+        // Every head_dim is taken (padded where the kernels need it); softcap and ALiBi are not.
+        for d in [1, 36, 136, 256] {
+            assert!(unsupported(&p(d)).is_none(), "d{d}");
         }
+        let softcap = p(64)
+            .with_scores(crate::scores::ScoreMods {
+                softcap: Some(30.0),
+                ..Default::default()
+            })
+            .unwrap();
+        let e = unsupported(&softcap).expect("refused");
+        assert!(e.to_string().contains("CPU backward"), "{e}");
     }
 }

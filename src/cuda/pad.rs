@@ -49,13 +49,81 @@ impl RowMap {
     }
 }
 
+/// The two copy kernels of one call: rows of `d` channels in and out of dense rows of `dp`.
+struct Rows<'a> {
+    gpu: &'a Gpu,
+    ctx: &'a str,
+    d: usize,
+    dp: usize,
+    pad: super::LoadedKernel,
+    unpad: super::LoadedKernel,
+}
+
+impl<'a> Rows<'a> {
+    fn new(gpu: &'a Gpu, ctx: &'a str, d: usize, dp: usize) -> Result<Self> {
+        Ok(Rows {
+            gpu,
+            ctx,
+            d,
+            dp,
+            pad: gpu.kernel(KernelSource::PadRows, "pad_rows", &[])?,
+            unpad: gpu.kernel(KernelSource::PadRows, "unpad_rows", &[])?,
+        })
+    }
+
+    /// Dense `dst` (dp channels per row, zero past d) <- strided `src`.
+    fn pad(&self, src: u64, dst: u64, m: RowMap, rows: usize, what: &str) -> Result<()> {
+        self.launch(&self.pad.function, src, dst, m, rows, self.dp, what)
+    }
+
+    /// Strided `dst` <- the first d channels of dense `src`.
+    fn unpad(&self, src: u64, dst: u64, m: RowMap, rows: usize, what: &str) -> Result<()> {
+        self.launch(&self.unpad.function, src, dst, m, rows, self.d, what)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &self,
+        f: &cudarc::driver::CudaFunction,
+        src: u64,
+        dst: u64,
+        m: RowMap,
+        rows: usize,
+        per_row: usize,
+        what: &str,
+    ) -> Result<()> {
+        let n = (rows * per_row) as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(THREADS as u64).min(MAX_BLOCKS) as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (rows, d, dp) = (rows as i64, self.d as i32, self.dp as i32);
+        let mut lb = self.gpu.stream().launch_builder(f);
+        lb.arg(&src).arg(&dst).arg(&m).arg(&rows).arg(&d).arg(&dp);
+        // SAFETY: src and dst hold every element the row map and the dense side address
+        // (the caller checked the strided buffers against its problem; the dense ones were
+        // allocated for `rows * dp` elements).
+        unsafe { lb.launch(cfg) }.map_err(cuda_err(format!("{}: {what}", self.ctx)))?;
+        Ok(())
+    }
+}
+
 /// The dense problem the kernels run: head_dim rounded up to 8, same mask and scale.
 ///
 /// # Errors
 /// Those of [`AttnProblem::new`] (none for a problem that passed validation).
 pub fn padded_problem(p: &AttnProblem) -> Result<AttnProblem> {
+    padded_problem_to(p, padded(p.shape.head_dim))
+}
+
+/// [`padded_problem`] at a given padded head_dim `dp` (at least the problem's).
+fn padded_problem_to(p: &AttnProblem, dp: usize) -> Result<AttnProblem> {
     let shape = AttnShape {
-        head_dim: padded(p.shape.head_dim),
+        head_dim: dp,
         ..p.shape
     };
     AttnProblem::new(shape)?
@@ -112,64 +180,32 @@ where
     let mut k2 = alloc(rows_k * dp, "k")?;
     let mut v2 = alloc(rows_k * dp, "v")?;
     let mut o2 = alloc(rows_q * dp, "o")?;
-    let pad = gpu.kernel(KernelSource::PadRows, "pad_rows", &[])?;
-    let unpad = gpu.kernel(KernelSource::PadRows, "unpad_rows", &[])?;
-    let copy = |f: &cudarc::driver::CudaFunction,
-                src: u64,
-                dst: u64,
-                m: RowMap,
-                rows: usize,
-                per_row: usize,
-                what: &str|
-     -> Result<()> {
-        let n = (rows * per_row) as u64;
-        if n == 0 {
-            return Ok(());
-        }
-        let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(THREADS as u64).min(MAX_BLOCKS) as u32, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (rows, d, dp) = (rows as i64, s.head_dim as i32, dp as i32);
-        let mut lb = stream.launch_builder(f);
-        lb.arg(&src).arg(&dst).arg(&m).arg(&rows).arg(&d).arg(&dp);
-        // SAFETY: src and dst hold every element the row map and the dense side address
-        // (the caller checked the strided buffers against `p`; the dense ones were
-        // allocated for `rows * dp` elements above).
-        unsafe { lb.launch(cfg) }.map_err(cuda_err(format!("{ctx}: {what}")))?;
-        Ok(())
-    };
+    let rows = Rows::new(gpu, &ctx, s.head_dim, dp)?;
     {
         use cudarc::driver::DevicePtrMut;
         let (q2p, _g1) = q2.device_ptr_mut(stream);
         let (k2p, _g2) = k2.device_ptr_mut(stream);
         let (v2p, _g3) = v2.device_ptr_mut(stream);
-        copy(
-            &pad.function,
+        let (sq, hq, sk, hk) = (s.seqlen_q, s.heads_q, s.seqlen_k, s.heads_kv);
+        rows.pad(
             b.q,
             q2p,
-            RowMap::new(p.q_strides, s.seqlen_q, s.heads_q),
+            RowMap::new(p.q_strides, sq, hq),
             rows_q,
-            dp,
             "padding q",
         )?;
-        copy(
-            &pad.function,
+        rows.pad(
             b.k,
             k2p,
-            RowMap::new(p.k_strides, s.seqlen_k, s.heads_kv),
+            RowMap::new(p.k_strides, sk, hk),
             rows_k,
-            dp,
             "padding k",
         )?;
-        copy(
-            &pad.function,
+        rows.pad(
             b.v,
             v2p,
-            RowMap::new(p.v_strides, s.seqlen_k, s.heads_kv),
+            RowMap::new(p.v_strides, sk, hk),
             rows_k,
-            dp,
             "padding v",
         )?;
     }
@@ -178,15 +214,8 @@ where
     {
         use cudarc::driver::DevicePtr;
         let (o2p, _g) = o2.device_ptr(stream);
-        copy(
-            &unpad.function,
-            o2p,
-            b.o,
-            RowMap::new(p.o_strides, s.seqlen_q, s.heads_q),
-            rows_q,
-            s.head_dim,
-            "copying o back",
-        )?;
+        let map = RowMap::new(p.o_strides, s.seqlen_q, s.heads_q);
+        rows.unpad(o2p, b.o, map, rows_q, "copying o back")?;
     }
     // The padded buffers are freed stream-ordered, after the kernels above.
     drop((q2, k2, v2, o2));
@@ -194,5 +223,150 @@ where
         "{}; head_dim {} padded to {dp} with zero channels (FlashAttention's wrapper does the same)",
         info.why, s.head_dim
     );
+    Ok(info)
+}
+
+/// Device pointers of one backward call (validated by the caller against `p`).
+pub struct BwdBuffers {
+    /// q, k, v, o and do: 16-bit elements laid out by the problem's strides (do as o).
+    pub q: u64,
+    /// See `q`.
+    pub k: u64,
+    /// See `q`.
+    pub v: u64,
+    /// See `q`.
+    pub o: u64,
+    /// See `q`.
+    pub d_o: u64,
+    /// The gradients, dense `[batch, seqlen, heads, head_dim]` at the real head_dim.
+    pub dq: u64,
+    /// See `dq`.
+    pub dk: u64,
+    /// See `dq`.
+    pub dv: u64,
+}
+
+/// The backward of `p` (a head_dim the kernels do not take as it is:
+/// [`super::backward::run_head_dim`]) through padded copies: q, k, v, o and do padded with
+/// zero channels (they add nothing to any score, to D = rowsum(do o), or to the
+/// real channels of any gradient; the pad channels of the gradients come out zero and are
+/// dropped), the gradients copied back at the real head_dim. `lse` is the forward's, as is.
+///
+/// # Errors
+/// Allocation, compile and launch errors, and those of the backward on the padded problem.
+pub fn backward_padded<T, L>(
+    gpu: &Gpu,
+    p: &AttnProblem,
+    opts: super::backward::BackwardOptions,
+    b: &BwdBuffers,
+    lse: &L,
+) -> Result<super::backward::BackwardInfo>
+where
+    T: GpuElement,
+    L: cudarc::driver::DevicePtr<f32>,
+{
+    use cudarc::driver::{DevicePtr, DevicePtrMut};
+    let s = p.shape;
+    let dp = super::backward::run_head_dim(s.head_dim);
+    let pp = padded_problem_to(p, dp)?;
+    let ctx = launch_context("pad_rows (backward)", p);
+    let stream = gpu.stream();
+    let alloc = |n: usize, what: &str| -> Result<CudaSlice<T>> {
+        // SAFETY: pad_rows writes every element of the inputs before any kernel reads them;
+        // the backward writes every element of the gradients.
+        unsafe { stream.alloc::<T>(n) }
+            .map_err(cuda_err(format!("{ctx}: allocating padded {what}")))
+    };
+    let rows_q = s.batch * s.seqlen_q * s.heads_q;
+    let rows_k = s.batch * s.seqlen_k * s.heads_kv;
+    let (mut q2, mut k2, mut v2) = (
+        alloc(rows_q * dp, "q")?,
+        alloc(rows_k * dp, "k")?,
+        alloc(rows_k * dp, "v")?,
+    );
+    let (mut o2, mut do2) = (alloc(rows_q * dp, "o")?, alloc(rows_q * dp, "do")?);
+    let (mut dq2, mut dk2, mut dv2) = (
+        alloc(rows_q * dp, "dq")?,
+        alloc(rows_k * dp, "dk")?,
+        alloc(rows_k * dp, "dv")?,
+    );
+    let rows = Rows::new(gpu, &ctx, s.head_dim, dp)?;
+    let (sq, hq, sk, hk) = (s.seqlen_q, s.heads_q, s.seqlen_k, s.heads_kv);
+    for (src, dst, st, n, what) in [
+        (
+            b.q,
+            &mut q2,
+            RowMap::new(p.q_strides, sq, hq),
+            rows_q,
+            "padding q",
+        ),
+        (
+            b.k,
+            &mut k2,
+            RowMap::new(p.k_strides, sk, hk),
+            rows_k,
+            "padding k",
+        ),
+        (
+            b.v,
+            &mut v2,
+            RowMap::new(p.v_strides, sk, hk),
+            rows_k,
+            "padding v",
+        ),
+        (
+            b.o,
+            &mut o2,
+            RowMap::new(p.o_strides, sq, hq),
+            rows_q,
+            "padding o",
+        ),
+        (
+            b.d_o,
+            &mut do2,
+            RowMap::new(p.o_strides, sq, hq),
+            rows_q,
+            "padding do",
+        ),
+    ] {
+        let (dst, _g) = dst.device_ptr_mut(stream);
+        rows.pad(src, dst, st, n, what)?;
+    }
+    let mut info = super::backward::backward_device(
+        gpu, &pp, opts, &q2, &k2, &v2, &o2, lse, &do2, &mut dq2, &mut dk2, &mut dv2,
+    )?;
+    let (dense_q, dense_k) = (
+        Strides::contiguous(sq, hq, s.head_dim),
+        Strides::contiguous(sk, hk, s.head_dim),
+    );
+    for (src, dst, st, n, what) in [
+        (
+            &dq2,
+            b.dq,
+            RowMap::new(dense_q, sq, hq),
+            rows_q,
+            "copying dq back",
+        ),
+        (
+            &dk2,
+            b.dk,
+            RowMap::new(dense_k, sk, hk),
+            rows_k,
+            "copying dk back",
+        ),
+        (
+            &dv2,
+            b.dv,
+            RowMap::new(dense_k, sk, hk),
+            rows_k,
+            "copying dv back",
+        ),
+    ] {
+        let (src, _g) = src.device_ptr(stream);
+        rows.unpad(src, dst, st, n, what)?;
+    }
+    // The padded buffers are freed stream-ordered, after the kernels above.
+    drop((q2, k2, v2, o2, do2, dq2, dk2, dv2));
+    info.padded_head_dim = Some(dp);
     Ok(info)
 }
