@@ -255,20 +255,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
 
-    // Key blocks in index order; in the deterministic mode from the last (add_dq_tile).
-    const int n_index = (int)(blockIdx.x % bp.num_k_blocks);
-    const int n_block = DETERMINISTIC ? bp.num_k_blocks - 1 - n_index : n_index;
-    const int rem = (int)(blockIdx.x / bp.num_k_blocks);
-    const int hk = rem % bp.heads_kv, b = rem / bp.heads_kv;
-    const int key0 = n_block * BC;
-    const int diag = p.seqlen_k - p.seqlen_q;
-
-    int m_begin, m_end;
-    step_range<BR, BC>(p, n_block, m_begin, m_end);
-    // Steps run over (query head of the group, query block), one buffer each in turn.
-    const int steps_per_head = m_end - m_begin, steps = steps_per_head * p.group;
-    const auto head_of = [&](int s) { return hk * p.group + s / steps_per_head; };
-    const auto row0_of = [&](int s) { return (m_begin + s % steps_per_head) * BR; };
+    // Key blocks in index order; in the deterministic mode from the last (add_dq_tile). Steps
+    // take the two buffers in turn.
+    const KeyBlock<BR, BC> kb(bp, DETERMINISTIC);
+    const int n_block = kb.n_block, hk = kb.hk, b = kb.b, key0 = kb.key0, diag = kb.diag;
+    const int steps = kb.steps;
+    const auto head_of = [&](int s) { return kb.head_of(p, s); };
+    const auto row0_of = [&](int s) { return kb.row0_of(s); };
 
     load_rows<BC, RS, NT>(sK, p.k + b * p.k_sb + hk * p.k_sh, p.k_ss, key0, p.seqlen_k);
     load_rows<BC, RS, NT>(sV, p.v + b * p.v_sb + hk * p.v_sh, p.v_ss, key0, p.seqlen_k);

@@ -161,19 +161,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd_wgmma(const __grid_
     const Params &p = bp.p;
     const int tid = threadIdx.x, wg = tid / 128;
 
-    const int n_block = (int)(blockIdx.x % bp.num_k_blocks);
-    const int rem = (int)(blockIdx.x / bp.num_k_blocks);
-    const int hk = rem % bp.heads_kv, b = rem / bp.heads_kv;
-    const int key0 = n_block * BC;
-    const int diag = p.seqlen_k - p.seqlen_q;
-    int m_begin, m_end;
-    step_range<BR, BC>(p, n_block, m_begin, m_end);
-    // Steps run over (query head of the group, query block). (Starting each key block at a
-    // different step, so that the blocks of a head add to different dQ tiles at any one time,
-    // measured the same within 2 %, run 70.)
-    const int steps_per_head = m_end - m_begin, steps = steps_per_head * p.group;
-    const auto head_of = [&](int s) { return hk * p.group + s / steps_per_head; };
-    const auto row0_of = [&](int s) { return (m_begin + s % steps_per_head) * BR; };
+    // Key blocks in index order. (Starting each key block at a different step, so that the
+    // blocks of a head add to different dQ tiles at any one time, measured the same within 2
+    // %, run 70.)
+    const KeyBlock<BR, BC> kb(bp, false);
+    const int hk = kb.hk, b = kb.b, key0 = kb.key0, diag = kb.diag;
+    const int steps = kb.steps;
+    const auto head_of = [&](int s) { return kb.head_of(p, s); };
+    const auto row0_of = [&](int s) { return kb.row0_of(s); };
 
     if (tid == 0) {
         mbar_init(sm.kv_full(), 1);

@@ -81,6 +81,29 @@ template <int BR, int BC> FA_DEVICE void step_range(const Params &p, int n, int 
     m_end = i_end > i_begin ? (int)((i_end + BR - 1) / BR) : m_begin;
 }
 
+// A block's key block (keys key0 = n_block BC ..), kv head hk and batch b, from its index
+// in the grid (n_index: its key block in launch order, the last first when `reversed`), and
+// its steps: over (query head of the group, step of BR rows), head_of(p, s) and row0_of(s).
+template <int BR, int BC> struct KeyBlock {
+    int n_block, hk, b, key0, diag, m_begin, steps_per_head, steps;
+    FA_DEVICE KeyBlock(const BwdParams &bp, bool reversed) {
+        const Params &p = bp.p;
+        const int n_index = (int)(blockIdx.x % bp.num_k_blocks);
+        n_block = reversed ? bp.num_k_blocks - 1 - n_index : n_index;
+        const int rem = (int)(blockIdx.x / bp.num_k_blocks);
+        hk = rem % bp.heads_kv;
+        b = rem / bp.heads_kv;
+        key0 = n_block * BC;
+        diag = p.seqlen_k - p.seqlen_q;
+        int m_end;
+        step_range<BR, BC>(p, n_block, m_begin, m_end);
+        steps_per_head = m_end - m_begin;
+        steps = steps_per_head * p.group;
+    }
+    FA_DEVICE int head_of(const Params &p, int s) const { return hk * p.group + s / steps_per_head; }
+    FA_DEVICE int row0_of(int s) const { return (m_begin + s % steps_per_head) * BR; }
+};
+
 // The rows that see key j, as offsets from row0: [rmin, rmax] (attn_common.cuh's key range
 // turned around: rows j - diag - right .. j - diag + left, right = 0 when causal), cut at
 // seqlen_q; a key past seqlen_k is seen by none. Clamped to +-2^30.
