@@ -450,17 +450,18 @@ fn gpu_bench() {
 }
 
 #[test]
-fn backward_sweep_has_bwd_and_bwd_det_lines_and_two_and_a_half_forward_flops() {
+fn backward_sweep_has_bwd_bwd_mma_and_bwd_det_lines_and_two_and_a_half_forward_flops() {
     let o = opts(&["--backward", "--quick"]);
     let sweep = o.sweep().unwrap();
-    assert_eq!(
-        sweep
-            .lines
-            .iter()
-            .map(|l| l.name.as_str())
-            .collect::<Vec<_>>(),
-        ["bwd", "bwd-det"]
-    );
+    let names = |s: &flashattn::bench::sweep::Sweep| {
+        s.lines.iter().map(|l| l.name.clone()).collect::<Vec<_>>()
+    };
+    assert_eq!(names(&sweep), ["bwd", "bwd-mma", "bwd-det"]);
+    // --kernels picks among the backward lines, in their order.
+    let picked = opts(&["--backward", "--quick", "--kernels", "bwd-det,bwd"])
+        .sweep()
+        .unwrap();
+    assert_eq!(names(&picked), ["bwd", "bwd-det"]);
     for c in &sweep.cases {
         assert!(c.backward && c.id().ends_with("-bwd"), "{}", c.id());
         let forward = flashattn::bench::Case {
