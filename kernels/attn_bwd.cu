@@ -117,26 +117,39 @@ FA_DEVICE void mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1
 // acc (MT m-tiles of 16 rows x 8*NQ columns) += A (16 MT rows of `a_rows`, k = channels) B,
 // B[c][n] = row n of `b_rows` (both [rows, DP] tiles): the forward's S = Q K^T pattern. Each B
 // fragment serves the MT m-tiles.
-FA_DEVICE void gemm_rows_rows(float (&acc)[MT][NQ][4], u32 a_rows, u32 b_rows, int lane) {
+FA_DEVICE void rows_rows_kstep(float (&acc)[MT][NQ][4], u32 a_rows, u32 b_rows, int lane, int kk) {
+    u32 a[MT][4];
 #pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-        u32 a[MT][4];
+    for (int mt = 0; mt < MT; ++mt)
+        ldmatrix_x4(a[mt][0], a[mt][1], a[mt][2], a[mt][3],
+                    a_rows + (u32)((mt * 16 + lane % 16) * RS + (kk * 2 + lane / 16) * 8) * 2);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-            ldmatrix_x4(a[mt][0], a[mt][1], a[mt][2], a[mt][3],
-                        a_rows + (u32)((mt * 16 + lane % 16) * RS + (kk * 2 + lane / 16) * 8) * 2);
+    for (int np = 0; np < NQ / 2; ++np) {
+        const int r = np * 16 + (lane % 8) + (lane / 16) * 8;
+        const int c = kk * 2 + (lane / 8) % 2;
+        u32 b0, b1, b2, b3;
+        ldmatrix_x4(b0, b1, b2, b3, b_rows + (u32)(r * RS + c * 8) * 2);
 #pragma unroll
-        for (int np = 0; np < NQ / 2; ++np) {
-            const int r = np * 16 + (lane % 8) + (lane / 16) * 8;
-            const int c = kk * 2 + (lane / 8) % 2;
-            u32 b0, b1, b2, b3;
-            ldmatrix_x4(b0, b1, b2, b3, b_rows + (u32)(r * RS + c * 8) * 2);
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                mma(acc[mt][2 * np], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
-                mma(acc[mt][2 * np + 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b2, b3);
-            }
+        for (int mt = 0; mt < MT; ++mt) {
+            mma(acc[mt][2 * np], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
+            mma(acc[mt][2 * np + 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b2, b3);
         }
+    }
+}
+// head_dim 256 before sm_90: the 16 k-steps unrolled 8 at a time (fully unrolled, ptxas
+// spilled a pass on sm_80; sm_90 keeps the full unroll that ran on the H200, run 73).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr bool KS_HALF_UNROLL = KS > 8;
+#else
+constexpr bool KS_HALF_UNROLL = false;
+#endif
+FA_DEVICE void gemm_rows_rows(float (&acc)[MT][NQ][4], u32 a_rows, u32 b_rows, int lane) {
+    if constexpr (KS_HALF_UNROLL) {
+#pragma unroll 8
+        for (int kk = 0; kk < KS; ++kk) rows_rows_kstep(acc, a_rows, b_rows, lane, kk);
+    } else {
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) rows_rows_kstep(acc, a_rows, b_rows, lane, kk);
     }
 }
 

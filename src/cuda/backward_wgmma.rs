@@ -16,7 +16,7 @@ use serde::Serialize;
 /// Keys per block (two consumer warpgroups of 64).
 pub const BC: usize = 128;
 /// Environment variable that overrides the query rows per step for experiments (64 or 128;
-/// 128 only at head_dim 64).
+/// 128 only at head_dim 64), read once per process.
 pub const BR_ENV: &str = "FLASHATTN_BWD_WG_BR";
 
 /// Query rows per step: 128 at head_dim 64 (halves the per-step costs: barriers, the dQ
@@ -28,9 +28,16 @@ pub fn br(head_dim: usize) -> usize {
     } else {
         64
     };
-    match std::env::var(BR_ENV).as_deref() {
-        Ok("64") => 64,
-        Ok("128") if default == 128 => 128,
+    // Read once per process: every size and map of a call must agree with the kernel's BR.
+    static OVERRIDE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let over = *OVERRIDE.get_or_init(|| match std::env::var(BR_ENV).as_deref() {
+        Ok("64") => Some(64),
+        Ok("128") => Some(128),
+        _ => None,
+    });
+    match over {
+        Some(64) => 64,
+        Some(128) if default == 128 => 128,
         _ => default,
     }
 }
