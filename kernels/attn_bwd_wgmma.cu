@@ -145,14 +145,6 @@ FA_DEVICE u32 in_loop(u32 x) {
     asm volatile("" : "+r"(x));
     return x;
 }
-FA_DEVICE float ld_shared_f32(u32 addr) { return __uint_as_float(ld_shared_u32(addr)); }
-FA_DEVICE void ld_shared_f32x2(u32 addr, float &x, float &y) {
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(x), "=f"(y) : "r"(addr));
-}
-FA_DEVICE void st_shared_u16(u32 addr, u16 x) { asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(x)); }
-FA_DEVICE void st_shared_f32x2(u32 addr, float x, float y) {
-    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y));
-}
 
 extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd_wgmma(const __grid_constant__ BwdWgmmaParams w) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];

@@ -95,6 +95,13 @@ FA_DEVICE u32 ld_shared_u32(u32 addr) {
     asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(x) : "r"(addr) : "memory");
     return x;
 }
+FA_DEVICE void ld_shared_f32x2(u32 addr, float &x, float &y) {
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(x), "=f"(y) : "r"(addr));
+}
+FA_DEVICE void st_shared_u16(u32 addr, u16 x) { asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(x)); }
+FA_DEVICE void st_shared_f32x2(u32 addr, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y));
+}
 FA_DEVICE void ld_shared_v4(u32 &x0, u32 &x1, u32 &x2, u32 &x3, u32 addr) {
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(addr));
