@@ -462,11 +462,8 @@ where
         }
         (m, _) => m,
     };
-    let bc = if wgmma_maps.is_ok() {
-        bw::BC
-    } else {
-        tile.bc()
-    };
+    let wgmma = wgmma_maps.is_ok();
+    let bc = if wgmma { bw::BC } else { tile.bc() };
     // attn_bwd's passes over the channels of dK, dV and dQ (two at head_dim 256).
     let passes = BwdTile::passes(s.head_dim);
     // The key-block counters of the deterministic mode: one per (batch, query head, step),
@@ -484,10 +481,7 @@ where
     // The f32 dQ workspace: dense as dq for attn_bwd; tile by tile for attn_bwd_wgmma (its
     // rows rounded up to whole steps, its channels to the padded head_dim).
     let n_q = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
-    let n_accum = match &wgmma_maps {
-        Ok(_) => bw::dq_accum_len(p),
-        Err(_) => n_q,
-    };
+    let n_accum = if wgmma { bw::dq_accum_len(p) } else { n_q };
     let mut dq_accum: CudaSlice<f32> = stream
         .alloc_zeros(n_accum)
         .map_err(cuda_err(format!("{ctx}: allocating the dQ workspace")))?;
@@ -529,41 +523,41 @@ where
         num_k_blocks: num_k_blocks as i32,
         dq_order: dop_order,
     };
-    let (source, main_name, defs, smem, threads) = match &wgmma_maps {
-        Ok(_) => (
+    // The main kernel, and the dQ conversion of its workspace (tiled: one thread per 8
+    // channels; dense: one per element).
+    let (source, main_name, dq_name, defs, smem, threads, convert_threads) = if wgmma {
+        (
             KernelSource::AttnBwdWgmma,
             "attn_bwd_wgmma",
+            "attn_bwd_dq_tiled",
             bw::defines(T::DTYPE, p),
             bw::smem_bytes(s.head_dim),
             bw::THREADS,
-        ),
-        Err(_) => (
+            n_q / 8,
+        )
+    } else {
+        (
             KernelSource::AttnBwd,
             "attn_bwd",
+            "attn_bwd_dq",
             tile.defines(T::DTYPE, p, opts, 0),
             tile.smem_bytes(s.head_dim),
             32 * tile.nwarps as u32,
-        ),
+            n_q,
+        )
     };
     let k_dsum = gpu.kernel(source, "attn_bwd_dsum", &defs)?;
     let k_main = gpu.kernel(source, main_name, &defs)?;
     // attn_bwd's later passes: the same kernel at their first channel.
-    let k_later: Vec<_> = match &wgmma_maps {
-        Ok(_) => Vec::new(),
-        Err(_) => passes[1..]
-            .iter()
-            .map(|&ch0| {
-                let k = gpu.kernel(source, main_name, &tile.defines(T::DTYPE, p, opts, ch0))?;
-                set_dynamic_smem(&k.function, smem, &ctx)?;
-                Ok(k)
-            })
-            .collect::<Result<_>>()?,
-    };
-    let dq_name = if wgmma_maps.is_ok() {
-        "attn_bwd_dq_tiled"
-    } else {
-        "attn_bwd_dq"
-    };
+    let later = if wgmma { &[][..] } else { &passes[1..] };
+    let k_later = later
+        .iter()
+        .map(|&ch0| {
+            let k = gpu.kernel(source, main_name, &tile.defines(T::DTYPE, p, opts, ch0))?;
+            set_dynamic_smem(&k.function, smem, &ctx)?;
+            Ok(k)
+        })
+        .collect::<Result<Vec<_>>>()?;
     let k_dq = gpu.kernel(source, dq_name, &defs)?;
     set_dynamic_smem(&k_main.function, smem, &ctx)?;
 
@@ -589,11 +583,10 @@ where
         .arg(&ost[0])
         .arg(&ost[1])
         .arg(&ost[2]);
+    let cfg_dsum = grid_1d(rows * 8)?; // eight threads per row
     // SAFETY: the arguments mirror attn_bwd_dsum's; every buffer was checked against the
     // shape and strides above, and the kernel reads and writes only inside them.
-    // Eight threads per row.
-    unsafe { b.launch(grid_1d(rows * 8)?) }
-        .map_err(cuda_err(format!("{ctx} (D = rowsum(do o))")))?;
+    unsafe { b.launch(cfg_dsum) }.map_err(cuda_err(format!("{ctx} (D = rowsum(do o))")))?;
     let cfg = LaunchConfig {
         grid_dim: (blocks, 1, 1),
         block_dim: (threads, 1, 1),
@@ -616,34 +609,35 @@ where
     // SAFETY: as above; dq_accum holds n_q floats, dk and dv their dense sizes; the tensor
     // maps describe q, k, v and do within their checked extents.
     unsafe { b.launch(cfg) }.map_err(cuda_err(format!("{ctx} ({main_name})")))?;
-    for (i, k) in k_later.iter().enumerate() {
-        // Each pass counts its own dQ order (the deterministic mode).
+    for (pass, (k, &ch0)) in k_later.iter().zip(later).enumerate() {
+        // Each pass counts its own dQ order (the deterministic mode): counters of pass i
+        // start at i x per_pass.
         let pass_params = BwdParams {
-            dq_order: dop_order + ((i + 1) * per_pass * 4) as u64 * u64::from(opts.deterministic),
+            dq_order: if opts.deterministic {
+                dop_order + ((pass + 1) * per_pass * size_of::<i32>()) as u64
+            } else {
+                dop_order
+            },
             ..params
         };
         let mut b = stream.launch_builder(&k.function);
         b.arg(&pass_params);
         // SAFETY: as the first pass; the order counters hold passes x per_pass entries.
         unsafe { b.launch(cfg) }.map_err(cuda_err(format!(
-            "{ctx} ({main_name}, channels from {})",
-            passes[i + 1]
+            "{ctx} ({main_name}, channels from {ch0})"
         )))?;
     }
     let n = n_q as i64;
     let mut b = stream.launch_builder(&k_dq.function);
-    if wgmma_maps.is_ok() {
+    if wgmma {
         b.arg(&params).arg(&dqp);
     } else {
         b.arg(&dap).arg(&dqp).arg(&n);
     }
+    let cfg_dq = grid_1d(convert_threads as u64)?;
     // SAFETY: dq holds n_q elements (checked above); dq_accum n_q (attn_bwd) or the tiled
     // length the kernel indexes (attn_bwd_dq_tiled, bw::dq_accum_len).
-    // attn_bwd_dq_tiled: one thread per 8 channels (head_dim is a multiple of 8).
-    let convert_threads = if wgmma_maps.is_ok() { n_q / 8 } else { n_q };
-    unsafe { b.launch(grid_1d(convert_threads as u64)?) }
-        .map_err(cuda_err(format!("{ctx} (dQ to the element type)")))?;
-    let wgmma = wgmma_maps.is_ok();
+    unsafe { b.launch(cfg_dq) }.map_err(cuda_err(format!("{ctx} (dQ to the element type)")))?;
     Ok(BackwardInfo {
         kernel: main_name,
         why_not_wgmma: match (&wgmma_maps, opts.kernel) {

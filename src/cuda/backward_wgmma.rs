@@ -59,17 +59,6 @@ pub enum BwdKernel {
     Wgmma,
 }
 
-impl BwdKernel {
-    /// The kernel's name as the CLI and the bench write it.
-    pub fn name(self) -> &'static str {
-        match self {
-            BwdKernel::Auto => "auto",
-            BwdKernel::Mma => "mma",
-            BwdKernel::Wgmma => "wgmma",
-        }
-    }
-}
-
 /// The head_dim attn_bwd_wgmma computes with: 64, or 128 for 72..=128 (TMA zero-fills the
 /// channels past the real head_dim; they are never stored). `None` where it does not serve.
 pub fn padded_head_dim(head_dim: usize) -> Option<usize> {
@@ -147,7 +136,7 @@ pub fn defines(dtype: DType, p: &AttnProblem) -> Vec<(String, String)> {
 
 /// The device addresses the maps describe.
 pub struct MapAddrs {
-    /// q, k, v and do.
+    /// q.
     pub q: u64,
     /// k.
     pub k: u64,
