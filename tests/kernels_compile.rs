@@ -55,6 +55,24 @@ fn smem_limit(arch: &str) -> usize {
     }
 }
 
+/// A backward job's problem: 256 tokens, 2 heads, no mask, causal, or a (40, 8) window.
+fn bwd_problem(d: usize, causal: bool, window: bool) -> flashattn::AttnProblem {
+    let shape = flashattn::AttnShape::new(1, 256, 2, d);
+    let mut p = flashattn::AttnProblem::new(shape).unwrap();
+    if causal {
+        p = p.with_mask(flashattn::Mask::Causal);
+    }
+    if window {
+        p = p
+            .with_scores(flashattn::scores::ScoreMods {
+                window: flashattn::scores::Window::from_fa(40, 8).unwrap(),
+                ..Default::default()
+            })
+            .unwrap();
+    }
+    p
+}
+
 fn jobs() -> Vec<Job> {
     let mut out = Vec::new();
     for &arch in CI_ARCHS.iter() {
@@ -129,19 +147,7 @@ fn jobs() -> Vec<Job> {
                         deterministic,
                         ..Default::default()
                     };
-                    let shape = flashattn::AttnShape::new(1, 256, 2, d);
-                    let mut p = flashattn::AttnProblem::new(shape).unwrap();
-                    if causal {
-                        p = p.with_mask(flashattn::Mask::Causal);
-                    }
-                    if window {
-                        p = p
-                            .with_scores(flashattn::scores::ScoreMods {
-                                window: flashattn::scores::Window::from_fa(40, 8).unwrap(),
-                                ..Default::default()
-                            })
-                            .unwrap();
-                    }
+                    let p = bwd_problem(d, causal, window);
                     if tile.smem_bytes(d) > smem_limit(arch) {
                         continue; // refused with a typed error there (BwdTile::for_call)
                     }
@@ -175,19 +181,7 @@ fn jobs() -> Vec<Job> {
     for d in [64, 96, 128] {
         for dtype in DTYPES {
             for (causal, window) in [(false, false), (true, false), (false, true)] {
-                let shape = flashattn::AttnShape::new(1, 256, 2, d);
-                let mut p = flashattn::AttnProblem::new(shape).unwrap();
-                if causal {
-                    p = p.with_mask(flashattn::Mask::Causal);
-                }
-                if window {
-                    p = p
-                        .with_scores(flashattn::scores::ScoreMods {
-                            window: flashattn::scores::Window::from_fa(40, 8).unwrap(),
-                            ..Default::default()
-                        })
-                        .unwrap();
-                }
+                let p = bwd_problem(d, causal, window);
                 use flashattn::cuda::backward_wgmma as bw;
                 out.push(Job {
                     source: KernelSource::AttnBwdWgmma,

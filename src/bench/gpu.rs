@@ -323,7 +323,8 @@ fn line_result(
 }
 
 /// The backward line of a case: o and lse from one forward (attn_mma) on the first input set,
-/// a random dO, then attn_bwd timed as [`time_launches`] times every line (on that one set:
+/// a random dO, then the line's backward (`bwd`: the default kernel, `bwd-mma`: attn_bwd,
+/// `bwd-det`: attn_bwd deterministic) timed as [`time_launches`] times every line (on that one set:
 /// q, k, v, o and dO of the default sweep are 5 x 64 MB, well past L2), and dq checked finite.
 fn time_backward<T: GpuElement>(
     gpu: &Gpu,
