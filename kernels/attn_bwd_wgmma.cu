@@ -276,9 +276,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd_wgmma(const __grid_
             st[i] = ex2(fmaf(st[i], scale_log2, -l0));
             st[i + 1] = ex2(fmaf(st[i + 1], scale_log2, -l1));
         }
-        u32 pf[NSC / 2];
+        u32 pf[NSC / 2], pd[NSC / 2];
 #pragma unroll
         for (int r = 0; r < NSC / 2; ++r) pf[r] = pack2(st[2 * r], st[2 * r + 1]);
+        // dS reads P from a copy: the registers of a running wgmma's A operand may not be
+        // accessed before the wait_group that covers it (PTX ISA, wgmma.wait_group).
+#pragma unroll
+        for (int r = 0; r < NSC / 2; ++r) pd[r] = in_loop(pf[r]);
         wgmma_wait<0>();
         fence_regs(dpt);
 
@@ -309,7 +313,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd_wgmma(const __grid_
             const int rl = 8 * (i / 4) + 2 * t, r = (i / 2) % 2;
             // P from its 16-bit pair, the values dV used (the f32 ones are not kept live
             // through dP^T: registers).
-            const float p0 = to_f32((u16)(pf[i / 2] & 0xffff)), p1 = to_f32((u16)(pf[i / 2] >> 16));
+            const float p0 = to_f32((u16)(pd[i / 2] & 0xffff)), p1 = to_f32((u16)(pd[i / 2] >> 16));
             float D0, D1;
             ld_shared_f32x2(sd + rl * 4, D0, D1);
             const float d0 = p0 * (dpt[i] - D0);
@@ -347,7 +351,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd_wgmma(const __grid_
         fence_regs(dk);
 #pragma unroll
         for (int mh = 0; mh < MH; ++mh) fence_regs(dq[mh]);
-        if (lane == 0) mbar_arrive(sm.empty(stage)); // Q, dO, lse and D of the stage are read
+        // Q, dO, lse and D of the stage are read: every lane's reads before lane 0's arrive.
+        __syncwarp();
+        if (lane == 0) mbar_arrive(sm.empty(stage));
 
         // dQ (times softmax_scale) to this consumer's staging tile, then one bulk reduction.
         // The previous step's reduction must have read the tile first.

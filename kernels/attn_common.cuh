@@ -242,10 +242,13 @@ FA_DEVICE BlockCoords block_coords(const Params &p, unsigned block = blockIdx.x)
     const int rem = (int)(block / p.num_m_blocks);
 #elif IS_CAUSAL && CAUSAL_L2_MB > 0
     // Pairs per group: K and V of one kv head are seqlen_k * D * 4 bytes, shared by the
-    // p.group query heads next to each other in the pair order.
-    const i64 kv_bytes = (i64)p.seqlen_k * D * 4;
-    const i64 fit = ((i64)CAUSAL_L2_MB << 20) * p.group / (kv_bytes > 0 ? kv_bytes : 1);
-    const int g = (int)(fit < 1 ? 1 : (fit > bh ? bh : fit));
+    // p.group query heads next to each other in the pair order. The budget's keys per kv head
+    // are a compile-time constant, so one 32-bit division remains (a 64-bit one is a called
+    // routine, on every tile's path); any group size gives a permutation of the tiles.
+    constexpr i64 KEYS_IN_BUDGET = ((i64)CAUSAL_L2_MB << 20) / (D * 4);
+    const i64 keys = KEYS_IN_BUDGET * p.group;
+    const int fit = (int)((unsigned)(keys < 0x7fffffff ? keys : 0x7fffffff) / (unsigned)max(p.seqlen_k, 1));
+    const int g = fit < 1 ? 1 : (fit > bh ? bh : fit);
     const int m = p.num_m_blocks;
     const i64 full = (i64)(bh / g) * g * m; // tiles in full groups
     int m_block, rem;

@@ -33,7 +33,7 @@
 // Persistent: each block loops over tiles (the launcher starts one block per SM), so the next
 // tile's Q and first K/V tiles load while this tile finishes; with DYNAMIC the tiles after the
 // first come from an atomic counter (the producer hands each to the consumers through a
-// shared slot and named barrier 5).
+// shared slot and a named barrier per consumer, BAR_TILE below).
 //
 // Specialised at NVRTC time by HEAD_DIM (the padded head_dim DP: a multiple of 16 from 64 to
 // 256; channels past the real head_dim are zero-filled by TMA and never stored), BC (keys per
@@ -108,8 +108,16 @@ constexpr u32 BAR_EPI = BAR_SCHED + NCONS; // + consumer index: the consumer's 1
 // arrives; the consumer threads sync, then read. A named barrier rather than the q_full
 // mbarrier's release/acquire (equally correct) so that compute-sanitizer's racecheck, which
 // models bar.sync/bar.arrive, sees the order.
-constexpr u32 BAR_TILE = BAR_EPI + NCONS;
-constexpr u32 TILE_HANDOFF_THREADS = 32 + NCONS * 128;
+// LOCKSTEP=1: one barrier for all consumers, so every tile starts with the consumers in step
+// (the consumer that ends a tile first waits for the last one's epilogue). LOCKSTEP=0: one
+// barrier per consumer (the producer's warp and that consumer; tile_barrier below), so a
+// consumer starts its next tile while the others finish this one. With one Q buffer the
+// producer arrives for round r+1 only after the q_empty wait of round r, which every
+// consumer's warps pass after their round-r sync, so no barrier sees two rounds' arrivals.
+#ifndef LOCKSTEP
+#define LOCKSTEP 0
+#endif
+constexpr u32 TILE_HANDOFF_THREADS = LOCKSTEP ? 32 + NCONS * 128 : 32 + 128;
 
 // O is staged for its TMA store in a buffer of its own when it fits beside Q and the K/V
 // stages (then the next tile's Q loads while this tile's last P V and epilogue run);
@@ -119,28 +127,44 @@ constexpr u32 TILE_HANDOFF_THREADS = 32 + NCONS * 128;
 #endif
 constexpr u32 CORE_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES;
 constexpr bool O_OWN = CORE_BYTES + Q_BYTES + 1024 + 8 * (3 + 4 * STAGES) <= SMEM_LIMIT;
-// Arrivals that free the Q tile: every consumer warp after its last S = Q K^T (O_OWN), or
+// Two Q buffers (Q_DOUBLE=1, where they fit beside O's own tile): the producer loads the next
+// tile's Q as soon as it has issued this tile's K/V loads, instead of after the consumers'
+// last S = Q K^T, so that a consumer starting its next tile early finds its Q there.
+#ifndef Q_DOUBLE
+#define Q_DOUBLE 0
+#endif
+constexpr int QB = (Q_DOUBLE && O_OWN && CORE_BYTES + 2 * Q_BYTES + 1024 + 8 * (5 + 4 * STAGES) <= SMEM_LIMIT) ? 2 : 1;
+// The tile barriers, after the epilogue ones: one per consumer (or one for all, LOCKSTEP),
+// times QB by round parity: with two Q buffers the producer may hand over round r+1 before a
+// consumer has synced round r (a second arrival would count toward the same phase); it
+// reaches round r+2 only after the consumers released round r's Q, after syncing round r.
+constexpr u32 BAR_TILE = BAR_EPI + NCONS;
+static_assert(BAR_TILE + (LOCKSTEP ? 1 : NCONS) * QB <= 16, "named barriers 0..15");
+FA_DEVICE u32 tile_barrier(int cons, u32 round) { return BAR_TILE + (u32)(LOCKSTEP ? 0 : cons) * QB + (round & (QB - 1)); }
+// Arrivals that free a Q buffer: every consumer warp after its last S = Q K^T (O_OWN), or
 // each consumer's storing thread once its TMA store has read O out of the Q tile.
 constexpr u32 Q_EMPTY_COUNT = O_OWN ? NCONS * 4 : NCONS;
 
-// Shared memory: Q | K stages | V stages | [O] | mbarriers, from a 1024-byte-aligned base
-// (the swizzle atoms must be 1024-byte aligned); src/cuda/wgmma.rs sizes it the same way.
+// Shared memory: Q buffers | K stages | V stages | [O] | mbarriers, from a 1024-byte-aligned
+// base (the swizzle atoms must be 1024-byte aligned); src/cuda/wgmma.rs sizes it the same way.
+// Round r uses Q buffer r % QB, its full barrier in phase (r / QB) % 2.
 struct Smem {
     u32 q, k, v, o, bars;
+    FA_DEVICE u32 q_buf(int b) const { return q + (u32)b * Q_BYTES; }
     FA_DEVICE u32 k_stage(int s) const { return k + (u32)s * KV_BYTES; }
     FA_DEVICE u32 v_stage(int s) const { return v + (u32)s * KV_BYTES; }
-    FA_DEVICE u32 q_full() const { return bars; }
-    FA_DEVICE u32 q_empty() const { return bars + 8; }
-    FA_DEVICE u32 k_full(int s) const { return bars + 8 * (2 + s); }
-    FA_DEVICE u32 v_full(int s) const { return bars + 8 * (2 + STAGES + s); }
-    FA_DEVICE u32 k_empty(int s) const { return bars + 8 * (2 + 2 * STAGES + s); }
-    FA_DEVICE u32 v_empty(int s) const { return bars + 8 * (2 + 3 * STAGES + s); }
+    FA_DEVICE u32 q_full(int b) const { return bars + 8 * b; }
+    FA_DEVICE u32 q_empty(int b) const { return bars + 8 * (QB + b); }
+    FA_DEVICE u32 k_full(int s) const { return bars + 8 * (2 * QB + s); }
+    FA_DEVICE u32 v_full(int s) const { return bars + 8 * (2 * QB + STAGES + s); }
+    FA_DEVICE u32 k_empty(int s) const { return bars + 8 * (2 * QB + 2 * STAGES + s); }
+    FA_DEVICE u32 v_empty(int s) const { return bars + 8 * (2 * QB + 3 * STAGES + s); }
     // The tile of round r in slot r % 2 (-1: no more tiles), written by the producer before it
     // arrives on BAR_TILE. Two slots: the producer writes round r+1's while the consumers may
     // still read round r's. It rewrites slot r % 2 in round r+2 only after the q_empty wait
     // that follows the consumers' reads of round r (release/acquire through the mbarrier;
     // racecheck, which does not model mbarriers, reports this WAR when a block runs 3+ tiles).
-    FA_DEVICE u32 tile_slot(u32 round) const { return bars + 8 * (2 + 4 * STAGES) + 4 * (round & 1); }
+    FA_DEVICE u32 tile_slot(u32 round) const { return bars + 8 * (2 * QB + 4 * STAGES) + 4 * (round & 1); }
 };
 
 struct WgmmaParams {
@@ -176,18 +200,21 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     Smem sm;
     sm.q = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    sm.k = sm.q + Q_BYTES;
+    sm.k = sm.q + QB * Q_BYTES;
     sm.v = sm.k + STAGES * KV_BYTES;
     sm.o = O_OWN ? sm.v + STAGES * KV_BYTES : sm.q;
-    sm.bars = sm.q + CORE_BYTES + (O_OWN ? Q_BYTES : 0);
+    sm.bars = sm.q + CORE_BYTES + (QB - 1) * Q_BYTES + (O_OWN ? Q_BYTES : 0);
 
     const Params &p = w.p;
     const int tid = threadIdx.x, wg = tid / 128;
     const int tiles = p.num_m_blocks * p.heads_q * p.batch;
 
     if (tid == 0) {
-        mbar_init(sm.q_full(), 1);
-        mbar_init(sm.q_empty(), Q_EMPTY_COUNT);
+#pragma unroll
+        for (int b = 0; b < QB; ++b) {
+            mbar_init(sm.q_full(b), 1);
+            mbar_init(sm.q_empty(b), Q_EMPTY_COUNT);
+        }
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(sm.k_full(s), 1);
@@ -216,15 +243,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             for (u32 round = 0;; ++round) {
                 // The previous round's consumers are done with the Q tile (and have read the
                 // tile slot of two rounds ago).
-                if (round > 0) mbar_wait(sm.q_empty(), (round - 1) & 1);
+                const int qb = (int)(round % QB);
+                if (round >= QB) mbar_wait(sm.q_empty(qb), ((round - QB) / QB) & 1);
                 st_shared_u32(sm.tile_slot(round), tile < tiles ? (u32)tile : 0xFFFFFFFFu);
-                named_arrive_unaligned(BAR_TILE, TILE_HANDOFF_THREADS);
+#pragma unroll
+                for (int c = 0; c < (LOCKSTEP ? 1 : NCONS); ++c) named_arrive_unaligned(tile_barrier(c, round), TILE_HANDOFF_THREADS);
                 if (tile >= tiles) break; // the consumers read -1 and stop
                 const BlockCoords bc = block_coords(p, (unsigned)tile);
                 const int row0 = bc.m_block * BR;
-                mbar_arrive_expect_tx(sm.q_full(), Q_BYTES);
+                mbar_arrive_expect_tx(sm.q_full(qb), Q_BYTES);
 #pragma unroll
-                for (int j = 0; j < NSUB; ++j) tma_load_4d(sm.q + j * SUB_Q, w.tq, sm.q_full(), 64 * j, row0, bc.h, bc.b);
+                for (int j = 0; j < NSUB; ++j)
+                    tma_load_4d(sm.q_buf(qb) + j * SUB_Q, w.tq, sm.q_full(qb), 64 * j, row0, bc.h, bc.b);
                 const KeyTiles kt = key_tiles(p, row0);
                 for (int n = kt.begin; n < kt.end; ++n) {
                     // This use of the stage waits for the consumers' release of the previous one
@@ -263,21 +293,35 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
     const int ctid = tid - 128 * wg;         // thread in the warpgroup
     const int warp = ctid / 32, lane = ctid % 32;
     const int g = lane / 4, t = lane % 4;
-    const u32 sq_rows = sm.q + (u32)cons * 64 * 128; // this consumer's rows in every Q sub-tile
-    const u32 so_rows = sm.o + (u32)cons * 64 * 128; // ... and in the O staging tile
+    const u32 so_rows = sm.o + (u32)cons * 64 * 128; // this consumer's rows in the O staging tile
     // seqlen_k - seqlen_q; with both below 2^30, the row limits below stay inside int.
     const int diag = p.seqlen_k - p.seqlen_q;
-    // One arrival per warp on an empty barrier, after the warp's wgmma reads are complete.
+    // One arrival per warp on an empty barrier, after the warp's wgmma reads are complete
+    // (every lane's wait_group, ordered before lane 0's arrive).
     auto release = [&](u32 bar) {
+        __syncwarp();
         if (lane == 0) mbar_arrive(bar);
     };
 
+#if PINGPONG && !LOCKSTEP
+    // The turns run in one ring across tiles (every consumer takes the same number of turns
+    // per tile: all run the tile's key tiles). Consumer 0 holds the first turn; the arrival
+    // left over at the end (the last consumer's last hand-back, or this one) is taken below.
+    if (cons == 0) named_arrive(BAR_SCHED + 0, 256);
+#endif
     int it = 0; // K/V tiles consumed so far (all tiles)
     for (u32 round = 0;; ++round) {
-        named_sync(BAR_TILE, TILE_HANDOFF_THREADS);
+        named_sync(tile_barrier(cons, round), TILE_HANDOFF_THREADS);
         const int tile = (int)ld_shared_u32(sm.tile_slot(round));
-        if (tile < 0) break;
-        mbar_wait(sm.q_full(), round & 1);
+        if (tile < 0) {
+#if PINGPONG && !LOCKSTEP
+            if (cons == 0) named_sync(BAR_SCHED + 0, 256);
+#endif
+            break;
+        }
+        const int qb = (int)(round % QB);
+        mbar_wait(sm.q_full(qb), (round / QB) & 1);
+        const u32 sq_rows = sm.q_buf(qb) + (u32)cons * 64 * 128; // this consumer's rows in every Q sub-tile
         const BlockCoords tc = block_coords(p, (unsigned)tile);
         const int row0 = tc.m_block * BR;
         const float coef = alibi_coef(p, tc.b, tc.h);
@@ -287,7 +331,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         // The first row of this lane's accumulator rows (g and g + 8 follow).
         const int wrow = row0 + cons * 64 + warp * 16 + g;
 
-#if PINGPONG
+#if PINGPONG && LOCKSTEP
         // Consumer 0 takes the first turn of each tile; each passes the turn to the next in the
         // ring. The last skips its last hand-back (below), so every barrier sees as many
         // arrivals as waits per tile.
@@ -300,7 +344,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         };
         auto turn_pass = [&](int n) {
 #if PINGPONG
-            if (!(cons == NCONS - 1 && n == n_blocks - 1)) named_arrive(BAR_SCHED + (cons + 1) % NCONS, 256);
+            if (!LOCKSTEP || !(cons == NCONS - 1 && n == n_blocks - 1)) named_arrive(BAR_SCHED + (cons + 1) % NCONS, 256);
 #endif
         };
 
@@ -442,7 +486,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             }
         }
         // Every S = Q K^T of this tile is complete: with its own O buffer, the Q tile is free.
-        if (O_OWN) release(sm.q_empty());
+        if (O_OWN) release(sm.q_empty(qb));
         if (n_blocks > 0) {
             // ---- tail: the last P V
             rescale_o();
@@ -497,7 +541,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             if (!O_OWN) {
                 // O sits in the Q tile: free it for the next tile's Q once the store has read it.
                 bulk_wait_read0();
-                mbar_arrive(sm.q_empty());
+                mbar_arrive(sm.q_empty(0));
             }
         }
     }

@@ -27,8 +27,8 @@ pub const ROWS_PER_CONSUMER: u32 = 64;
 pub const CAUSAL_L2_MB: u32 = 16;
 /// Shared memory per block the kernel may plan for (the sm_90 opt-in limit, 227 KB).
 pub const SMEM_LIMIT: usize = 227 * 1024;
-/// Environment variable that overrides the tile of every wgmma launch (`bc,stages[,nopp]`):
-/// a knob for experiments, read at each launch.
+/// Environment variable that overrides the tile of every wgmma launch (`bc,stages[,flags]`,
+/// or flags alone: [`WgmmaTile::with_spec`]): a knob for experiments, read at each launch.
 pub const TILE_ENV: &str = "FLASHATTN_WGMMA_TILE";
 
 /// The specialisation of attn_wgmma: padded head_dim, keys per K/V tile, pipeline depth,
@@ -61,6 +61,12 @@ pub struct WgmmaTile {
     /// Persistent grid size cap (0: one block per SM). A knob for tests: with a few blocks,
     /// every block runs many tiles, so small problems exercise the tile hand-offs.
     pub max_blocks: u32,
+    /// Every tile starts with all consumers in step (one tile barrier), instead of each
+    /// consumer starting its next tile as soon as it has stored this one (and, with pingpong,
+    /// the turns running in one ring across tiles).
+    pub lockstep: bool,
+    /// Two Q buffers where they fit beside O's own tile (see [`Self::q_buffers`]).
+    pub q_double: bool,
 }
 
 impl WgmmaTile {
@@ -107,6 +113,8 @@ impl WgmmaTile {
             consumers: if three { 3 } else { 2 },
             causal_l2_mb: CAUSAL_L2_MB,
             max_blocks: 0,
+            lockstep: false,
+            q_double: false,
         })
     }
 
@@ -133,26 +141,32 @@ impl WgmmaTile {
         }
     }
 
-    /// Applies a `bc,stages[,nopp][,nohm][,np][,static][,wg3][,l2=MiB][,grid=N]` override (see
-    /// [`TILE_ENV`]): no pingpong, no head-major order, not persistent, no tile counter, three
-    /// consumers, the causal order's L2 budget (0: off), at most N persistent blocks (so that
-    /// small problems run many tiles per block: a test knob).
+    /// Applies a `[bc,stages,][nopp][,nohm][,np][,static][,wg3][,lockstep][,q2][,l2=MiB][,grid=N]`
+    /// override (see [`TILE_ENV`]): no pingpong, no head-major order, not persistent, no tile
+    /// counter, three consumers, every tile started in lockstep, two Q buffers, the causal order's L2 budget
+    /// (0: off), at most N persistent blocks (so that small problems run many tiles per block:
+    /// a test knob). With `bc,stages` the tile is two consumers with pingpong unless the flags
+    /// say otherwise; without them (a spec of flags only) the default tile of each call keeps
+    /// its Bc, stages, consumers and pingpong, and only the flags change it.
     ///
     /// # Errors
     /// [`AttnError::InvalidInput`] naming the expected form.
     pub fn with_spec(self, spec: &str) -> Result<Self> {
         let bad = || AttnError::InvalidInput {
             what: format!(
-                "wgmma tile '{spec}': expected bc,stages[,nopp][,nohm][,np][,static][,wg3][,l2=MiB][,grid=N] with bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128, MiB in 0..=1024 and N in 1..=4096"
+                "wgmma tile '{spec}': expected [bc,stages,]flags with flags from nopp, nohm, np, static, wg3, lockstep, q2, l2=MiB, grid=N; bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128, MiB in 0..=1024 and N in 1..=4096"
             ),
         };
         let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
-        if parts.len() < 2 {
+        let num = |x: &str| x.parse::<u32>().map_err(|_| bad());
+        // A leading number starts the `bc,stages` form.
+        let sized = parts[0].parse::<u32>().is_ok();
+        if sized && parts.len() < 2 {
             return Err(bad());
         }
-        let num = |x: &str| x.parse::<u32>().map_err(|_| bad());
+        let flags = if sized { &parts[2..] } else { &parts[..] };
         let valued = |key: &str| {
-            parts[2..]
+            flags
                 .iter()
                 .filter_map(|f| f.strip_prefix(key))
                 .map(num)
@@ -161,20 +175,28 @@ impl WgmmaTile {
         };
         let l2 = valued("l2=")?;
         let grid = valued("grid=")?;
+        let has = |f: &str| flags.contains(&f);
+        let (bc, stages, pingpong, consumers) = if sized {
+            (num(parts[0])?, num(parts[1])?, true, 2)
+        } else {
+            (self.bc, self.stages, self.pingpong, self.consumers)
+        };
         let t = WgmmaTile {
-            bc: num(parts[0])?,
-            stages: num(parts[1])?,
-            pingpong: !parts[2..].contains(&"nopp"),
-            head_major: !parts[2..].contains(&"nohm"),
-            persistent: !parts[2..].contains(&"np"),
-            dynamic: !parts[2..].contains(&"static"),
-            consumers: if parts[2..].contains(&"wg3") { 3 } else { 2 },
+            bc,
+            stages,
+            pingpong: pingpong && !has("nopp"),
+            head_major: !has("nohm"),
+            persistent: !has("np"),
+            dynamic: !has("static"),
+            consumers: if has("wg3") { 3 } else { consumers },
             causal_l2_mb: l2.unwrap_or(self.causal_l2_mb),
             max_blocks: grid.unwrap_or(0),
+            lockstep: has("lockstep"),
+            q_double: has("q2"),
             ..self
         };
-        if parts[2..].iter().any(|f| {
-            !["nopp", "nohm", "np", "static", "wg3"].contains(f)
+        if flags.iter().any(|f| {
+            !["nopp", "nohm", "np", "static", "wg3", "lockstep", "q2"].contains(f)
                 && !f.starts_with("l2=")
                 && !f.starts_with("grid=")
         }) || t.causal_l2_mb > 1024
@@ -199,7 +221,21 @@ impl WgmmaTile {
     /// alignment slack (the swizzle atoms are 1024-byte aligned) and the mbarriers: the
     /// dynamic shared memory attn_wgmma.cu lays out.
     pub fn smem_bytes(&self) -> usize {
-        self.core_bytes() + if self.o_own() { self.q_bytes() } else { 0 } + self.slack_bytes()
+        self.core_bytes()
+            + (self.q_buffers() - 1) * self.q_bytes()
+            + if self.o_own() { self.q_bytes() } else { 0 }
+            + self.slack_bytes_for(self.q_buffers())
+    }
+
+    /// Q buffers: 2 when asked for ([`Self::q_double`]) and they fit beside the K/V stages
+    /// and O's own tile (attn_wgmma.cu `QB`), else 1.
+    pub fn q_buffers(&self) -> usize {
+        let two = self.core_bytes() + 2 * self.q_bytes() + self.slack_bytes_for(2);
+        if self.q_double && self.o_own() && two <= SMEM_LIMIT {
+            2
+        } else {
+            1
+        }
     }
 
     fn q_bytes(&self) -> usize {
@@ -212,7 +248,12 @@ impl WgmmaTile {
 
     /// Alignment slack and the mbarriers (q full/empty, 4 per stage) with the tile slot.
     fn slack_bytes(&self) -> usize {
-        1024 + 8 * (3 + 4 * self.stages as usize)
+        self.slack_bytes_for(1)
+    }
+
+    /// The same with `qb` Q buffers (a full and an empty barrier each).
+    fn slack_bytes_for(&self, qb: usize) -> usize {
+        1024 + 8 * (2 * qb + 1 + 4 * self.stages as usize)
     }
 
     /// O is staged in a buffer of its own (so the next tile's Q loads during this tile's end)
@@ -246,6 +287,8 @@ impl WgmmaTile {
             ("SMEM_LIMIT".into(), SMEM_LIMIT.to_string()),
             ("DYNAMIC".into(), b(self.dynamic)),
             ("CAUSAL_L2_MB".into(), self.causal_l2_mb.to_string()),
+            ("LOCKSTEP".into(), b(self.lockstep)),
+            ("Q_DOUBLE".into(), b(self.q_double)),
         ]
     }
 }
@@ -584,7 +627,35 @@ mod tests {
         assert_eq!(t64.with_spec("128,2,l2=16,nopp").unwrap().causal_l2_mb, 16);
         assert!(t64.with_spec("128,2,l2=x").is_err());
         assert!(t64.with_spec("128,2,l2=2000").is_err());
-        for bad in ["176", "100,2", "128,1", "128,2,x", "272,2", "128,2,wg3"] {
+        // Flags alone keep each call's default shape.
+        let w3d = WgmmaTile::default_for(64, 4096, false).unwrap();
+        let l = w3d.with_spec("lockstep").unwrap();
+        assert_eq!(
+            l,
+            WgmmaTile {
+                lockstep: true,
+                ..w3d
+            }
+        );
+        assert_eq!(t.with_spec("lockstep,grid=2").unwrap().max_blocks, 2);
+        assert!(!t.lockstep && !t.with_spec("128,2").unwrap().lockstep);
+        // Two Q buffers fit at d64 and d128 (225 of 227 KB), not at d256 (no O tile).
+        let q2 = t.with_spec("q2").unwrap();
+        assert_eq!(q2.q_buffers(), 2);
+        assert_eq!(q2.smem_bytes(), t.smem_bytes() + 32768 + 16);
+        assert!(q2.smem_bytes() <= SMEM_LIMIT);
+        assert_eq!(w3d.with_spec("q2").unwrap().q_buffers(), 2);
+        assert_eq!(t256.with_spec("q2").unwrap().q_buffers(), 1);
+        for bad in [
+            "176",
+            "100,2",
+            "128,1",
+            "128,2,x",
+            "272,2",
+            "128,2,wg3",
+            "x",
+            "lockstep,9",
+        ] {
             assert!(t.with_spec(bad).is_err(), "{bad}");
         }
     }
