@@ -107,17 +107,15 @@ constexpr u32 BAR_EPI = BAR_SCHED + NCONS; // + consumer index: the consumer's 1
 // The producer's warp hands each round's tile to the consumers: it writes the tile slot and
 // arrives; the consumer threads sync, then read. A named barrier rather than the q_full
 // mbarrier's release/acquire (equally correct) so that compute-sanitizer's racecheck, which
-// models bar.sync/bar.arrive, sees the order.
-// LOCKSTEP=1: one barrier for all consumers, so every tile starts with the consumers in step
-// (the consumer that ends a tile first waits for the last one's epilogue). LOCKSTEP=0: one
-// barrier per consumer (the producer's warp and that consumer; tile_barrier below), so a
-// consumer starts its next tile while the others finish this one. With one Q buffer the
-// producer arrives for round r+1 only after the q_empty wait of round r, which every
-// consumer's warps pass after their round-r sync, so no barrier sees two rounds' arrivals.
-#ifndef LOCKSTEP
-#define LOCKSTEP 0
-#endif
-constexpr u32 TILE_HANDOFF_THREADS = LOCKSTEP ? 32 + NCONS * 128 : 32 + 128;
+// models bar.sync/bar.arrive, sees the order. One barrier per consumer (BAR_TILE + c: the
+// producer's warp and that consumer), so a consumer starts its next tile while the others
+// finish this one (one barrier for all, every tile started in lockstep, was 1-4 % slower at
+// 1k-4k: run 74). The producer arrives for round r+1 only after the q_empty wait of round r,
+// which every consumer's warps pass after their round-r sync, so no barrier sees two rounds'
+// arrivals.
+constexpr u32 BAR_TILE = BAR_EPI + NCONS;
+constexpr u32 TILE_HANDOFF_THREADS = 32 + 128;
+static_assert(BAR_TILE + NCONS <= 16, "named barriers 0..15");
 
 // O is staged for its TMA store in a buffer of its own when it fits beside Q and the K/V
 // stages (then the next tile's Q loads while this tile's last P V and epilogue run);
@@ -127,44 +125,29 @@ constexpr u32 TILE_HANDOFF_THREADS = LOCKSTEP ? 32 + NCONS * 128 : 32 + 128;
 #endif
 constexpr u32 CORE_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES;
 constexpr bool O_OWN = CORE_BYTES + Q_BYTES + 1024 + 8 * (3 + 4 * STAGES) <= SMEM_LIMIT;
-// Two Q buffers (Q_DOUBLE=1, where they fit beside O's own tile): the producer loads the next
-// tile's Q as soon as it has issued this tile's K/V loads, instead of after the consumers'
-// last S = Q K^T, so that a consumer starting its next tile early finds its Q there.
-#ifndef Q_DOUBLE
-#define Q_DOUBLE 0
-#endif
-constexpr int QB = (Q_DOUBLE && O_OWN && CORE_BYTES + 2 * Q_BYTES + 1024 + 8 * (5 + 4 * STAGES) <= SMEM_LIMIT) ? 2 : 1;
-// The tile barriers, after the epilogue ones: one per consumer (or one for all, LOCKSTEP),
-// times QB by round parity: with two Q buffers the producer may hand over round r+1 before a
-// consumer has synced round r (a second arrival would count toward the same phase); it
-// reaches round r+2 only after the consumers released round r's Q, after syncing round r.
-constexpr u32 BAR_TILE = BAR_EPI + NCONS;
-static_assert(BAR_TILE + (LOCKSTEP ? 1 : NCONS) * QB <= 16, "named barriers 0..15");
-FA_DEVICE u32 tile_barrier(int cons, u32 round) { return BAR_TILE + (u32)(LOCKSTEP ? 0 : cons) * QB + (round & (QB - 1)); }
-// Arrivals that free a Q buffer: every consumer warp after its last S = Q K^T (O_OWN), or
+// Arrivals that free the Q tile: every consumer warp after its last S = Q K^T (O_OWN), or
 // each consumer's storing thread once its TMA store has read O out of the Q tile.
 constexpr u32 Q_EMPTY_COUNT = O_OWN ? NCONS * 4 : NCONS;
 
-// Shared memory: Q buffers | K stages | V stages | [O] | mbarriers, from a 1024-byte-aligned
-// base (the swizzle atoms must be 1024-byte aligned); src/cuda/wgmma.rs sizes it the same way.
-// Round r uses Q buffer r % QB, its full barrier in phase (r / QB) % 2.
+// Shared memory: Q | K stages | V stages | [O] | mbarriers, from a 1024-byte-aligned base
+// (the swizzle atoms must be 1024-byte aligned); src/cuda/wgmma.rs sizes it the same way.
+// (Two Q buffers, so that the next tile's Q loads earlier, were level twice: runs 33, 75.)
 struct Smem {
     u32 q, k, v, o, bars;
-    FA_DEVICE u32 q_buf(int b) const { return q + (u32)b * Q_BYTES; }
     FA_DEVICE u32 k_stage(int s) const { return k + (u32)s * KV_BYTES; }
     FA_DEVICE u32 v_stage(int s) const { return v + (u32)s * KV_BYTES; }
-    FA_DEVICE u32 q_full(int b) const { return bars + 8 * b; }
-    FA_DEVICE u32 q_empty(int b) const { return bars + 8 * (QB + b); }
-    FA_DEVICE u32 k_full(int s) const { return bars + 8 * (2 * QB + s); }
-    FA_DEVICE u32 v_full(int s) const { return bars + 8 * (2 * QB + STAGES + s); }
-    FA_DEVICE u32 k_empty(int s) const { return bars + 8 * (2 * QB + 2 * STAGES + s); }
-    FA_DEVICE u32 v_empty(int s) const { return bars + 8 * (2 * QB + 3 * STAGES + s); }
+    FA_DEVICE u32 q_full() const { return bars; }
+    FA_DEVICE u32 q_empty() const { return bars + 8; }
+    FA_DEVICE u32 k_full(int s) const { return bars + 8 * (2 + s); }
+    FA_DEVICE u32 v_full(int s) const { return bars + 8 * (2 + STAGES + s); }
+    FA_DEVICE u32 k_empty(int s) const { return bars + 8 * (2 + 2 * STAGES + s); }
+    FA_DEVICE u32 v_empty(int s) const { return bars + 8 * (2 + 3 * STAGES + s); }
     // The tile of round r in slot r % 2 (-1: no more tiles), written by the producer before it
     // arrives on BAR_TILE. Two slots: the producer writes round r+1's while the consumers may
     // still read round r's. It rewrites slot r % 2 in round r+2 only after the q_empty wait
     // that follows the consumers' reads of round r (release/acquire through the mbarrier;
     // racecheck, which does not model mbarriers, reports this WAR when a block runs 3+ tiles).
-    FA_DEVICE u32 tile_slot(u32 round) const { return bars + 8 * (2 * QB + 4 * STAGES) + 4 * (round & 1); }
+    FA_DEVICE u32 tile_slot(u32 round) const { return bars + 8 * (2 + 4 * STAGES) + 4 * (round & 1); }
 };
 
 struct WgmmaParams {
@@ -186,9 +169,16 @@ FA_DEVICE u64 k_desc(u32 sk, int kk) { return desc_kmajor_sw128(sk, kk, SUB_KV);
 // V (B, MN-major): keys 16kk..16kk+15 of a stage, all DP channels.
 FA_DEVICE u64 v_desc(u32 sv, int kk) { return desc_mnmajor_sw128(sv, kk, SUB_KV); }
 
+// Each consumer computes only the key tiles its own rows see (below), except with three
+// 160-register consumers under a causal mask or a window: there ptxas 13.0 spilled the
+// epilogue (4-8 bytes) with the extra loop, wherever it was placed. (Without a mask a
+// consumer's rows see all the block's tiles or, past seqlen_q, none.)
+constexpr bool OWN_KEY_TILES = NCONS == 2 || (!IS_CAUSAL && !IS_LOCAL);
+
 // Key tiles a block of query rows starting at row0 needs (attn_common.cuh): from the window's
-// start to the keys its last row sees. Every consumer runs all of them (pingpong needs the
-// same count of turns on every side).
+// start to the keys its last row sees. The producer loads all of them; each consumer computes
+// those its own rows see and passes over the others (one pingpong turn each, so that every
+// consumer takes the same number of turns).
 FA_DEVICE KeyTiles key_tiles(const Params &p, int row0) { return key_tiles_of(p, row0, BR, BC); }
 
 // Persistent: block b runs tile b first, then, with DYNAMIC, whichever tile an atomic counter
@@ -200,21 +190,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     Smem sm;
     sm.q = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    sm.k = sm.q + QB * Q_BYTES;
+    sm.k = sm.q + Q_BYTES;
     sm.v = sm.k + STAGES * KV_BYTES;
     sm.o = O_OWN ? sm.v + STAGES * KV_BYTES : sm.q;
-    sm.bars = sm.q + CORE_BYTES + (QB - 1) * Q_BYTES + (O_OWN ? Q_BYTES : 0);
+    sm.bars = sm.q + CORE_BYTES + (O_OWN ? Q_BYTES : 0);
 
     const Params &p = w.p;
     const int tid = threadIdx.x, wg = tid / 128;
     const int tiles = p.num_m_blocks * p.heads_q * p.batch;
 
     if (tid == 0) {
-#pragma unroll
-        for (int b = 0; b < QB; ++b) {
-            mbar_init(sm.q_full(b), 1);
-            mbar_init(sm.q_empty(b), Q_EMPTY_COUNT);
-        }
+        mbar_init(sm.q_full(), 1);
+        mbar_init(sm.q_empty(), Q_EMPTY_COUNT);
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(sm.k_full(s), 1);
@@ -243,18 +230,16 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             for (u32 round = 0;; ++round) {
                 // The previous round's consumers are done with the Q tile (and have read the
                 // tile slot of two rounds ago).
-                const int qb = (int)(round % QB);
-                if (round >= QB) mbar_wait(sm.q_empty(qb), ((round - QB) / QB) & 1);
+                if (round > 0) mbar_wait(sm.q_empty(), (round - 1) & 1);
                 st_shared_u32(sm.tile_slot(round), tile < tiles ? (u32)tile : 0xFFFFFFFFu);
 #pragma unroll
-                for (int c = 0; c < (LOCKSTEP ? 1 : NCONS); ++c) named_arrive_unaligned(tile_barrier(c, round), TILE_HANDOFF_THREADS);
+                for (int c = 0; c < NCONS; ++c) named_arrive_unaligned(BAR_TILE + c, TILE_HANDOFF_THREADS);
                 if (tile >= tiles) break; // the consumers read -1 and stop
                 const BlockCoords bc = block_coords(p, (unsigned)tile);
                 const int row0 = bc.m_block * BR;
-                mbar_arrive_expect_tx(sm.q_full(qb), Q_BYTES);
+                mbar_arrive_expect_tx(sm.q_full(), Q_BYTES);
 #pragma unroll
-                for (int j = 0; j < NSUB; ++j)
-                    tma_load_4d(sm.q_buf(qb) + j * SUB_Q, w.tq, sm.q_full(qb), 64 * j, row0, bc.h, bc.b);
+                for (int j = 0; j < NSUB; ++j) tma_load_4d(sm.q + j * SUB_Q, w.tq, sm.q_full(), 64 * j, row0, bc.h, bc.b);
                 const KeyTiles kt = key_tiles(p, row0);
                 for (int n = kt.begin; n < kt.end; ++n) {
                     // This use of the stage waits for the consumers' release of the previous one
@@ -293,7 +278,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
     const int ctid = tid - 128 * wg;         // thread in the warpgroup
     const int warp = ctid / 32, lane = ctid % 32;
     const int g = lane / 4, t = lane % 4;
-    const u32 so_rows = sm.o + (u32)cons * 64 * 128; // this consumer's rows in the O staging tile
+    const u32 sq_rows = sm.q + (u32)cons * 64 * 128; // this consumer's rows in every Q sub-tile
+    const u32 so_rows = sm.o + (u32)cons * 64 * 128; // ... and in the O staging tile
     // seqlen_k - seqlen_q; with both below 2^30, the row limits below stay inside int.
     const int diag = p.seqlen_k - p.seqlen_q;
     // One arrival per warp on an empty barrier, after the warp's wgmma reads are complete
@@ -303,40 +289,40 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         if (lane == 0) mbar_arrive(bar);
     };
 
-#if PINGPONG && !LOCKSTEP
-    // The turns run in one ring across tiles (every consumer takes the same number of turns
-    // per tile: all run the tile's key tiles). Consumer 0 holds the first turn; the arrival
-    // left over at the end (the last consumer's last hand-back, or this one) is taken below.
+#if PINGPONG
+    // The turns run in one ring across tiles (every consumer takes one turn per key tile of
+    // the block, with or without wgmmas to issue). Consumer 0 holds the first turn; the
+    // arrival left over at the end (the last consumer's last hand-back, or this one) is taken
+    // below.
     if (cons == 0) named_arrive(BAR_SCHED + 0, 256);
 #endif
     int it = 0; // K/V tiles consumed so far (all tiles)
     for (u32 round = 0;; ++round) {
-        named_sync(tile_barrier(cons, round), TILE_HANDOFF_THREADS);
+        named_sync(BAR_TILE + cons, TILE_HANDOFF_THREADS);
         const int tile = (int)ld_shared_u32(sm.tile_slot(round));
         if (tile < 0) {
-#if PINGPONG && !LOCKSTEP
+#if PINGPONG
             if (cons == 0) named_sync(BAR_SCHED + 0, 256);
 #endif
             break;
         }
-        const int qb = (int)(round % QB);
-        mbar_wait(sm.q_full(qb), (round / QB) & 1);
-        const u32 sq_rows = sm.q_buf(qb) + (u32)cons * 64 * 128; // this consumer's rows in every Q sub-tile
+        mbar_wait(sm.q_full(), round & 1);
         const BlockCoords tc = block_coords(p, (unsigned)tile);
         const int row0 = tc.m_block * BR;
         const float coef = alibi_coef(p, tc.b, tc.h);
         const KeyTiles kt = key_tiles(p, row0);
         // Tiles run: n_blocks of them from kt.begin (relative index n below, tile nb + n).
         const int nb = kt.begin, n_blocks = kt.end - kt.begin;
+        // This consumer computes the first n_mine of them, up to the last that its own rows
+        // below seqlen_q see (past a causal diagonal, or all of them past seqlen_q: with 64-row
+        // consumers, whole tiles of the block's range); the others it waits for and releases
+        // after its epilogue (every consumer warp arrives on each stage's empty barrier),
+        // taking their pingpong turns without wgmmas.
+        const int my_row0 = row0 + cons * 64, my_rows = min(64, p.seqlen_q - my_row0);
+        const int n_mine = !OWN_KEY_TILES ? n_blocks : my_rows > 0 ? key_tiles_of(p, my_row0, my_rows, BC).end - nb : 0;
         // The first row of this lane's accumulator rows (g and g + 8 follow).
         const int wrow = row0 + cons * 64 + warp * 16 + g;
 
-#if PINGPONG && LOCKSTEP
-        // Consumer 0 takes the first turn of each tile; each passes the turn to the next in the
-        // ring. The last skips its last hand-back (below), so every barrier sees as many
-        // arrivals as waits per tile.
-        if (cons == 0 && n_blocks > 0) named_arrive(BAR_SCHED + 0, 256);
-#endif
         auto turn_wait = [&]() {
 #if PINGPONG
             named_sync(BAR_SCHED + cons, 256);
@@ -344,7 +330,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         };
         auto turn_pass = [&](int n) {
 #if PINGPONG
-            if (!LOCKSTEP || !(cons == NCONS - 1 && n == n_blocks - 1)) named_arrive(BAR_SCHED + (cons + 1) % NCONS, 256);
+            named_arrive(BAR_SCHED + (cons + 1) % NCONS, 256);
 #endif
         };
 
@@ -455,7 +441,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         auto stage_of = [&](int n) { return (it + n) % STAGES; };
         auto parity_of = [&](int n) { return (u32)((it + n) / STAGES) & 1; };
 
-        if (n_blocks > 0) {
+        if (n_mine > 0) {
             // ---- prologue: S_0 and its softmax
             mbar_wait(sm.k_full(stage_of(0)), parity_of(0));
             turn_wait();
@@ -467,7 +453,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             softmax(nb);
             pack_p();
             // ---- main loop: S_n with P_{n-1} V_{n-1} in flight
-            for (int n = 1; n < n_blocks; ++n) {
+            for (int n = 1; n < n_mine; ++n) {
                 mbar_wait(sm.k_full(stage_of(n)), parity_of(n));
                 turn_wait();
                 gemm_s(stage_of(n));
@@ -486,15 +472,26 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             }
         }
         // Every S = Q K^T of this tile is complete: with its own O buffer, the Q tile is free.
-        if (O_OWN) release(sm.q_empty(qb));
-        if (n_blocks > 0) {
+        if (O_OWN) release(sm.q_empty());
+        if (n_mine > 0) {
             // ---- tail: the last P V
             rescale_o();
-            mbar_wait(sm.v_full(stage_of(n_blocks - 1)), parity_of(n_blocks - 1));
-            gemm_pv(stage_of(n_blocks - 1));
+            mbar_wait(sm.v_full(stage_of(n_mine - 1)), parity_of(n_mine - 1));
+            gemm_pv(stage_of(n_mine - 1));
             wgmma_wait<0>();
             fence_regs(o);
-            release(sm.v_empty(stage_of(n_blocks - 1)));
+            release(sm.v_empty(stage_of(n_mine - 1)));
+        }
+        // The block's key tiles past this consumer's rows: their turns, no wgmma. After the
+        // tail, which releases the V stage of this consumer's last tile: a tile passed over
+        // STAGES later waits for that stage's refill.
+        for (int n = n_mine; OWN_KEY_TILES && n < n_blocks; ++n) {
+            mbar_wait(sm.k_full(stage_of(n)), parity_of(n));
+            turn_wait();
+            turn_pass(n);
+            release(sm.k_empty(stage_of(n)));
+            mbar_wait(sm.v_full(stage_of(n)), parity_of(n));
+            release(sm.v_empty(stage_of(n)));
         }
         it += n_blocks;
 
@@ -541,7 +538,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             if (!O_OWN) {
                 // O sits in the Q tile: free it for the next tile's Q once the store has read it.
                 bulk_wait_read0();
-                mbar_arrive(sm.q_empty(0));
+                mbar_arrive(sm.q_empty());
             }
         }
     }

@@ -61,12 +61,6 @@ pub struct WgmmaTile {
     /// Persistent grid size cap (0: one block per SM). A knob for tests: with a few blocks,
     /// every block runs many tiles, so small problems exercise the tile hand-offs.
     pub max_blocks: u32,
-    /// Every tile starts with all consumers in step (one tile barrier), instead of each
-    /// consumer starting its next tile as soon as it has stored this one (and, with pingpong,
-    /// the turns running in one ring across tiles).
-    pub lockstep: bool,
-    /// Two Q buffers where they fit beside O's own tile (see [`Self::q_buffers`]).
-    pub q_double: bool,
 }
 
 impl WgmmaTile {
@@ -113,8 +107,6 @@ impl WgmmaTile {
             consumers: if three { 3 } else { 2 },
             causal_l2_mb: CAUSAL_L2_MB,
             max_blocks: 0,
-            lockstep: false,
-            q_double: false,
         })
     }
 
@@ -141,10 +133,9 @@ impl WgmmaTile {
         }
     }
 
-    /// Applies a `[bc,stages,][nopp][,nohm][,np][,static][,wg3][,lockstep][,q2][,l2=MiB][,grid=N]`
-    /// override (see [`TILE_ENV`]): no pingpong, no head-major order, not persistent, no tile
-    /// counter, three consumers, every tile started in lockstep, two Q buffers, the causal order's L2 budget
-    /// (0: off), at most N persistent blocks (so that small problems run many tiles per block:
+    /// Applies a `[bc,stages,][nopp][,nohm][,np][,static][,wg3][,l2=MiB][,grid=N]` override
+    /// (see [`TILE_ENV`]): no pingpong, no head-major order, not persistent, no tile counter,
+    /// three consumers, the causal order's L2 budget (0: off), at most N persistent blocks (so that small problems run many tiles per block:
     /// a test knob). With `bc,stages` the tile is two consumers with pingpong unless the flags
     /// say otherwise; without them (a spec of flags only) the default tile of each call keeps
     /// its Bc, stages, consumers and pingpong, and only the flags change it.
@@ -154,7 +145,7 @@ impl WgmmaTile {
     pub fn with_spec(self, spec: &str) -> Result<Self> {
         let bad = || AttnError::InvalidInput {
             what: format!(
-                "wgmma tile '{spec}': expected [bc,stages,]flags with flags from nopp, nohm, np, static, wg3, lockstep, q2, l2=MiB, grid=N; bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128, MiB in 0..=1024 and N in 1..=4096"
+                "wgmma tile '{spec}': expected [bc,stages,]flags with flags from nopp, nohm, np, static, wg3, l2=MiB, grid=N; bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128, MiB in 0..=1024 and N in 1..=4096"
             ),
         };
         let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
@@ -191,12 +182,10 @@ impl WgmmaTile {
             consumers: if has("wg3") { 3 } else { consumers },
             causal_l2_mb: l2.unwrap_or(self.causal_l2_mb),
             max_blocks: grid.unwrap_or(0),
-            lockstep: has("lockstep"),
-            q_double: has("q2"),
             ..self
         };
         if flags.iter().any(|f| {
-            !["nopp", "nohm", "np", "static", "wg3", "lockstep", "q2"].contains(f)
+            !["nopp", "nohm", "np", "static", "wg3"].contains(f)
                 && !f.starts_with("l2=")
                 && !f.starts_with("grid=")
         }) || t.causal_l2_mb > 1024
@@ -221,21 +210,7 @@ impl WgmmaTile {
     /// alignment slack (the swizzle atoms are 1024-byte aligned) and the mbarriers: the
     /// dynamic shared memory attn_wgmma.cu lays out.
     pub fn smem_bytes(&self) -> usize {
-        self.core_bytes()
-            + (self.q_buffers() - 1) * self.q_bytes()
-            + if self.o_own() { self.q_bytes() } else { 0 }
-            + self.slack_bytes_for(self.q_buffers())
-    }
-
-    /// Q buffers: 2 when asked for ([`Self::q_double`]) and they fit beside the K/V stages
-    /// and O's own tile (attn_wgmma.cu `QB`), else 1.
-    pub fn q_buffers(&self) -> usize {
-        let two = self.core_bytes() + 2 * self.q_bytes() + self.slack_bytes_for(2);
-        if self.q_double && self.o_own() && two <= SMEM_LIMIT {
-            2
-        } else {
-            1
-        }
+        self.core_bytes() + if self.o_own() { self.q_bytes() } else { 0 } + self.slack_bytes()
     }
 
     fn q_bytes(&self) -> usize {
@@ -248,12 +223,7 @@ impl WgmmaTile {
 
     /// Alignment slack and the mbarriers (q full/empty, 4 per stage) with the tile slot.
     fn slack_bytes(&self) -> usize {
-        self.slack_bytes_for(1)
-    }
-
-    /// The same with `qb` Q buffers (a full and an empty barrier each).
-    fn slack_bytes_for(&self, qb: usize) -> usize {
-        1024 + 8 * (2 * qb + 1 + 4 * self.stages as usize)
+        1024 + 8 * (3 + 4 * self.stages as usize)
     }
 
     /// O is staged in a buffer of its own (so the next tile's Q loads during this tile's end)
@@ -287,8 +257,6 @@ impl WgmmaTile {
             ("SMEM_LIMIT".into(), SMEM_LIMIT.to_string()),
             ("DYNAMIC".into(), b(self.dynamic)),
             ("CAUSAL_L2_MB".into(), self.causal_l2_mb.to_string()),
-            ("LOCKSTEP".into(), b(self.lockstep)),
-            ("Q_DOUBLE".into(), b(self.q_double)),
         ]
     }
 }
@@ -629,23 +597,18 @@ mod tests {
         assert!(t64.with_spec("128,2,l2=2000").is_err());
         // Flags alone keep each call's default shape.
         let w3d = WgmmaTile::default_for(64, 4096, false).unwrap();
-        let l = w3d.with_spec("lockstep").unwrap();
         assert_eq!(
-            l,
+            w3d.with_spec("grid=2").unwrap(),
             WgmmaTile {
-                lockstep: true,
+                max_blocks: 2,
                 ..w3d
             }
         );
-        assert_eq!(t.with_spec("lockstep,grid=2").unwrap().max_blocks, 2);
-        assert!(!t.lockstep && !t.with_spec("128,2").unwrap().lockstep);
-        // Two Q buffers fit at d64 and d128 (225 of 227 KB), not at d256 (no O tile).
-        let q2 = t.with_spec("q2").unwrap();
-        assert_eq!(q2.q_buffers(), 2);
-        assert_eq!(q2.smem_bytes(), t.smem_bytes() + 32768 + 16);
-        assert!(q2.smem_bytes() <= SMEM_LIMIT);
-        assert_eq!(w3d.with_spec("q2").unwrap().q_buffers(), 2);
-        assert_eq!(t256.with_spec("q2").unwrap().q_buffers(), 1);
+        let l = w3d.with_spec("nohm,l2=8").unwrap();
+        assert_eq!(
+            (l.consumers, l.pingpong, l.head_major, l.causal_l2_mb),
+            (3, false, false, 8)
+        );
         for bad in [
             "176",
             "100,2",
@@ -654,7 +617,7 @@ mod tests {
             "272,2",
             "128,2,wg3",
             "x",
-            "lockstep,9",
+            "grid=2,9",
         ] {
             assert!(t.with_spec(bad).is_err(), "{bad}");
         }
