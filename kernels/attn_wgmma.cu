@@ -169,16 +169,9 @@ FA_DEVICE u64 k_desc(u32 sk, int kk) { return desc_kmajor_sw128(sk, kk, SUB_KV);
 // V (B, MN-major): keys 16kk..16kk+15 of a stage, all DP channels.
 FA_DEVICE u64 v_desc(u32 sv, int kk) { return desc_mnmajor_sw128(sv, kk, SUB_KV); }
 
-// Each consumer computes only the key tiles its own rows see (below), except with three
-// 160-register consumers under a causal mask or a window: there ptxas 13.0 spilled the
-// epilogue (4-8 bytes) with the extra loop, wherever it was placed. (Without a mask a
-// consumer's rows see all the block's tiles or, past seqlen_q, none.)
-constexpr bool OWN_KEY_TILES = NCONS == 2 || (!IS_CAUSAL && !IS_LOCAL);
-
 // Key tiles a block of query rows starting at row0 needs (attn_common.cuh): from the window's
-// start to the keys its last row sees. The producer loads all of them; each consumer computes
-// those its own rows see and passes over the others (one pingpong turn each, so that every
-// consumer takes the same number of turns).
+// start to the keys its last row sees. Every consumer runs all of them (pingpong needs the
+// same count of turns on every side).
 FA_DEVICE KeyTiles key_tiles(const Params &p, int row0) { return key_tiles_of(p, row0, BR, BC); }
 
 // Persistent: block b runs tile b first, then, with DYNAMIC, whichever tile an atomic counter
@@ -290,10 +283,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
     };
 
 #if PINGPONG
-    // The turns run in one ring across tiles (every consumer takes one turn per key tile of
-    // the block, with or without wgmmas to issue). Consumer 0 holds the first turn; the
-    // arrival left over at the end (the last consumer's last hand-back, or this one) is taken
-    // below.
+    // The turns run in one ring across tiles (every consumer takes the same number of turns
+    // per tile: all run the tile's key tiles). Consumer 0 holds the first turn; the arrival
+    // left over at the end (the last consumer's last hand-back, or this one) is taken below.
     if (cons == 0) named_arrive(BAR_SCHED + 0, 256);
 #endif
     int it = 0; // K/V tiles consumed so far (all tiles)
@@ -313,13 +305,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         const KeyTiles kt = key_tiles(p, row0);
         // Tiles run: n_blocks of them from kt.begin (relative index n below, tile nb + n).
         const int nb = kt.begin, n_blocks = kt.end - kt.begin;
-        // This consumer computes the first n_mine of them, up to the last that its own rows
-        // below seqlen_q see (past a causal diagonal, or all of them past seqlen_q: with 64-row
-        // consumers, whole tiles of the block's range); the others it waits for and releases
-        // after its epilogue (every consumer warp arrives on each stage's empty barrier),
-        // taking their pingpong turns without wgmmas.
-        const int my_row0 = row0 + cons * 64, my_rows = min(64, p.seqlen_q - my_row0);
-        const int n_mine = !OWN_KEY_TILES ? n_blocks : my_rows > 0 ? key_tiles_of(p, my_row0, my_rows, BC).end - nb : 0;
         // The first row of this lane's accumulator rows (g and g + 8 follow).
         const int wrow = row0 + cons * 64 + warp * 16 + g;
 
@@ -441,7 +426,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         auto stage_of = [&](int n) { return (it + n) % STAGES; };
         auto parity_of = [&](int n) { return (u32)((it + n) / STAGES) & 1; };
 
-        if (n_mine > 0) {
+        if (n_blocks > 0) {
             // ---- prologue: S_0 and its softmax
             mbar_wait(sm.k_full(stage_of(0)), parity_of(0));
             turn_wait();
@@ -453,7 +438,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             softmax(nb);
             pack_p();
             // ---- main loop: S_n with P_{n-1} V_{n-1} in flight
-            for (int n = 1; n < n_mine; ++n) {
+            for (int n = 1; n < n_blocks; ++n) {
                 mbar_wait(sm.k_full(stage_of(n)), parity_of(n));
                 turn_wait();
                 gemm_s(stage_of(n));
@@ -473,25 +458,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         }
         // Every S = Q K^T of this tile is complete: with its own O buffer, the Q tile is free.
         if (O_OWN) release(sm.q_empty());
-        if (n_mine > 0) {
+        if (n_blocks > 0) {
             // ---- tail: the last P V
             rescale_o();
-            mbar_wait(sm.v_full(stage_of(n_mine - 1)), parity_of(n_mine - 1));
-            gemm_pv(stage_of(n_mine - 1));
+            mbar_wait(sm.v_full(stage_of(n_blocks - 1)), parity_of(n_blocks - 1));
+            gemm_pv(stage_of(n_blocks - 1));
             wgmma_wait<0>();
             fence_regs(o);
-            release(sm.v_empty(stage_of(n_mine - 1)));
-        }
-        // The block's key tiles past this consumer's rows: their turns, no wgmma. After the
-        // tail, which releases the V stage of this consumer's last tile: a tile passed over
-        // STAGES later waits for that stage's refill.
-        for (int n = n_mine; OWN_KEY_TILES && n < n_blocks; ++n) {
-            mbar_wait(sm.k_full(stage_of(n)), parity_of(n));
-            turn_wait();
-            turn_pass(n);
-            release(sm.k_empty(stage_of(n)));
-            mbar_wait(sm.v_full(stage_of(n)), parity_of(n));
-            release(sm.v_empty(stage_of(n)));
+            release(sm.v_empty(stage_of(n_blocks - 1)));
         }
         it += n_blocks;
 
