@@ -118,8 +118,11 @@ constexpr u32 BAR_EPI = BAR_SCHED + NCONS; // + consumer index: the consumer's 1
 // producer's warp and that consumer), so a consumer starts its next tile while the others
 // finish this one (one barrier for all, every tile started in lockstep, was 1-4 % slower at
 // 1k-4k: run 74). The producer arrives for round r+1 only after the q_empty wait of round r,
-// which every consumer's warps pass after their round-r sync, so no barrier sees two rounds'
-// arrivals.
+// and every arrival that completes that phase comes from a consumer warp (or its storing
+// thread) after the consumer's round-r sync on its barrier, so no barrier sees two rounds'
+// arrivals; a consumer runs at most one round ahead of another. (A model of the protocol,
+// run over 2-3 consumers, pingpong on and off, O in its own tile or in Q, and rounds without
+// key tiles, found no deadlock, mixed barrier or stale read; session of runs 74-77.)
 constexpr u32 BAR_TILE = BAR_EPI + NCONS;
 constexpr u32 TILE_HANDOFF_THREADS = 32 + 128;
 static_assert(BAR_TILE + NCONS <= 16, "named barriers 0..15");
