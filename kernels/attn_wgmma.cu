@@ -323,7 +323,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             named_sync(BAR_SCHED + cons, 256);
 #endif
         };
-        auto turn_pass = [&](int n) {
+        auto turn_pass = [&]() {
 #if PINGPONG
             named_arrive(BAR_SCHED + (cons + 1) % NCONS, 256);
 #endif
@@ -443,7 +443,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             mbar_wait(sm.k_full(stage_of(0)), parity_of(0));
             turn_wait();
             gemm_s(stage_of(0));
-            turn_pass(0);
+            turn_pass();
             wgmma_wait<0>();
             fence_regs(s);
             release(sm.k_empty(stage_of(0)));
@@ -457,7 +457,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                 rescale_o(); // by the factor of tile n-1, while S_n runs
                 mbar_wait(sm.v_full(stage_of(n - 1)), parity_of(n - 1));
                 gemm_pv(stage_of(n - 1));
-                turn_pass(n);
+                turn_pass();
                 wgmma_wait<1>(); // S_n done
                 fence_regs(s);
                 release(sm.k_empty(stage_of(n)));

@@ -139,9 +139,9 @@ impl WgmmaTile {
 
     /// Applies a `[bc,stages,][nopp][,nohm][,np][,static][,wg3][,l2=MiB][,grid=N][,poly=K]`
     /// override (see [`TILE_ENV`]): no pingpong, no head-major order, not persistent, no tile
-    /// counter, three consumers, the causal order's L2 budget (0: off), K of every 8 score
-    /// column groups exponentiated on the FMA pipe, at most N persistent blocks (so that small problems run many tiles per block:
-    /// a test knob). With `bc,stages` the tile is two consumers with pingpong unless the flags
+    /// counter, three consumers, the causal order's L2 budget (0: off), at most N persistent
+    /// blocks (so that small problems run many tiles per block: a test knob), K of every 8
+    /// score column groups exponentiated on the FMA pipe. With `bc,stages` the tile is two consumers with pingpong unless the flags
     /// say otherwise; without them (a spec of flags only) the default tile of each call keeps
     /// its Bc, stages, consumers and pingpong, and only the flags change it.
     ///
@@ -150,7 +150,7 @@ impl WgmmaTile {
     pub fn with_spec(self, spec: &str) -> Result<Self> {
         let bad = || AttnError::InvalidInput {
             what: format!(
-                "wgmma tile '{spec}': expected [bc,stages,]flags with flags from nopp, nohm, np, static, wg3, l2=MiB, grid=N, poly=K, grid=N; bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128, MiB in 0..=1024, N in 1..=4096 and K in 0..=8"
+                "wgmma tile '{spec}': expected [bc,stages,]flags with flags from nopp, nohm, np, static, wg3, l2=MiB, grid=N, poly=K; bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128, MiB in 0..=1024, N in 1..=4096 and K in 0..=8"
             ),
         };
         let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
@@ -191,12 +191,12 @@ impl WgmmaTile {
             poly_ex2: poly.unwrap_or(self.poly_ex2),
             ..self
         };
-        if flags.iter().any(|f| {
-            !["nopp", "nohm", "np", "static", "wg3"].contains(f)
-                && !f.starts_with("l2=")
-                && !f.starts_with("grid=")
-                && !f.starts_with("poly=")
-        }) || t.causal_l2_mb > 1024
+        const SWITCHES: [&str; 5] = ["nopp", "nohm", "np", "static", "wg3"];
+        const VALUED: [&str; 3] = ["l2=", "grid=", "poly="];
+        if flags
+            .iter()
+            .any(|f| !SWITCHES.contains(f) && !VALUED.iter().any(|k| f.starts_with(k)))
+            || t.causal_l2_mb > 1024
             || t.poly_ex2 > 8
             || grid.is_some_and(|g| !(1..=4096).contains(&g))
             || (t.consumers == 3 && (t.head_dim != 64 || t.bc > 128))
