@@ -39,9 +39,8 @@
 // 256; channels past the real head_dim are zero-filled by TMA and never stored), BC (keys per
 // tile, a multiple of 16), STAGES (K/V ring depth), PINGPONG, RESCALE_SLACK (as attn_mma),
 // IS_BF16, IS_CAUSAL, HEAD_MAJOR, DYNAMIC, SMEM_LIMIT (decides where O is staged), CONSUMERS
-// (consumer warpgroups), CONSUMER_REGS / PRODUCER_REGS (setmaxnreg targets), POLY_EX2 (share of
-// the exponentials on the FMA pipe), and the score modifiers of attn_common.cuh (IS_LOCAL,
-// HAS_SOFTCAP, HAS_ALIBI).
+// (consumer warpgroups), CONSUMER_REGS / PRODUCER_REGS (setmaxnreg targets), and the score
+// modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP, HAS_ALIBI).
 #include "ptx.cuh"
 #include "attn_common.cuh"
 #include "hopper.cuh"
@@ -77,12 +76,6 @@ static_assert(!IS_VARLEN, "packed variable-length batches run on attn_mma (TMA b
 #ifndef CONSUMERS
 #define CONSUMERS 2
 #endif
-// Of every 8 groups of 8 score columns, how many take 2^x on the FMA pipe (ptx.cuh ex2_poly)
-// instead of the MUFU unit; 0: none.
-#ifndef POLY_EX2
-#define POLY_EX2 0
-#endif
-static_assert(POLY_EX2 >= 0 && POLY_EX2 <= 8, "POLY_EX2 in 0..8");
 
 // ---- geometry -------------------------------------------------------------------------------
 constexpr int DP = D;                    // padded head_dim (HEAD_DIM)
@@ -413,9 +406,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
 #pragma unroll
                         for (int e = 0; e < 2; ++e) {
                             const int i = 4 * nt + 2 * h + e;
-                            const float x = fmaf(s[i], p.scale_log2, -m_use);
-                            // POLY_EX2 of every 8 column groups on the FMA pipe, the rest on MUFU.
-                            s[i] = nt % 8 < POLY_EX2 ? ex2_poly(x) : ex2(x);
+                            s[i] = ex2(fmaf(s[i], p.scale_log2, -m_use));
                             sum += s[i];
                         }
                 } else {

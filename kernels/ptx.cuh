@@ -146,25 +146,6 @@ FA_DEVICE float ex2(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
-// 2^x without the MUFU unit (FlashAttention-4 shares the exponentials between MUFU and the
-// FMA pipe this way): x = j + f with j = floor(x), found by adding 1.5 * 2^23 in round-down
-// mode (PTX ISA, add.rm.f32), 2^f by a degree-3 polynomial on [0, 1) with p(0) = 1, and j
-// added to the exponent field. Relative error at most 8.6e-5 (below the 2^-11 of rounding P to
-// f16; src/fastmath.rs's emulation test holds the coefficients to it). For x < 128; x below
-// -127 (and -inf) gives 0, as ex2.approx.ftz does below -126.
-constexpr float EX2_POLY_C1 = 0.6951166987f;
-constexpr float EX2_POLY_C2 = 0.2276453078f;
-constexpr float EX2_POLY_C3 = 0.0770667568f;
-FA_DEVICE float ex2_poly(float x) {
-    const float xc = fmaxf(x, -127.f);
-    float t; // 1.5 * 2^23 + floor(xc): the low mantissa bits hold floor(xc)
-    asm("add.rm.f32 %0, %1, 0f4B400000;\n" : "=f"(t) : "f"(xc));
-    const float fr = xc - (t - 12582912.f); // in [0, 1), exact
-    const float p = fmaf(fmaf(fmaf(EX2_POLY_C3, fr, EX2_POLY_C2), fr, EX2_POLY_C1), fr, 1.f);
-    // (bits(t) << 23) is floor(xc) << 23 modulo 2^32: the magic's own bits shift out.
-    const unsigned bits = __float_as_uint(p) + (__float_as_uint(t) << 23);
-    return x < -127.f ? 0.f : __uint_as_float(bits);
-}
 // Round-to-nearest multiply that the compiler may not fuse into an FMA (9.7.3.5 mul).
 // Softmax needs p = 2^(x - m) with x = round(s * scale) and m = max of those same rounded
 // values, so that x - m <= 0 exactly: fma(s, scale, -m) keeps the product's rounding error,

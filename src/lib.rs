@@ -18,7 +18,6 @@ pub mod cuda;
 pub mod dist;
 pub mod dtype;
 pub mod error;
-pub mod fastmath;
 pub mod io;
 pub mod kvcache;
 pub mod layout;

@@ -61,9 +61,6 @@ pub struct WgmmaTile {
     /// Persistent grid size cap (0: one block per SM). A knob for tests: with a few blocks,
     /// every block runs many tiles, so small problems exercise the tile hand-offs.
     pub max_blocks: u32,
-    /// Of every 8 groups of 8 score columns, how many take `2^x` by a polynomial on the FMA
-    /// pipe instead of the MUFU unit (0..=8; kernels/ptx.cuh `ex2_poly`, src/fastmath.rs).
-    pub poly_ex2: u32,
 }
 
 impl WgmmaTile {
@@ -110,7 +107,6 @@ impl WgmmaTile {
             consumers: if three { 3 } else { 2 },
             causal_l2_mb: CAUSAL_L2_MB,
             max_blocks: 0,
-            poly_ex2: 0,
         })
     }
 
@@ -137,7 +133,7 @@ impl WgmmaTile {
         }
     }
 
-    /// Applies a `[bc,stages,][nopp][,nohm][,np][,static][,wg3][,l2=MiB][,grid=N][,poly=K]`
+    /// Applies a `[bc,stages,][nopp][,nohm][,np][,static][,wg3][,l2=MiB][,grid=N]`
     /// override (see [`TILE_ENV`]): no pingpong, no head-major order, not persistent, no tile
     /// counter, three consumers, the causal order's L2 budget (0: off), at most N persistent
     /// blocks (so that small problems run many tiles per block: a test knob), K of every 8
@@ -150,7 +146,7 @@ impl WgmmaTile {
     pub fn with_spec(self, spec: &str) -> Result<Self> {
         let bad = || AttnError::InvalidInput {
             what: format!(
-                "wgmma tile '{spec}': expected [bc,stages,]flags with flags from nopp, nohm, np, static, wg3, l2=MiB, grid=N, poly=K; bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128, MiB in 0..=1024, N in 1..=4096 and K in 0..=8"
+                "wgmma tile '{spec}': expected [bc,stages,]flags with flags from nopp, nohm, np, static, wg3, l2=MiB, grid=N; bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128, MiB in 0..=1024 and N in 1..=4096"
             ),
         };
         let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
@@ -171,7 +167,6 @@ impl WgmmaTile {
         };
         let l2 = valued("l2=")?;
         let grid = valued("grid=")?;
-        let poly = valued("poly=")?;
         let has = |f: &str| flags.contains(&f);
         let (bc, stages, pingpong, consumers) = if sized {
             (num(parts[0])?, num(parts[1])?, true, 2)
@@ -188,16 +183,14 @@ impl WgmmaTile {
             consumers: if has("wg3") { 3 } else { consumers },
             causal_l2_mb: l2.unwrap_or(self.causal_l2_mb),
             max_blocks: grid.unwrap_or(0),
-            poly_ex2: poly.unwrap_or(self.poly_ex2),
             ..self
         };
         const SWITCHES: [&str; 5] = ["nopp", "nohm", "np", "static", "wg3"];
-        const VALUED: [&str; 3] = ["l2=", "grid=", "poly="];
+        const VALUED: [&str; 2] = ["l2=", "grid="];
         if flags
             .iter()
             .any(|f| !SWITCHES.contains(f) && !VALUED.iter().any(|k| f.starts_with(k)))
             || t.causal_l2_mb > 1024
-            || t.poly_ex2 > 8
             || grid.is_some_and(|g| !(1..=4096).contains(&g))
             || (t.consumers == 3 && (t.head_dim != 64 || t.bc > 128))
             || t.bc == 0
@@ -266,7 +259,6 @@ impl WgmmaTile {
             ("SMEM_LIMIT".into(), SMEM_LIMIT.to_string()),
             ("DYNAMIC".into(), b(self.dynamic)),
             ("CAUSAL_L2_MB".into(), self.causal_l2_mb.to_string()),
-            ("POLY_EX2".into(), self.poly_ex2.to_string()),
         ]
     }
 }
@@ -614,8 +606,6 @@ mod tests {
                 ..w3d
             }
         );
-        assert_eq!(w3d.with_spec("poly=2").unwrap().poly_ex2, 2);
-        assert!(w3d.with_spec("poly=9").is_err());
         let l = w3d.with_spec("nohm,l2=8").unwrap();
         assert_eq!(
             (l.consumers, l.pingpong, l.head_major, l.causal_l2_mb),
