@@ -159,9 +159,11 @@ struct WgmmaParams {
     TmaMap tv;  // v: as k
     TmaMap to;  // o: dims (head_dim, seqlen_q, heads_q, batch), box (64, 64, 1, 1)
     Params p;
-    u32 *tile_counter; // DYNAMIC: a counter that only grows (never reset) ...
-    u32 tile_base;     // ... and its value when this launch started (wrapping arithmetic)
-    u32 pad_;
+    // DYNAMIC: null (the static order), or two u32, zero at every launch: the tiles drawn past
+    // the first grid, and the blocks done drawing (the last block zeroes both, so the next
+    // launch on the stream starts from zero; a pair per stream: src/cuda/device.rs).
+    u32 *tile_counter;
+    u32 pad_[2];
 };
 
 // Descriptors of this kernel's operands (hopper.cuh; the layouts the wgmma probe proves).
@@ -257,13 +259,24 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                     }
                 }
 #if DYNAMIC
-                // Every launch advances the counter by exactly `tiles` (tiles - grid successful
-                // draws, one failed draw per block), which the host adds to the next base.
-                tile = (int)gridDim.x + (int)(atomicAdd(w.tile_counter, 1u) - w.tile_base);
+                // (Without a counter, as in a CUDA graph's capture, the static order.)
+                tile = w.tile_counter ? (int)gridDim.x + (int)atomicAdd(w.tile_counter, 1u) : tile + (int)gridDim.x;
 #else
                 tile += gridDim.x;
 #endif
             }
+#if DYNAMIC
+            // This block's draws (its last one failed) are ordered before its count; the last
+            // block to count knows every draw is done and zeroes both for the next launch
+            // (CUDA Programming Guide, memory fence functions: the last-block pattern).
+            if (w.tile_counter) {
+                __threadfence();
+                if (atomicAdd(w.tile_counter + 1, 1u) == gridDim.x - 1) {
+                    atomicExch(w.tile_counter, 0u);
+                    atomicExch(w.tile_counter + 1, 0u);
+                }
+            }
+#endif
         }
         return;
     }

@@ -1,4 +1,5 @@
-//! One GPU: context, stream, device facts, and a cache of compiled modules.
+//! One GPU: context, stream, device facts, a cache of compiled modules, and the wgmma tile
+//! scheduler's counters (one per stream).
 
 use super::nvrtc::{PtxasStats, compile_cubin, nvrtc_present, nvrtc_version};
 use super::sources::KernelSource;
@@ -74,19 +75,41 @@ type CacheKey = (KernelSource, String, Vec<(String, String)>);
 /// A loaded module and ptxas's statistics of its functions.
 type CachedModule = (Arc<CudaModule>, Vec<PtxasStats>);
 
-/// A CUDA device with its stream and compiled-module cache. Cheap to share by reference.
+/// The wgmma tile scheduler's counters: [`COUNTER_SLOTS`] pairs of u32 (tiles drawn, blocks
+/// done), each zero between launches (attn_wgmma zeroes its pair on exit), one pair per
+/// stream: launches on one stream run in order and may share a pair, launches on two streams
+/// may overlap and must not.
+struct TileCounters {
+    buf: CudaSlice<u32>,
+    /// The stream handle (as an integer) that owns each slot taken so far.
+    owners: Vec<usize>,
+}
+
+/// Slots of [`TileCounters`]: streams past this many launch with the static schedule.
+pub const COUNTER_SLOTS: usize = 64;
+
+/// What every view of one device shares: facts, compiled modules, tile counters.
+struct Shared {
+    info: DeviceInfo,
+    cache: Mutex<HashMap<CacheKey, CachedModule>>,
+    counters: Mutex<TileCounters>,
+}
+
+/// A CUDA device seen through one stream: every launch and copy of this crate made with this
+/// value goes to [`Gpu::stream`]. [`Gpu::on_stream`] gives a view of the same device (same
+/// context, compiled modules and counters) on another stream. Cheap to share by reference.
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    info: DeviceInfo,
-    cache: Mutex<HashMap<CacheKey, CachedModule>>,
-    /// The wgmma tile scheduler's counter and its value at the next launch.
-    tile_counter: Mutex<Option<(CudaSlice<u32>, u32)>>,
+    shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gpu").field("info", &self.info).finish()
+        f.debug_struct("Gpu")
+            .field("info", &self.shared.info)
+            .field("stream", &self.stream.cu_stream())
+            .finish()
     }
 }
 
@@ -172,18 +195,67 @@ impl Gpu {
                 info.name, cc.0, cc.1
             )));
         }
+        // Zeroed and complete before any stream can use it (the legacy stream does not order
+        // non-blocking streams, so synchronise once here, outside any graph capture).
+        let buf = stream
+            .alloc_zeros::<u32>(2 * COUNTER_SLOTS)
+            .map_err(cuda_err("allocating the tile counters"))?;
+        stream
+            .synchronize()
+            .map_err(cuda_err("zeroing the tile counters"))?;
         Ok(Self {
             ctx,
             stream,
-            info,
-            cache: Mutex::new(HashMap::new()),
-            tile_counter: Mutex::new(None),
+            shared: Arc::new(Shared {
+                info,
+                cache: Mutex::new(HashMap::new()),
+                counters: Mutex::new(TileCounters {
+                    buf,
+                    owners: Vec::new(),
+                }),
+            }),
         })
+    }
+
+    /// The same device on `stream` (of this context): launches made through the returned
+    /// value go to `stream`; modules compiled by either are shared.
+    ///
+    /// # Errors
+    /// [`AttnError::ShapeMismatch`] when `stream` belongs to another context.
+    pub fn on_stream(&self, stream: Arc<CudaStream>) -> Result<Gpu> {
+        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+            return Err(AttnError::ShapeMismatch {
+                what:
+                    "a stream of another CUDA context than this Gpu's: take it from gpu.context()"
+                        .into(),
+            });
+        }
+        Ok(Gpu {
+            ctx: self.ctx.clone(),
+            stream,
+            shared: self.shared.clone(),
+        })
+    }
+
+    /// The same device on a stream owned by another library (a PyTorch or CuPy stream),
+    /// given as its raw `CUstream` handle as an integer (what `torch.cuda.Stream.cuda_stream`
+    /// and `cupy.cuda.Stream.ptr` return; 0: the legacy default stream, 2: per-thread).
+    ///
+    /// # Safety
+    /// `raw` must be a live stream of this device's primary context, and stay alive while
+    /// the returned value (or work it enqueued) is in use.
+    pub unsafe fn on_raw_stream(&self, raw: usize) -> Gpu {
+        Gpu {
+            ctx: self.ctx.clone(),
+            // SAFETY: forwarded to the caller.
+            stream: unsafe { self.ctx.wrap_borrowed_stream(raw as sys::CUstream) },
+            shared: self.shared.clone(),
+        }
     }
 
     /// Device facts.
     pub fn info(&self) -> &DeviceInfo {
-        &self.info
+        &self.shared.info
     }
 
     /// The context.
@@ -191,7 +263,8 @@ impl Gpu {
         &self.ctx
     }
 
-    /// The stream every launch of this crate goes to.
+    /// The stream every launch made through this value goes to (the context's legacy default
+    /// stream for [`Gpu::new`]).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
@@ -206,9 +279,9 @@ impl Gpu {
         function: &str,
         defines: &[(String, String)],
     ) -> Result<LoadedKernel> {
-        let arch = source.target(&self.info.arch);
+        let arch = source.target(&self.shared.info.arch);
         let key = (source, arch.clone(), defines.to_vec());
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.shared.cache.lock().unwrap_or_else(|p| p.into_inner());
         if !cache.contains_key(&key) {
             let cubin = compile_cubin(&source.text(), source.name(), &arch, defines)?;
             let module = self
@@ -225,41 +298,46 @@ impl Gpu {
         Ok(LoadedKernel { function: f, stats })
     }
 
-    /// Runs `launch` with the device address of the wgmma tile counter and its value when this
-    /// launch starts; when `launch` succeeds, the counter's expected value advances by `draws`
-    /// (the atomic increments the kernel makes). The counter is one u32 allocated (zeroed) on
-    /// first use and never reset: launches on this Gpu's one stream run in order, so each
-    /// starts where the last one left it (wrapping arithmetic on both sides). The lock is held
-    /// across the launch so that concurrent callers enqueue in the order of their bases.
-    ///
-    /// # Errors
-    /// [`AttnError::Cuda`] when the allocation fails; `launch`'s error (the counter's expected
-    /// value is then left as it was).
-    pub fn with_tile_counter<R>(
-        &self,
-        draws: u32,
-        launch: impl FnOnce(u64, u32) -> Result<R>,
-    ) -> Result<R> {
-        let mut c = self.tile_counter.lock().unwrap_or_else(|p| p.into_inner());
-        if c.is_none() {
-            let buf = self
-                .stream
-                .alloc_zeros::<u32>(1)
-                .map_err(cuda_err("allocating the tile counter"))?;
-            *c = Some((buf, 0));
+    /// The device address of this stream's pair of wgmma tile counters (two u32, zero between
+    /// launches: the kernel zeroes them on exit), or `None` (the caller then launches with
+    /// the static schedule) when [`COUNTER_SLOTS`] other streams hold every pair, or when the
+    /// stream is capturing a CUDA graph: a graph may be replayed on any stream, alongside
+    /// work on the stream it was captured on, so no pair could be its alone. A stream keeps
+    /// its pair for the life of the device; a handle reused after its stream was destroyed
+    /// takes over that stream's pair (safe once the old stream's work is done, as it is for
+    /// streams that PyTorch pools and never destroys).
+    pub fn tile_counter(&self) -> Option<u64> {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // (The legacy stream is the current context's: bind ours.)
+        let bound = self.ctx.bind_to_thread().is_ok();
+        // SAFETY: the stream is live (this value's invariant); an out-parameter.
+        let r = unsafe { sys::cuStreamIsCapturing(self.stream.cu_stream(), &mut status) };
+        if !bound
+            || r != sys::CUresult::CUDA_SUCCESS
+            || status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+        {
+            return None;
         }
-        let (buf, next) = c.as_mut().expect("allocated above");
-        let ptr = {
-            let (ptr, _guard) = buf.device_ptr(&self.stream);
-            ptr
+        let key = self.stream.cu_stream() as usize;
+        let mut c = self
+            .shared
+            .counters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let slot = match c.owners.iter().position(|&o| o == key) {
+            Some(i) => i,
+            None if c.owners.len() < COUNTER_SLOTS => {
+                c.owners.push(key);
+                c.owners.len() - 1
+            }
+            None => return None,
         };
-        let r = launch(ptr, *next)?;
-        *next = next.wrapping_add(draws);
-        Ok(r)
+        let (base, _guard) = c.buf.device_ptr(&self.stream);
+        Some(base + (2 * slot * std::mem::size_of::<u32>()) as u64)
     }
 
     /// Number of modules compiled so far (for tests of the cache).
     pub fn cached_modules(&self) -> usize {
-        self.cache.lock().map(|c| c.len()).unwrap_or(0)
+        self.shared.cache.lock().map(|c| c.len()).unwrap_or(0)
     }
 }

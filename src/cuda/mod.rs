@@ -8,7 +8,8 @@ pub mod device;
 pub mod nvrtc;
 pub mod sources;
 
-pub use device::{DeviceInfo, Gpu, LoadedKernel};
+pub use device::{COUNTER_SLOTS, DeviceInfo, Gpu, LoadedKernel};
+pub use foreign::ForeignSlice;
 pub use nvrtc::{Cubin, PtxasStats, compile_cubin};
 pub use sources::KernelSource;
 
@@ -19,6 +20,7 @@ pub mod attention;
 pub mod backward;
 pub mod backward_wgmma;
 pub mod decode;
+pub mod foreign;
 pub mod launch;
 pub mod mma;
 pub mod naive;

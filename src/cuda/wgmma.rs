@@ -50,7 +50,9 @@ pub struct WgmmaTile {
     /// instead of one block per tile.
     pub persistent: bool,
     /// Tiles after the first are handed out by an atomic counter (blocks that drew short
-    /// causal tiles take more), instead of every grid-th tile.
+    /// causal tiles take more), instead of every grid-th tile. The counter is the launch
+    /// stream's ([`super::Gpu::tile_counter`]); without one (a CUDA graph capture, or more
+    /// streams than counters) the same kernel takes every grid-th tile.
     pub dynamic: bool,
     /// Consumer warpgroups of 64 query rows: 2 (Br 128), or 3 (Br 192, d64 with Bc <= 128
     /// only: a consumer then has 160 registers).
@@ -136,9 +138,8 @@ impl WgmmaTile {
     /// Applies a `[bc,stages,][nopp][,nohm][,np][,static][,wg3][,l2=MiB][,grid=N]`
     /// override (see [`TILE_ENV`]): no pingpong, no head-major order, not persistent, no tile
     /// counter, three consumers, the causal order's L2 budget (0: off), at most N persistent
-    /// blocks (so that small problems run many tiles per block: a test knob), K of every 8
-    /// score column groups exponentiated on the FMA pipe. With `bc,stages` the tile is two consumers with pingpong unless the flags
-    /// say otherwise; without them (a spec of flags only) the default tile of each call keeps
+    /// blocks (so that small problems run many tiles per block: a test knob). With
+    /// `bc,stages` the tile is two consumers with pingpong unless the flags say otherwise; without them (a spec of flags only) the default tile of each call keeps
     /// its Bc, stages, consumers and pingpong, and only the flags change it.
     ///
     /// # Errors
@@ -340,8 +341,7 @@ struct WgmmaParams {
     to: TmaMap,
     p: FlashParams,
     tile_counter: u64,
-    tile_base: u32,
-    pad: u32,
+    pad: [u32; 2],
 }
 // SAFETY: plain old data with C layout, mirrored by the kernel's struct.
 unsafe impl DeviceRepr for WgmmaParams {}
@@ -419,6 +419,13 @@ pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
     let Some(tile) = tile_for(l.problem)? else {
         return hand_on("no tile for this head_dim".into());
     };
+    // This stream's scheduler counter; without one (a graph capture, or every slot held by
+    // other streams) the same kernel takes the static order.
+    let tile_counter = if tile.dynamic {
+        gpu.tile_counter()
+    } else {
+        None
+    };
     let [tq, tk, tv, to] = match maps(l, &tile) {
         Ok(m) => m,
         Err(why) => return hand_on(format!("the copy engine cannot describe {why}")),
@@ -458,37 +465,30 @@ pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
         block_dim: (tile.threads(), 1, 1),
         shared_mem_bytes: smem as u32,
     };
-    let run = |tile_counter: u64, tile_base: u32| -> Result<()> {
-        let params = WgmmaParams {
-            tq,
-            tk,
-            tv,
-            to,
-            p: fp,
-            tile_counter,
-            tile_base,
-            pad: 0,
-        };
-        let mut b = gpu.stream().launch_builder(&k.function);
-        b.arg(&params);
-        // SAFETY: the parameters mirror the kernel's struct; forward_device checked every
-        // buffer against the shape and strides; the tensor maps describe exactly those buffers,
-        // and the copy engine neither reads nor writes outside them; the counter is a live
-        // u32 of this context.
-        unsafe { b.launch(cfg) }.map_err(cuda_err(ctx.clone()))?;
-        Ok(())
+    let params = WgmmaParams {
+        tq,
+        tk,
+        tv,
+        to,
+        p: fp,
+        tile_counter: tile_counter.unwrap_or(0),
+        pad: [0; 2],
     };
-    if tile.dynamic {
-        // A launch draws `tiles` times from the counter (tiles - grid tiles handed out, one
-        // failed draw per block).
-        gpu.with_tile_counter(tiles, run)?;
-    } else {
-        run(0, 0)?;
-    }
+    let mut b = gpu.stream().launch_builder(&k.function);
+    b.arg(&params);
+    // SAFETY: the parameters mirror the kernel's struct; forward_device checked every buffer
+    // against the shape and strides; the tensor maps describe exactly those buffers, and the
+    // copy engine neither reads nor writes outside them; with DYNAMIC the counter is this
+    // stream's live pair of u32 (zero: every launch before it on the stream zeroed it).
+    unsafe { b.launch(cfg) }.map_err(cuda_err(ctx.clone()))?;
     Ok(LaunchInfo {
         kernel: KernelKind::Wgmma,
         why: "asked for (sm_90)".into(),
-        config: Some(tile.to_string()),
+        config: Some(if tile.dynamic && tile_counter.is_none() {
+            format!("{tile} (static order: no scheduler counter for this stream)")
+        } else {
+            tile.to_string()
+        }),
         registers: k.stats.registers,
         spill_bytes: k.stats.spill_stores,
         smem_bytes: smem,
