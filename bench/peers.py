@@ -3,7 +3,9 @@
 
 Backends (torch.nn.attention.sdpa_kernel): flash = SDPBackend.FLASH_ATTENTION
 (FlashAttention-2), cudnn = SDPBackend.CUDNN_ATTENTION, efficient =
-SDPBackend.EFFICIENT_ATTENTION (memory-efficient).
+SDPBackend.EFFICIENT_ATTENTION (memory-efficient). Also "flashattn": this repository's Python
+package (`flashattn.flash_attn_func` on the same tensors, in bshd, with the same timer), when it
+is importable: a same-process cross-check of the Rust bench's numbers.
 
 Method, as ours: tensors created [b, s, h, d] and viewed [b, h, s, d] with .transpose(1, 2)
 (the same memory layout as our bshd), random normal inputs rotated among `sets` input sets,
@@ -46,6 +48,8 @@ import time
 import warnings
 
 PEERS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
+# Peers a request may name besides the SDPA backends (not in the default list).
+EXTRA_PEERS = ("flashattn",)
 DTYPES = ("f16", "bf16")
 
 
@@ -67,8 +71,8 @@ def parse_request(text):
     req.setdefault("warmup_ms", 0)
     req.setdefault("peers", list(PEERS))
     for p in req["peers"]:
-        if p not in PEERS:
-            raise ValueError(f"unknown peer {p!r}; known: {', '.join(PEERS)}")
+        if p not in PEERS and p not in EXTRA_PEERS:
+            raise ValueError(f"unknown peer {p!r}; known: {', '.join([*PEERS, *EXTRA_PEERS])}")
     for c in req["cases"]:
         for key in ("id", "dtype", "batch", "seqlen", "heads", "head_dim", "causal", "flops"):
             if key not in c:
@@ -123,7 +127,16 @@ def time_case(torch, F, backend, case, iters, warmup, warmup_ms=0):
         nsets = 1
     sets = [(make(sq, h), make(s, hkv), make(s, hkv)) for _ in range(nsets)]
     gqa = hkv != h
-    if gqa:
+    if backend == "flashattn":
+        import flashattn
+
+        # Our package takes bshd: the views' own memory, no copy.
+        def call(i):
+            q, k, v = sets[i % nsets]
+            return flashattn.flash_attn_func(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal
+            )
+    elif gqa:
         # enable_gqa (torch >= 2.5) reads each kv head once per group, as we do; a backend
         # that refuses it is skipped rather than fed repeated heads (4x the bytes).
         def call(i):
@@ -148,7 +161,8 @@ def time_case(torch, F, backend, case, iters, warmup, warmup_ms=0):
             return torch.autograd.grad(out, st, d_out, retain_graph=True)[0]
 
     mode = contextlib.nullcontext() if backward else torch.inference_mode()
-    with mode, sdpa_kernel(backend):
+    chosen = contextlib.nullcontext() if backend == "flashattn" else sdpa_kernel(backend)
+    with mode, chosen:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
@@ -263,7 +277,7 @@ def run(req):
             done += 1
             item = {"id": case["id"], "peer": peer}
             try:
-                backend = getattr(SDPBackend, PEERS[peer])
+                backend = "flashattn" if peer == "flashattn" else getattr(SDPBackend, PEERS[peer])
                 item.update(time_case(torch, F, backend, case, iters, warmup, warmup_ms))
                 log(f"[peers {done}/{total}] {case['id']} {peer}: {item['tflops']:.1f} TFLOP/s")
             except Exception as e:
@@ -276,8 +290,8 @@ def run(req):
 
 
 def fake(req):
-    """A response with made-up timings (100/200/50 TFLOP/s), for tests without torch."""
-    rates = {"flash": 100.0, "cudnn": 200.0, "efficient": 50.0}
+    """A response with made-up timings (100/200/50/150 TFLOP/s), for tests without torch."""
+    rates = {"flash": 100.0, "cudnn": 200.0, "efficient": 50.0, "flashattn": 150.0}
     resp = {"ok": True, "error": None, "torch": "fake", "cudnn": "fake", "cuda": "fake", "device": "fake", "results": []}
     resp["matmul"] = [
         dict(summarize([2.0 * MATMUL_N**3 / 600e12 * 1e3] * int(req["iters"]), 2.0 * MATMUL_N**3), dtype=dt, n=MATMUL_N)

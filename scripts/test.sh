@@ -26,4 +26,4 @@ python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet --disable-pip-version-check 'maturin>=1.5,<2' pytest 'numpy>=1.23'
 "$venv/bin/maturin" build --release --quiet -m python/Cargo.toml -o .deps/wheels --interpreter "$venv/bin/python"
 "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps .deps/wheels/flashattn-*.whl
-(cd .deps && "$PWD/pyvenv/bin/python" -m pytest -q -p no:cacheprovider ../python/tests)
+(cd .deps && FLASHATTN_TEST_NVRTC_SITE="$PWD/nvrtc" "$PWD/pyvenv/bin/python" -m pytest -q -p no:cacheprovider ../python/tests)

@@ -1,13 +1,21 @@
 """flashattn: exact attention with FlashAttention-2's interface, on a Rust core.
 
-Tensors come in through DLPack (``__dlpack__``): NumPy arrays and PyTorch tensors (other
-DLPack producers too) are read without a copy, and the output is allocated in the caller's
-framework. This version runs CPU tensors on the library's CPU backend; CUDA tensors raise
-``NotImplementedError`` (the Rust library runs them on its GPU kernels; their binding comes
-next). Semantics are FlashAttention-2's: ``[batch, seqlen, heads, head_dim]`` layout, causal
+Tensors come in through DLPack (``__dlpack__``): NumPy arrays, PyTorch tensors and other
+DLPack producers are read without a copy, and the output is allocated in the caller's
+framework. CPU tensors run on the library's CPU backend (float16, bfloat16, float32); CUDA
+tensors (float16, bfloat16) on its GPU kernels, compiled at run time by NVRTC (from the
+``nvidia-cuda-nvrtc`` wheel, found without ``LD_LIBRARY_PATH``), enqueued on the caller's
+current stream (PyTorch's or CuPy's) with no copy and no device synchronisation, so a call can
+be captured in a CUDA graph (JAX GPU arrays are refused: JAX arrays are immutable). PyTorch tensors that require grad get gradients through
+``torch.autograd`` (``flash_attn_func`` and the packed functions; the GPU backward has no
+softcap or ALiBi). ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache`` take CPU tensors
+only in this version.
+
+Semantics are FlashAttention-2's: ``[batch, seqlen, heads, head_dim]`` layout, causal
 aligned bottom-right, ``window_size=(left, right)`` with -1 unbounded, ``softcap`` > 0 caps
-scores as ``softcap * tanh(s / softcap)``, ``alibi_slopes`` ``[heads]`` or ``[batch, heads]``;
-GQA/MQA when k and v have fewer heads than q. ``softmax_scale`` must be finite and above 0.
+scores as ``softcap * tanh(s / softcap)``, ``alibi_slopes`` ``[heads]`` or ``[batch, heads]``
+(copied to the host: on CUDA that call synchronises); GQA/MQA when k and v have fewer heads
+than q. ``softmax_scale`` must be finite and above 0.
 
 What is not supported raises an exception that names it, never a silent difference:
 ``dropout_p > 0``, ``return_attn_probs=True``.
@@ -15,7 +23,36 @@ What is not supported raises an exception that names it, never a silent differen
 
 import numbers
 
-from . import _native
+
+
+def _preload_nvrtc():
+    """Loads NVRTC 13 from the ``nvidia-cuda-nvrtc`` wheel when it is installed, so that the
+    library's ``dlopen("libnvrtc.so.13")`` finds it by its soname without ``LD_LIBRARY_PATH``
+    (its builtins first: libnvrtc finds them by soname too). Silent when the wheel is absent:
+    the system's NVRTC is then used, and without one CUDA calls raise an error that says so."""
+    import ctypes
+    import importlib.util
+    import os
+
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return
+    for root in list(getattr(spec, "submodule_search_locations", None) or []):
+        lib = os.path.join(root, "cu13", "lib")
+        names = ("libnvrtc-builtins.so.13.0", "libnvrtc.so.13")
+        if all(os.path.exists(os.path.join(lib, n)) for n in names):
+            try:
+                for n in names:
+                    ctypes.CDLL(os.path.join(lib, n), mode=ctypes.RTLD_GLOBAL)
+            except OSError:
+                continue
+            return
+
+
+_preload_nvrtc()
+
+from . import _native  # noqa: E402
 
 FlashAttnError = _native.FlashAttnError
 
@@ -35,6 +72,15 @@ def _framework(x):
         import torch
 
         return "torch", torch
+    if module == "cupy":
+        import cupy
+
+        return "cupy", cupy
+    if module in ("jax", "jaxlib") and x.__dlpack_device__()[0] == 2:
+        raise NotImplementedError(
+            "JAX arrays on a GPU: JAX arrays are immutable, so flashattn cannot allocate its "
+            "output in JAX; pass PyTorch or CuPy tensors (e.g. through DLPack), or JAX CPU arrays"
+        )
     import numpy
 
     return "numpy", numpy
@@ -45,6 +91,9 @@ def _empty_like(x, shape, float32=False):
     name, fw = _framework(x)
     if name == "torch":
         return fw.empty(shape, dtype=fw.float32 if float32 else x.dtype, device=x.device)
+    if name == "cupy":
+        with x.device:
+            return fw.empty(shape, dtype=fw.float32 if float32 else x.dtype)
     return fw.empty(shape, dtype=fw.float32 if float32 else x.dtype)
 
 
@@ -77,6 +126,38 @@ def _slopes(alibi_slopes, batch, heads):
     return [float(x) for x in a.reshape(-1)]
 
 
+def _is_torch(x):
+    return type(x).__module__.split(".")[0] == "torch"
+
+
+def _stream(x):
+    """Where a call on `x` runs, as the native call's ``stream`` and ``current``: on a CUDA
+    tensor its framework's current stream on x's device (PyTorch, CuPy; current=True, so the
+    DLPack handshake needs no synchronisation), or the legacy default stream for other
+    producers (0, current=False); on the CPU (None, False)."""
+    device = getattr(x, "__dlpack_device__", None)
+    if device is None or device()[0] != 2:  # kDLCUDA
+        return None, False
+    if _is_torch(x):
+        import torch
+
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # the cheap form, if there
+        if raw is not None:
+            return raw(x.device.index), True
+        return torch.cuda.current_stream(x.device).cuda_stream, True
+    if type(x).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        return cupy.cuda.get_current_stream().ptr, True
+    return 0, False
+
+
+def _dl(x):
+    """What the native call reads: a PyTorch tensor detached (DLPack refuses tensors that
+    require grad; autograd is handled here), anything else as it is."""
+    return x.detach() if _is_torch(x) and x.requires_grad else x
+
+
 def _tensors(**named):
     for name, x in named.items():
         if x is not None and not hasattr(x, "__dlpack__"):
@@ -101,32 +182,89 @@ def _window(window_size):
     return _int("window_size[0]", left, -1, limit), _int("window_size[1]", right, -1, limit)
 
 
-def _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes):
+def _run_forward(q, k, v, scale, causal, window, softcap, slopes):
+    b, sq, hq, _ = q.shape
+    out = _empty_like(q, q.shape)
+    lse = _empty_like(q, (b, hq, sq), float32=True)
+    stream, current = _stream(q)
+    _native.forward(
+        _dl(q), _dl(k), _dl(v), out, lse, scale, causal, window[0], window[1], softcap, slopes,
+        stream, current,
+    )
+    return out, lse
+
+
+def _run_backward(saved, dout, args):
+    q, k, v, out, lse = saved
+    scale, causal, window, softcap, slopes, deterministic = args
+    import torch
+
+    # The library reads dout through out's strides (out is contiguous: allocated here).
+    dout = dout.contiguous()
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    stream, current = _stream(q)
+    _native.backward(
+        _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(dout), dq, dk, dv,
+        scale, causal, window[0], window[1], softcap, slopes, deterministic, stream, current,
+    )
+    return dq, dk, dv
+
+
+_autograd = None
+
+
+def _function():
+    """The ``torch.autograd.Function`` of a call (built on first use: torch is imported only
+    by callers that pass torch tensors)."""
+    global _autograd
+    if _autograd is None:
+        import torch
+
+        class FlashAttnFunction(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k, v, args):
+                out, lse = _run_forward(q, k, v, *args[:5])
+                ctx.save_for_backward(q, k, v, out, lse)
+                ctx.args = args
+                ctx.mark_non_differentiable(lse)
+                return out, lse
+
+            @staticmethod
+            def backward(ctx, dout, _dlse):
+                dq, dk, dv = _run_backward(ctx.saved_tensors, dout, ctx.args)
+                return dq, dk, dv, None
+
+        _autograd = FlashAttnFunction
+    return _autograd
+
+
+def _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
+             deterministic=False):
     _tensors(q=q, k=k, v=v)
     if len(q.shape) != 4:
         raise FlashAttnError(
             f"q has {len(q.shape)} dimensions {tuple(q.shape)}; expected 4: "
             "[batch, seqlen, heads, head_dim]"
         )
-    b, sq, hq, _ = q.shape
-    left, right = _window(window_size)
-    slopes = _slopes(alibi_slopes, b, hq)
-    out = _empty_like(q, q.shape)
-    lse = _empty_like(q, (b, hq, sq), float32=True)
-    _native.forward(
-        q,
-        k,
-        v,
-        out,
-        lse,
+    b, _, hq, _ = q.shape
+    args = (
         None if softmax_scale is None else float(softmax_scale),
         bool(causal),
-        left,
-        right,
+        _window(window_size),
         float(softcap),
-        slopes,
+        _slopes(alibi_slopes, b, hq),
+        bool(deterministic),
     )
-    return out, lse
+    if _is_torch(q):
+        import torch
+
+        if torch.is_grad_enabled() and any(
+            _is_torch(t) and t.requires_grad for t in (q, k, v)
+        ):
+            return _function().apply(q, k, v, args)
+    return _run_forward(q, k, v, *args[:5])
 
 
 def flash_attn_func(
@@ -144,10 +282,13 @@ def flash_attn_func(
 ):
     """Attention of q ``[batch, seqlen_q, heads_q, head_dim]`` to k, v ``[batch, seqlen_k,
     heads_kv, head_dim]``; returns out like q. ``softmax_scale`` defaults to
-    ``1/sqrt(head_dim)``. ``deterministic`` is accepted for compatibility (the forward is
-    deterministic)."""
+    ``1/sqrt(head_dim)``. With PyTorch tensors that require grad, gradients flow to q, k, v;
+    ``deterministic=True`` then makes the GPU backward's dq the same bytes run to run (the
+    forward and the CPU backward always are)."""
     _unsupported(dropout_p, return_attn_probs)
-    out, _ = _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    out, _ = _forward(
+        q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
+    )
     return out
 
 
@@ -171,7 +312,9 @@ def flash_attn_qkvpacked_func(
             f"qkv has shape {tuple(qkv.shape)}; expected [batch, seqlen, 3, heads, head_dim]"
         )
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    out, _ = _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    out, _ = _forward(
+        q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
+    )
     return out
 
 
@@ -195,7 +338,9 @@ def flash_attn_kvpacked_func(
             f"kv has shape {tuple(kv.shape)}; expected [batch, seqlen_k, 2, heads_kv, head_dim]"
         )
     k, v = kv[:, :, 0], kv[:, :, 1]
-    out, _ = _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    out, _ = _forward(
+        q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
+    )
     return out
 
 

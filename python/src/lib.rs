@@ -3,9 +3,12 @@
 //! Python package (`flashattn/__init__.py`) gives FlashAttention-2's function names and
 //! allocates outputs in the caller's framework.
 //!
-//! This version runs CPU tensors on the library's CPU backend. CUDA tensors are refused with a
-//! clear error (the Rust library runs them; their binding, with the DLPack stream handshake,
-//! is the next step).
+//! CPU tensors run on the library's CPU backend; CUDA tensors (forward and backward) on its
+//! GPU kernels, on the stream the caller names (its framework's current stream), through the
+//! DLPack stream handshake, without a copy or a device synchronisation (`gpu.rs`). The
+//! variable-length and KV-cache calls take CPU tensors only in this version.
+
+mod gpu;
 
 use flashattn::scores::{Alibi, ScoreMods, Window};
 use flashattn::shape::{AttnProblem, AttnShape, Strides};
@@ -82,7 +85,7 @@ enum Managed {
 
 /// A tensor borrowed through DLPack for the length of one call; the producer's deleter runs
 /// on drop (the capsule is renamed "used_...", so its own destructor does not).
-struct Borrowed {
+pub(crate) struct Borrowed {
     managed: Managed,
     _capsule: Py<PyAny>,
     name: &'static str,
@@ -113,6 +116,16 @@ impl Borrowed {
     /// Takes `obj.__dlpack__()`: the versioned form when the producer offers it (NumPy 2.1+
     /// exports read-only arrays only that way), else the legacy one.
     fn take(obj: &Bound<'_, PyAny>, name: &'static str) -> PyResult<Self> {
+        Self::take_on(obj, name, None)
+    }
+
+    /// As [`Self::take`], with DLPack's stream handshake for a CUDA tensor: `handshake` is
+    /// the `stream` argument of `__dlpack__` ([`handshake`]).
+    fn take_on(
+        obj: &Bound<'_, PyAny>,
+        name: &'static str,
+        handshake: Option<i64>,
+    ) -> PyResult<Self> {
         let py = obj.py();
         let not_dlpack = |e: PyErr| {
             PyValueError::new_err(format!(
@@ -121,6 +134,14 @@ impl Borrowed {
         };
         let kwargs = pyo3::types::PyDict::new(py);
         kwargs.set_item("max_version", (1, 0))?;
+        // DLPack: `stream` only for CUDA producers.
+        let on_cuda = obj
+            .call_method0("__dlpack_device__")
+            .and_then(|d| d.extract::<(i32, i32)>())
+            .is_ok_and(|(kind, _)| kind == DL_CUDA);
+        if on_cuda {
+            kwargs.set_item("stream", handshake.unwrap_or(1))?;
+        }
         let capsule = match obj.call_method("__dlpack__", (), Some(&kwargs)) {
             Ok(c) => c,
             Err(e) if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py) => {
@@ -198,7 +219,7 @@ impl Borrowed {
     }
 
     /// The bytes from the first to one past the last element addressed.
-    fn span(&self) -> PyResult<(usize, usize)> {
+    pub(crate) fn span(&self) -> PyResult<(usize, usize)> {
         let t = self.t();
         let start = t.data as usize + t.byte_offset as usize;
         Ok((
@@ -267,11 +288,24 @@ impl Borrowed {
         match self.t().device.device_type {
             DL_CPU => Ok(()),
             DL_CUDA => Err(PyNotImplementedError::new_err(format!(
-                "{}: CUDA tensors are not in this version of the Python package (the Rust library runs them; the binding comes next); move the tensors to the CPU",
+                "{}: this call (variable-length or KV cache) takes CPU tensors only in this version of the Python package (flash_attn_func and the packed functions take CUDA tensors); move the tensors to the CPU",
                 self.name
             ))),
             other => Err(FlashAttnError::new_err(format!(
                 "{}: DLPack device type {other} is not supported (CPU tensors only in this version)",
+                self.name
+            ))),
+        }
+    }
+
+    /// Where the tensor lives: `None` on the CPU, `Some(id)` on CUDA device `id`.
+    fn place(&self) -> PyResult<Option<i32>> {
+        let d = self.t().device;
+        match d.device_type {
+            DL_CPU => Ok(None),
+            DL_CUDA => Ok(Some(d.device_id)),
+            other => Err(FlashAttnError::new_err(format!(
+                "{}: DLPack device type {other} is not supported (CPU and CUDA tensors only)",
                 self.name
             ))),
         }
@@ -311,7 +345,7 @@ impl Borrowed {
     }
 
     /// Elements from the first to one past the last addressed (0 for an empty tensor).
-    fn extent(&self) -> PyResult<usize> {
+    pub(crate) fn extent(&self) -> PyResult<usize> {
         let shape = self.shape();
         if shape.contains(&0) {
             return Ok(0);
@@ -324,6 +358,41 @@ impl Borrowed {
             .sum::<usize>()
             + 1)
     }
+}
+
+/// The `stream` argument of `__dlpack__` for a call launched on `stream` (a raw `CUstream`
+/// handle; `None`: the legacy default stream). `current`: `stream` is the producer's own
+/// current stream, on which its pending writes are already ordered, so -1 (DLPack: no
+/// synchronisation; PyTorch would otherwise wrap the handle and compare streams for every
+/// tensor); else the handle, with 1 for the legacy default stream (0 is ambiguous in DLPack),
+/// and the producer orders its writes before that stream's next work.
+fn handshake(stream: Option<usize>, current: bool) -> Option<i64> {
+    if current {
+        return Some(-1);
+    }
+    Some(match stream.unwrap_or(0) {
+        0 => 1,
+        s => s as i64,
+    })
+}
+
+/// Where a call runs: every tensor on the CPU (`None`) or every one on one CUDA device.
+fn placement(ts: &[&Borrowed]) -> PyResult<Option<i32>> {
+    let first = ts[0].place()?;
+    for t in &ts[1..] {
+        let here = t.place()?;
+        if here != first {
+            let name = |p: Option<i32>| p.map_or("cpu".to_string(), |i| format!("cuda:{i}"));
+            return Err(FlashAttnError::new_err(format!(
+                "{} is on {} but {} is on {}: pass every tensor of a call on one device",
+                ts[0].name,
+                name(first),
+                t.name,
+                name(here)
+            )));
+        }
+    }
+    Ok(first)
 }
 
 /// A bshd tensor's shape and strides (head_dim contiguous).
@@ -435,12 +504,14 @@ fn problem(
     }
 }
 
-/// Runs attention on CPU tensors: `q` `[batch, seqlen_q, heads_q, head_dim]`, `k`/`v`
-/// `[batch, seqlen_k, heads_kv, head_dim]`, written into `out` (q's shape, any strides with
-/// head_dim contiguous) and `lse` (f32 `[batch, heads_q, seqlen_q]`, contiguous). Returns where
-/// it ran.
+/// Runs attention: `q` `[batch, seqlen_q, heads_q, head_dim]`, `k`/`v` `[batch, seqlen_k,
+/// heads_kv, head_dim]`, written into `out` (q's shape, any strides with head_dim contiguous)
+/// and `lse` (f32 `[batch, heads_q, seqlen_q]`, contiguous). CPU tensors run on the CPU
+/// backend (f16, bf16, f32); CUDA tensors (f16, bf16) on the GPU kernels, enqueued on
+/// `stream` (a raw `CUstream` handle; `None` or 0: the legacy default stream; `current`: it
+/// is the tensors' producer's current stream, see [`handshake`]). Returns where it ran.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes))]
+#[pyo3(signature = (q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, stream=None, current=false))]
 #[allow(clippy::too_many_arguments)]
 fn forward(
     q: &Bound<'_, PyAny>,
@@ -454,22 +525,66 @@ fn forward(
     window_right: i64,
     softcap: f32,
     alibi_slopes: Option<Vec<f32>>,
+    stream: Option<usize>,
+    current: bool,
 ) -> PyResult<String> {
-    let tq = Borrowed::take(q, "q")?;
-    let tk = Borrowed::take(k, "k")?;
-    let tv = Borrowed::take(v, "v")?;
-    let to = Borrowed::take(out, "out")?;
-    let tl = Borrowed::take(lse, "lse")?;
-    for t in [&tq, &tk, &tv, &to, &tl] {
-        t.check_cpu()?;
-    }
+    let hs = handshake(stream, current);
+    let tq = Borrowed::take_on(q, "q", hs)?;
+    let tk = Borrowed::take_on(k, "k", hs)?;
+    let tv = Borrowed::take_on(v, "v", hs)?;
+    let to = Borrowed::take_on(out, "out", hs)?;
+    let tl = Borrowed::take_on(lse, "lse", hs)?;
+    let place = placement(&[&tq, &tk, &tv, &to, &tl])?;
     let dtype = tq.dtype()?;
     same_dtype(dtype, &[&tk, &tv, &to], &tl)?;
     check_disjoint(&[&to, &tl], &[&tq, &tk, &tv])?;
-    let ([b, sq, hq, d], qs) = bshd(&tq)?;
-    let ([bk, sk, hkv, dk], ks) = bshd(&tk)?;
-    let (vshape, vs) = bshd(&tv)?;
-    let (oshape, os) = bshd(&to)?;
+    let p = bshd_problem(
+        [&tq, &tk, &tv, &to, &tl],
+        softmax_scale,
+        causal,
+        (window_left, window_right),
+        softcap,
+        alibi_slopes,
+    )?;
+    // SAFETY: dtypes and devices checked above; the slices cover what the strides address;
+    // a CUDA tensor's stream is the one its framework hands out as current.
+    unsafe {
+        match (place, dtype) {
+            (None, "float16") => run::<f16>(&p, &tq, &tk, &tv, &to, &tl),
+            (None, "bfloat16") => run::<bf16>(&p, &tq, &tk, &tv, &to, &tl),
+            (None, _) => run::<f32>(&p, &tq, &tk, &tv, &to, &tl),
+            (Some(id), "float16") => {
+                gpu::forward::<f16>(id, stream.unwrap_or(0), &p, &tq, &tk, &tv, &to, &tl)
+            }
+            (Some(id), "bfloat16") => {
+                gpu::forward::<bf16>(id, stream.unwrap_or(0), &p, &tq, &tk, &tv, &to, &tl)
+            }
+            (Some(_), other) => Err(cuda_dtype(other)),
+        }
+    }
+}
+
+fn cuda_dtype(dtype: &str) -> PyErr {
+    FlashAttnError::new_err(format!(
+        "q is {dtype}: the CUDA kernels take float16 or bfloat16; convert the tensors (e.g. q.half()), or run float32 on the CPU"
+    ))
+}
+
+/// The problem of a bshd call after checking its tensors: q, k, v, out (q's shape) and lse
+/// (a contiguous f32 `[batch, heads_q, seqlen_q]`).
+#[allow(clippy::too_many_arguments)]
+fn bshd_problem(
+    [tq, tk, tv, to, tl]: [&Borrowed; 5],
+    softmax_scale: Option<f32>,
+    causal: bool,
+    window: (i64, i64),
+    softcap: f32,
+    alibi_slopes: Option<Vec<f32>>,
+) -> PyResult<AttnProblem> {
+    let ([b, sq, hq, d], qs) = bshd(tq)?;
+    let ([bk, sk, hkv, dk], ks) = bshd(tk)?;
+    let (vshape, vs) = bshd(tv)?;
+    let (oshape, os) = bshd(to)?;
     if bk != b || dk != d || vshape != [bk, sk, hkv, dk] || oshape != [b, sq, hq, d] {
         return Err(FlashAttnError::new_err(format!(
             "shapes disagree: q {:?}, k {:?}, v {vshape:?}, out {oshape:?}; k and v must be [batch, seqlen_k, heads_kv, head_dim] with q's batch and head_dim, out q's shape",
@@ -477,7 +592,7 @@ fn forward(
             [bk, sk, hkv, dk]
         )));
     }
-    let mods = score_mods((window_left, window_right), softcap, alibi_slopes, b, hq)?;
+    let mods = score_mods(window, softcap, alibi_slopes, b, hq)?;
     let p = problem(
         [b, sq, sk, hq, hkv, d],
         causal,
@@ -492,14 +607,126 @@ fn forward(
             "lse has shape {lshape:?}; expected a contiguous float32 [{b}, {hq}, {sq}]"
         )));
     }
-    // SAFETY: dtypes and devices checked above; the slices cover what the strides address.
-    unsafe {
-        match dtype {
-            "float16" => run::<f16>(&p, &tq, &tk, &tv, &to, &tl),
-            "bfloat16" => run::<bf16>(&p, &tq, &tk, &tv, &to, &tl),
-            _ => run::<f32>(&p, &tq, &tk, &tv, &to, &tl),
+    Ok(p)
+}
+
+/// Gradients of attention: `q`, `k`, `v`, `out`, `lse` as [`forward`] took and wrote them,
+/// `dout` with `out`'s shape and strides; writes `dq` (q's shape), `dk`, `dv` (k's shape), all
+/// three contiguous (dk, dv summed over the query heads of each kv head). CPU tensors run on
+/// the CPU backward, CUDA tensors on the GPU backward (softcap and ALiBi: CPU only), enqueued
+/// on `stream`. `deterministic`: dq the same bytes run to run (GPU; the CPU always is).
+#[pyfunction]
+#[pyo3(signature = (q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic, stream=None, current=false))]
+#[allow(clippy::too_many_arguments)]
+fn backward(
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    v: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    lse: &Bound<'_, PyAny>,
+    dout: &Bound<'_, PyAny>,
+    dq: &Bound<'_, PyAny>,
+    dk: &Bound<'_, PyAny>,
+    dv: &Bound<'_, PyAny>,
+    softmax_scale: Option<f32>,
+    causal: bool,
+    window_left: i64,
+    window_right: i64,
+    softcap: f32,
+    alibi_slopes: Option<Vec<f32>>,
+    deterministic: bool,
+    stream: Option<usize>,
+    current: bool,
+) -> PyResult<String> {
+    let hs = handshake(stream, current);
+    let [tq, tk, tv, to, tl, tdo, tdq, tdk, tdv] = [
+        (q, "q"),
+        (k, "k"),
+        (v, "v"),
+        (out, "out"),
+        (lse, "lse"),
+        (dout, "dout"),
+        (dq, "dq"),
+        (dk, "dk"),
+        (dv, "dv"),
+    ]
+    .map(|(x, name)| Borrowed::take_on(x, name, hs));
+    let (tq, tk, tv, to, tl, tdo) = (tq?, tk?, tv?, to?, tl?, tdo?);
+    let (tdq, tdk, tdv) = (tdq?, tdk?, tdv?);
+    let place = placement(&[&tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv])?;
+    let dtype = tq.dtype()?;
+    same_dtype(dtype, &[&tk, &tv, &to, &tdo, &tdq, &tdk, &tdv], &tl)?;
+    check_disjoint(&[&tdq, &tdk, &tdv], &[&tq, &tk, &tv, &to, &tl, &tdo])?;
+    let p = bshd_problem(
+        [&tq, &tk, &tv, &to, &tl],
+        softmax_scale,
+        causal,
+        (window_left, window_right),
+        softcap,
+        alibi_slopes,
+    )?;
+    if tdo.shape() != to.shape() || tdo.strides()? != to.strides()? {
+        return Err(FlashAttnError::new_err(format!(
+            "dout has shape {:?} and strides {:?}; it must have out's ({:?}, {:?})",
+            tdo.shape(),
+            tdo.strides()?,
+            to.shape(),
+            to.strides()?
+        )));
+    }
+    let (qshape, kshape) = (tq.shape(), tk.shape());
+    for (t, want) in [(&tdq, &qshape), (&tdk, &kshape), (&tdv, &kshape)] {
+        if compact(t, 4, "[batch, seqlen, heads, head_dim]")? != *want {
+            return Err(FlashAttnError::new_err(format!(
+                "{} has shape {:?}; expected {want:?}",
+                t.name,
+                t.shape()
+            )));
         }
     }
+    let ins = [&tq, &tk, &tv, &to, &tl, &tdo];
+    let grads = [&tdq, &tdk, &tdv];
+    // SAFETY: dtypes, devices, shapes and strides checked above.
+    unsafe {
+        match (place, dtype) {
+            (None, "float16") => run_backward::<f16>(&p, ins, grads),
+            (None, "bfloat16") => run_backward::<bf16>(&p, ins, grads),
+            (None, _) => run_backward::<f32>(&p, ins, grads),
+            (Some(id), "float16") => {
+                gpu::backward::<f16>(id, stream.unwrap_or(0), &p, deterministic, ins, grads)
+            }
+            (Some(id), "bfloat16") => {
+                gpu::backward::<bf16>(id, stream.unwrap_or(0), &p, deterministic, ins, grads)
+            }
+            (Some(_), other) => Err(cuda_dtype(other)),
+        }
+    }
+}
+
+/// # Safety
+/// Every tensor holds `T` (lse f32) on the CPU; the gradients are compact.
+unsafe fn run_backward<T: Element>(
+    p: &AttnProblem,
+    [q, k, v, o, lse, d_o]: [&Borrowed; 6],
+    [dq, dk, dv]: [&Borrowed; 3],
+) -> PyResult<String> {
+    // SAFETY: the caller checked dtype and device; the gradients are distinct writable buffers.
+    unsafe {
+        flashattn::cpu_backward::backward(
+            p,
+            q.slice::<T>()?,
+            k.slice::<T>()?,
+            v.slice::<T>()?,
+            o.slice::<T>()?,
+            lse.slice::<f32>()?,
+            d_o.slice::<T>()?,
+            dq.slice_mut::<T>()?,
+            dk.slice_mut::<T>()?,
+            dv.slice_mut::<T>()?,
+        )
+        .map_err(err)?;
+    }
+    Ok(format!("cpu ({} threads)", rayon_threads()))
 }
 
 /// # Safety
@@ -886,9 +1113,18 @@ unsafe fn run_kvcache<T: Element>(
     Ok(format!("cpu ({splits} split(s))"))
 }
 
+/// NVRTC's version `(major, minor)` as the library loads it (from the `nvidia-cuda-nvrtc`
+/// wheel that `flashattn/__init__.py` preloads, or the system's); raises when none loads.
+#[pyfunction]
+fn nvrtc_version() -> PyResult<(i32, i32)> {
+    flashattn::cuda::nvrtc::nvrtc_version().map_err(err)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(forward, m)?)?;
+    m.add_function(wrap_pyfunction!(backward, m)?)?;
+    m.add_function(wrap_pyfunction!(nvrtc_version, m)?)?;
     m.add_function(wrap_pyfunction!(reference, m)?)?;
     m.add_function(wrap_pyfunction!(varlen_forward, m)?)?;
     m.add_function(wrap_pyfunction!(kvcache_forward, m)?)?;

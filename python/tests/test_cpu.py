@@ -250,3 +250,83 @@ def test_memory_rules():
         flashattn.flash_attn_func(q[:0], q[:0], q[:0])
     with pytest.raises(ValueError, match="DLPack"):
         flashattn.flash_attn_with_kvcache([1], kc, vc)
+
+
+def reference_grad(q, k, v, do, scale=None, causal=False):
+    """dq, dk, dv of attention in float64 (FA2 semantics; dk, dv summed over each kv head's
+    query heads), written out from the softmax's derivative."""
+    q, k, v, do = (x.astype(np.float64) for x in (q, k, v, do))
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    g = hq // hkv
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    visible = np.ones((sq, sk), dtype=bool)
+    if causal:
+        visible &= np.arange(sk)[None, :] <= np.arange(sq)[:, None] + sk - sq
+    for bb in range(b):
+        for h in range(hq):
+            kh, vh = k[bb, :, h // g], v[bb, :, h // g]
+            s = np.where(visible, q[bb, :, h] @ kh.T * scale, -np.inf)
+            m = s.max(axis=1, keepdims=True)
+            p = np.exp(s - np.where(np.isfinite(m), m, 0.0))
+            l = p.sum(axis=1, keepdims=True)
+            p = np.where(l > 0, p / np.where(l > 0, l, 1), 0)
+            o, g_o = p @ vh, do[bb, :, h]
+            dv[bb, :, h // g] += p.T @ g_o
+            ds = p * (g_o @ vh.T - (g_o * o).sum(axis=1, keepdims=True))
+            dq[bb, :, h] = ds @ kh * scale
+            dk[bb, :, h // g] += ds.T @ q[bb, :, h] * scale
+    return dq, dk, dv
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 37, 53, 4, 2, 64), (1, 64, 29, 2, 1, 40)])
+def test_backward_against_reference(causal, shape):
+    b, sq, sk, hq, hkv, d = shape
+    q, k, v = inputs(*shape, dtype=np.float32, seed=7)
+    do = np.random.default_rng(8).standard_normal((b, sq, hq, d)).astype(np.float32)
+    out = np.empty_like(q)
+    lse = np.empty((b, hq, sq), np.float32)
+    _native.forward(q, k, v, out, lse, None, causal, -1, -1, 0.0, None)
+    grads = [np.full_like(x, np.nan) for x in (q, k, v)]
+    ran = _native.backward(q, k, v, out, lse, do, *grads, None, causal, -1, -1, 0.0, None, False)
+    assert ran.startswith("cpu")
+    for got, want in zip(grads, reference_grad(q, k, v, do, causal=causal)):
+        close(got, want, np.float32)
+
+
+def test_backward_rejects_bad_gradients():
+    q, k, v = inputs(1, 8, 8, 2, 2, 64, dtype=np.float32)
+    out = np.empty_like(q)
+    lse = np.empty((1, 2, 8), np.float32)
+    _native.forward(q, k, v, out, lse, None, False, -1, -1, 0.0, None)
+    do = np.ones_like(out)
+    dq, dk, dv = (np.empty_like(x) for x in (q, k, v))
+    with pytest.raises(flashattn.FlashAttnError, match="dk has shape"):
+        _native.backward(q, k, v, out, lse, do, dq, np.empty((1, 8, 1, 64), np.float32), dv,
+                         None, False, -1, -1, 0.0, None, False)
+    with pytest.raises(flashattn.FlashAttnError, match="dout has shape"):
+        _native.backward(q, k, v, out, lse, do[:, :4], dq, dk, dv,
+                         None, False, -1, -1, 0.0, None, False)
+    with pytest.raises(flashattn.FlashAttnError, match="share memory"):
+        _native.backward(q, k, v, out, lse, do, dq, dk, dk,
+                         None, False, -1, -1, 0.0, None, False)
+
+
+def test_nvrtc_from_the_wheel_without_ld_library_path():
+    # scripts/test.sh names the folder where pip put the nvidia-cuda-nvrtc wheel; the package
+    # must find NVRTC there through Python's path alone, as after `pip install`.
+    site = __import__("os").environ.get("FLASHATTN_TEST_NVRTC_SITE")
+    if not site:
+        pytest.skip("FLASHATTN_TEST_NVRTC_SITE not set (scripts/test.sh sets it)")
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    env["PYTHONPATH"] = site
+    code = "import flashattn; print(flashattn._native.nvrtc_version())"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "(13, 0)", r.stdout
