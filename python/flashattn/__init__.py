@@ -8,8 +8,10 @@ tensors (float16, bfloat16) on its GPU kernels, compiled at run time by NVRTC (f
 current stream (PyTorch's or CuPy's) with no copy and no device synchronisation, so a call can
 be captured in a CUDA graph (JAX GPU arrays are refused: JAX arrays are immutable). PyTorch tensors that require grad get gradients through
 ``torch.autograd`` (``flash_attn_func`` and the packed functions; the GPU backward has no
-softcap or ALiBi). ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache`` take CPU tensors
-only in this version.
+softcap or ALiBi). ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache`` run on CUDA tensors
+too (forward only), but copy their index arrays (``cu_seqlens_*``, ``cache_seqlens``,
+``block_table``) to the host to validate and plan the call: on CUDA those calls synchronise
+and cannot be captured in a graph.
 
 Semantics are FlashAttention-2's: ``[batch, seqlen, heads, head_dim]`` layout, causal
 aligned bottom-right, ``window_size=(left, right)`` with -1 unbounded, ``softcap`` > 0 caps
@@ -38,16 +40,22 @@ def _preload_nvrtc():
         spec = importlib.util.find_spec("nvidia")
     except (ImportError, ValueError):
         return
+    import glob
+
     for root in list(getattr(spec, "submodule_search_locations", None) or []):
         lib = os.path.join(root, "cu13", "lib")
-        names = ("libnvrtc-builtins.so.13.0", "libnvrtc.so.13")
-        if all(os.path.exists(os.path.join(lib, n)) for n in names):
-            try:
-                for n in names:
-                    ctypes.CDLL(os.path.join(lib, n), mode=ctypes.RTLD_GLOBAL)
-            except OSError:
-                continue
-            return
+        nvrtc = os.path.join(lib, "libnvrtc.so.13")
+        if not os.path.exists(nvrtc):
+            continue
+        # The builtins' minor version follows the wheel's (13.0, 13.5, ...); some builds of
+        # libnvrtc find them through $ORIGIN, others only by soname, so load them first.
+        builtins = sorted(glob.glob(os.path.join(lib, "libnvrtc-builtins.so.13.*")))
+        try:
+            for path in [*builtins[-1:], nvrtc]:
+                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            continue
+        return
 
 
 _preload_nvrtc()
@@ -76,10 +84,15 @@ def _framework(x):
         import cupy
 
         return "cupy", cupy
-    if module in ("jax", "jaxlib") and x.__dlpack_device__()[0] == 2:
+    if x.__dlpack_device__()[0] == 2:  # kDLCUDA, from a framework other than torch or cupy
+        if module in ("jax", "jaxlib"):
+            raise NotImplementedError(
+                "JAX arrays on a GPU: JAX arrays are immutable, so flashattn cannot allocate its "
+                "output in JAX; pass PyTorch or CuPy tensors (e.g. through DLPack), or JAX CPU arrays"
+            )
         raise NotImplementedError(
-            "JAX arrays on a GPU: JAX arrays are immutable, so flashattn cannot allocate its "
-            "output in JAX; pass PyTorch or CuPy tensors (e.g. through DLPack), or JAX CPU arrays"
+            f"CUDA arrays of {module}: flashattn allocates its output and finds the current "
+            "stream in PyTorch or CuPy; pass PyTorch or CuPy tensors (e.g. through DLPack)"
         )
     import numpy
 
@@ -148,14 +161,46 @@ def _stream(x):
     if type(x).__module__.split(".")[0] == "cupy":
         import cupy
 
-        return cupy.cuda.get_current_stream().ptr, True
+        with x.device:  # the current stream of the array's device
+            return cupy.cuda.get_current_stream().ptr, True
     return 0, False
+
+
+def _one_framework(**named):
+    """On CUDA every tensor of a call comes from q's framework: the call runs on that
+    framework's current stream, and only its own tensors are ordered on it."""
+    items = [(n, x) for n, x in named.items() if x is not None]
+    _, first = items[0]
+    device = getattr(first, "__dlpack_device__", None)
+    if device is None or device()[0] != 2:
+        return
+    fw = type(first).__module__.split(".")[0]
+    for name, x in items[1:]:
+        other = type(x).__module__.split(".")[0]
+        if other != fw:
+            raise FlashAttnError(
+                f"{items[0][0]} is a {fw} tensor but {name} is a {other} one: on CUDA pass every "
+                f"tensor of a call from one framework (convert with {fw}'s from_dlpack)"
+            )
 
 
 def _dl(x):
     """What the native call reads: a PyTorch tensor detached (DLPack refuses tensors that
     require grad; autograd is handled here), anything else as it is."""
     return x.detach() if _is_torch(x) and x.requires_grad else x
+
+
+def _no_grad(fn, *tensors):
+    """Refuses PyTorch tensors that require grad where no backward exists (never a silent
+    output cut off from the graph)."""
+    if any(_is_torch(t) and t.requires_grad for t in tensors if t is not None):
+        import torch
+
+        if torch.is_grad_enabled():
+            raise NotImplementedError(
+                f"{fn}: gradients are not supported; call it under torch.no_grad() (or on "
+                "tensors that do not require grad), or use flash_attn_func"
+            )
 
 
 def _tensors(**named):
@@ -165,6 +210,7 @@ def _tensors(**named):
                 f"{name}: a {type(x).__name__} is not a DLPack tensor; pass a NumPy array, "
                 "a PyTorch tensor or another object with __dlpack__"
             )
+    _one_framework(**named)
 
 
 def _int(name, x, lo, hi):
@@ -232,6 +278,7 @@ def _function():
                 return out, lse
 
             @staticmethod
+            @torch.autograd.function.once_differentiable
             def backward(ctx, dout, _dlse):
                 dq, dk, dv = _run_backward(ctx.saved_tensors, dout, ctx.args)
                 return dq, dk, dv, None
@@ -403,12 +450,14 @@ def flash_attn_varlen_func(
         )
     left, right = _window(window_size)
     slopes = _slopes(alibi_slopes, len(cq) - 1, q.shape[1])
+    _no_grad("flash_attn_varlen_func", q, k, v)
     out = _empty_like(q, q.shape)
     lse = _empty_like(q, (q.shape[1], q.shape[0]), float32=True)
+    stream, current = _stream(q)
     _native.varlen_forward(
-        q,
-        k,
-        v,
+        _dl(q),
+        _dl(k),
+        _dl(v),
         out,
         lse,
         cq,
@@ -419,6 +468,8 @@ def flash_attn_varlen_func(
         right,
         float(softcap),
         slopes,
+        stream,
+        current,
     )
     return out
 
@@ -451,7 +502,7 @@ def flash_attn_with_kvcache(
     ``cache_seqlens`` (an int or int32 ``[batch]``) in place before attending; every tensor
     compact (this version), pages a multiple of 16 keys. Returns out (and
     lse ``[batch, heads_q, seqlen_q]`` with ``return_softmax_lse``). ``num_splits`` > 0 sets the
-    split-KV count (0: one on the CPU)."""
+    split-KV count (0: one on the CPU, the library's heuristic on the GPU)."""
     for name, arg in (
         ("rotary_cos", rotary_cos),
         ("rotary_sin", rotary_sin),
@@ -483,14 +534,16 @@ def flash_attn_with_kvcache(
         table, max_blocks = _ints("block_table", bt.reshape(-1), "[batch, max_blocks]"), int(bt.shape[1])
     left, right = _window(window_size)
     slopes = _slopes(alibi_slopes, b, hq)
+    _no_grad("flash_attn_with_kvcache", q, k_cache, v_cache, k, v)
     out = _empty_like(q, q.shape)
     lse = _empty_like(q, (b, hq, sq), float32=True)
+    stream, current = _stream(q)
     _native.kvcache_forward(
-        q,
-        k_cache,
-        v_cache,
-        k,
-        v,
+        _dl(q),
+        _dl(k_cache),
+        _dl(v_cache),
+        None if k is None else _dl(k),
+        None if v is None else _dl(v),
         out,
         lse,
         lens,
@@ -503,5 +556,7 @@ def flash_attn_with_kvcache(
         float(softcap),
         slopes,
         num_splits,
+        stream,
+        current,
     )
     return (out, lse) if return_softmax_lse else out

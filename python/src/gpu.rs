@@ -5,20 +5,32 @@
 
 use crate::{Borrowed, FlashAttnError, err};
 use flashattn::AttnProblem;
+use flashattn::cuda::DevicePtr;
 use flashattn::cuda::backward::{BackwardOptions, backward_device};
-use flashattn::cuda::{ForeignSlice, Gpu, GpuElement, KernelKind, forward_device};
+use flashattn::cuda::{
+    ContextGuard, ForeignSlice, Gpu, GpuElement, KernelKind, forward_device, stream_capturing,
+};
+use flashattn::kvcache::KvCacheProblem;
+use flashattn::varlen::VarlenProblem;
 use pyo3::prelude::*;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 /// One [`Gpu`] per device for the life of the process (its compiled modules and tile
-/// counters are shared by every stream), opened on first use.
-fn device(id: i32) -> PyResult<&'static Gpu> {
+/// counters are shared by every stream), opened on first use, which must not be inside a
+/// CUDA graph capture on `stream` (opening synchronises the device once).
+fn device(id: i32, stream: usize) -> PyResult<&'static Gpu> {
     static GPUS: Mutex<Option<HashMap<i32, &'static Gpu>>> = Mutex::new(None);
     let mut g = GPUS.lock().unwrap_or_else(|p| p.into_inner());
     let map = g.get_or_insert_with(HashMap::new);
     if let Some(gpu) = map.get(&id) {
         return Ok(gpu);
+    }
+    // SAFETY: the caller's framework keeps its current stream alive.
+    if unsafe { stream_capturing(stream) } {
+        return Err(FlashAttnError::new_err(format!(
+            "the first flashattn call on cuda:{id} is inside a CUDA graph capture, and opening the device (and compiling its kernels) cannot be captured: make the same call once before the capture (a warm-up)"
+        )));
     }
     let ordinal = usize::try_from(id)
         .map_err(|_| FlashAttnError::new_err(format!("CUDA device id {id} is negative")))?;
@@ -35,7 +47,17 @@ fn device(id: i32) -> PyResult<&'static Gpu> {
 /// it and keeps it alive).
 unsafe fn on_stream(id: i32, stream: usize) -> PyResult<Gpu> {
     // SAFETY: forwarded to the caller.
-    Ok(unsafe { device(id)?.on_raw_stream(stream) })
+    Ok(unsafe { device(id, stream)?.on_raw_stream(stream) })
+}
+
+/// Refuses a call that copies host data (index arrays) to the device inside a graph capture.
+fn not_capturing(gpu: &Gpu, what: &str) -> PyResult<()> {
+    if gpu.capturing() {
+        return Err(FlashAttnError::new_err(format!(
+            "{what} copies its index arrays from the host, which a CUDA graph capture cannot record: call it outside the capture"
+        )));
+    }
+    Ok(())
 }
 
 /// The tensor's memory as a device slice of `T` covering every element it addresses.
@@ -63,6 +85,8 @@ pub unsafe fn forward<T: GpuElement>(
     o: &Borrowed,
     lse: &Borrowed,
 ) -> PyResult<String> {
+    // Our context is bound for the call; the caller's current device comes back after it.
+    let _restore = ContextGuard::save();
     // SAFETY: forwarded to the caller.
     unsafe {
         let gpu = on_stream(id, stream)?;
@@ -103,6 +127,8 @@ pub unsafe fn backward<T: GpuElement>(
     [q, k, v, o, lse, d_o]: [&Borrowed; 6],
     [dq, dk, dv]: [&Borrowed; 3],
 ) -> PyResult<String> {
+    // Our context is bound for the call; the caller's current device comes back after it.
+    let _restore = ContextGuard::save();
     // SAFETY: forwarded to the caller.
     unsafe {
         let gpu = on_stream(id, stream)?;
@@ -126,5 +152,101 @@ pub unsafe fn backward<T: GpuElement>(
         )
         .map_err(err)?;
         Ok(format!("cuda:{id} {} {}", gpu.info().name, info.kernel))
+    }
+}
+
+/// A packed variable-length batch on CUDA tensors (checked by the caller: one device, dtype
+/// `T`, compact, the sizes of `p`).
+///
+/// # Safety
+/// As [`on_stream`] and [`foreign`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn varlen<T: GpuElement>(
+    id: i32,
+    stream: usize,
+    p: &VarlenProblem,
+    q: &Borrowed,
+    k: &Borrowed,
+    v: &Borrowed,
+    o: &Borrowed,
+    lse: &Borrowed,
+) -> PyResult<String> {
+    // Our context is bound for the call; the caller's current device comes back after it.
+    let _restore = ContextGuard::save();
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        let gpu = on_stream(id, stream)?;
+        not_capturing(&gpu, "flash_attn_varlen_func")?;
+        let (fq, fk, fv) = (foreign::<T>(q, &gpu)?, foreign(k, &gpu)?, foreign(v, &gpu)?);
+        let (mut fo, mut fl) = (foreign::<T>(o, &gpu)?, foreign::<f32>(lse, &gpu)?);
+        let info = flashattn::cuda::varlen::forward_device(
+            &gpu,
+            KernelKind::Wgmma,
+            p,
+            &fq,
+            &fk,
+            &fv,
+            &mut fo,
+            &mut fl,
+        )
+        .map_err(err)?;
+        Ok(format!(
+            "cuda:{id} {} attn_{} ({})",
+            gpu.info().name,
+            info.kernel,
+            info.why
+        ))
+    }
+}
+
+/// Decoding against a KV cache on CUDA tensors (checked by the caller as for [`varlen`]; the
+/// caches written in place when `new` rows are given). `splits`: `None` for the library's
+/// heuristic.
+///
+/// # Safety
+/// As [`on_stream`] and [`foreign`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn kvcache<T: GpuElement>(
+    id: i32,
+    stream: usize,
+    p: &KvCacheProblem,
+    q: &Borrowed,
+    (kc, vc): (&Borrowed, &Borrowed),
+    new: Option<&(Borrowed, Borrowed)>,
+    (o, lse): (&Borrowed, &Borrowed),
+    splits: Option<usize>,
+) -> PyResult<String> {
+    // Our context is bound for the call; the caller's current device comes back after it.
+    let _restore = ContextGuard::save();
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        let gpu = on_stream(id, stream)?;
+        not_capturing(&gpu, "flash_attn_with_kvcache")?;
+        let fq = foreign::<T>(q, &gpu)?;
+        let (mut fkc, mut fvc) = (foreign::<T>(kc, &gpu)?, foreign::<T>(vc, &gpu)?);
+        let fnew = match new {
+            Some((k, v)) => Some((foreign::<T>(k, &gpu)?, foreign::<T>(v, &gpu)?)),
+            None => None,
+        };
+        let (mut fo, mut fl) = (foreign::<T>(o, &gpu)?, foreign::<f32>(lse, &gpu)?);
+        let info = flashattn::cuda::decode::forward_device(
+            &gpu,
+            p,
+            &fq,
+            &mut fkc,
+            &mut fvc,
+            fnew.as_ref()
+                .map(|(k, v)| (k as &dyn DevicePtr<T>, v as &dyn DevicePtr<T>)),
+            &mut fo,
+            &mut fl,
+            splits,
+        )
+        .map_err(err)?;
+        Ok(format!(
+            "cuda:{id} {} {} ({})",
+            gpu.info().name,
+            info.kernel,
+            info.why
+        ))
     }
 }

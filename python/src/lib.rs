@@ -5,8 +5,9 @@
 //!
 //! CPU tensors run on the library's CPU backend; CUDA tensors (forward and backward) on its
 //! GPU kernels, on the stream the caller names (its framework's current stream), through the
-//! DLPack stream handshake, without a copy or a device synchronisation (`gpu.rs`). The
-//! variable-length and KV-cache calls take CPU tensors only in this version.
+//! DLPack stream handshake, without a copy or a device synchronisation (`gpu.rs`); the
+//! variable-length and KV-cache calls plan from host copies of their index arrays, which the
+//! Python layer makes.
 
 mod gpu;
 
@@ -144,8 +145,12 @@ impl Borrowed {
         }
         let capsule = match obj.call_method("__dlpack__", (), Some(&kwargs)) {
             Ok(c) => c,
+            // A producer without DLPack 1.0 (no `max_version`): the legacy capsule, with the
+            // same stream handshake.
             Err(e) if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py) => {
-                obj.call_method0("__dlpack__").map_err(not_dlpack)?
+                kwargs.del_item("max_version")?;
+                obj.call_method("__dlpack__", (), Some(&kwargs))
+                    .map_err(not_dlpack)?
             }
             Err(e) => return Err(not_dlpack(e)),
         };
@@ -257,7 +262,7 @@ impl Borrowed {
             }
             return Ok(st);
         }
-        (0..shape.len())
+        let mut st = (0..shape.len())
             .map(|i| {
                 // SAFETY: DLPack guarantees `ndim` entries when strides is not null.
                 let s = unsafe { *t.strides.add(i) };
@@ -268,7 +273,16 @@ impl Borrowed {
                     ))
                 })
             })
-            .collect()
+            .collect::<PyResult<Vec<usize>>>()?;
+        // A dimension of one element is never stepped over, and producers report anything
+        // there (PyTorch: 1): give it the stride a dense layout would, so that layout checks
+        // and the copy engine's tensor maps see the tensor as it is.
+        for i in (0..shape.len()).rev() {
+            if shape[i] == 1 {
+                st[i] = st.get(i + 1).map_or(1, |&s| s * shape[i + 1]);
+            }
+        }
+        Ok(st)
     }
 
     fn dtype(&self) -> PyResult<&'static str> {
@@ -288,7 +302,7 @@ impl Borrowed {
         match self.t().device.device_type {
             DL_CPU => Ok(()),
             DL_CUDA => Err(PyNotImplementedError::new_err(format!(
-                "{}: this call (variable-length or KV cache) takes CPU tensors only in this version of the Python package (flash_attn_func and the packed functions take CUDA tensors); move the tensors to the CPU",
+                "{}: the f64 oracle (reference) takes CPU tensors; move the tensors to the CPU",
                 self.name
             ))),
             other => Err(FlashAttnError::new_err(format!(
@@ -602,7 +616,9 @@ fn bshd_problem(
     .with_scores(mods)
     .map_err(err)?;
     let lshape = tl.shape();
-    if lshape != [b, hq, sq] || tl.strides()? != [hq * sq, sq, 1] {
+    // (compact() judges strides only where a dimension has more than one element: DLPack
+    // producers may report anything, e.g. 1, for the others.)
+    if lshape != [b, hq, sq] || compact(tl, 3, "[batch, heads_q, seqlen_q]").is_err() {
         return Err(FlashAttnError::new_err(format!(
             "lse has shape {lshape:?}; expected a contiguous float32 [{b}, {hq}, {sq}]"
         )));
@@ -665,7 +681,11 @@ fn backward(
         softcap,
         alibi_slopes,
     )?;
-    if tdo.shape() != to.shape() || tdo.strides()? != to.strides()? {
+    // Strides compared where a dimension has more than one element (see bshd_problem).
+    let (dshape, dstr, ostr) = (tdo.shape(), tdo.strides()?, to.strides()?);
+    let same_layout =
+        dshape == to.shape() && (0..dshape.len()).all(|i| dshape[i] <= 1 || dstr[i] == ostr[i]);
+    if !same_layout {
         return Err(FlashAttnError::new_err(format!(
             "dout has shape {:?} and strides {:?}; it must have out's ({:?}, {:?})",
             tdo.shape(),
@@ -838,7 +858,7 @@ fn compact(t: &Borrowed, ndim: usize, what: &str) -> PyResult<Vec<usize>> {
 /// `q` `[total_q, heads_q, head_dim]`, `k`/`v` `[total_k, heads_kv, head_dim]`, all
 /// contiguous, written into `out` (like q) and `lse` (f32 `[heads_q, total_q]`).
 #[pyfunction]
-#[pyo3(signature = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes))]
+#[pyo3(signature = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, stream=None, current=false))]
 #[allow(clippy::too_many_arguments)]
 fn varlen_forward(
     q: &Bound<'_, PyAny>,
@@ -854,15 +874,16 @@ fn varlen_forward(
     window_right: i64,
     softcap: f32,
     alibi_slopes: Option<Vec<f32>>,
+    stream: Option<usize>,
+    current: bool,
 ) -> PyResult<String> {
-    let tq = Borrowed::take(q, "q")?;
-    let tk = Borrowed::take(k, "k")?;
-    let tv = Borrowed::take(v, "v")?;
-    let to = Borrowed::take(out, "out")?;
-    let tl = Borrowed::take(lse, "lse")?;
-    for t in [&tq, &tk, &tv, &to, &tl] {
-        t.check_cpu()?;
-    }
+    let hs = handshake(stream, current);
+    let tq = Borrowed::take_on(q, "q", hs)?;
+    let tk = Borrowed::take_on(k, "k", hs)?;
+    let tv = Borrowed::take_on(v, "v", hs)?;
+    let to = Borrowed::take_on(out, "out", hs)?;
+    let tl = Borrowed::take_on(lse, "lse", hs)?;
+    let place = placement(&[&tq, &tk, &tv, &to, &tl])?;
     let packed = "[total, heads, head_dim]";
     let qs = compact(&tq, 3, packed)?;
     let ks = compact(&tk, 3, packed)?;
@@ -905,10 +926,14 @@ fn varlen_forward(
     }
     // SAFETY: dtypes and devices checked; the tensors are compact with the sizes checked.
     unsafe {
-        match dtype {
-            "float16" => run_varlen::<f16>(&p, &tq, &tk, &tv, &to, &tl),
-            "bfloat16" => run_varlen::<bf16>(&p, &tq, &tk, &tv, &to, &tl),
-            _ => run_varlen::<f32>(&p, &tq, &tk, &tv, &to, &tl),
+        let s = stream.unwrap_or(0);
+        match (place, dtype) {
+            (None, "float16") => run_varlen::<f16>(&p, &tq, &tk, &tv, &to, &tl),
+            (None, "bfloat16") => run_varlen::<bf16>(&p, &tq, &tk, &tv, &to, &tl),
+            (None, _) => run_varlen::<f32>(&p, &tq, &tk, &tv, &to, &tl),
+            (Some(id), "float16") => gpu::varlen::<f16>(id, s, &p, &tq, &tk, &tv, &to, &tl),
+            (Some(id), "bfloat16") => gpu::varlen::<bf16>(id, s, &p, &tq, &tk, &tv, &to, &tl),
+            (Some(_), other) => Err(cuda_dtype(other)),
         }
     }
 }
@@ -941,7 +966,7 @@ unsafe fn run_varlen<T: Element>(
 /// `[batch, seqlen_new, heads_kv, head_dim]` appended to the caches in place; all compact.
 /// Writes `out` (like q) and `lse` (f32 `[batch, heads_q, seqlen_q]`).
 #[pyfunction]
-#[pyo3(signature = (q, k_cache, v_cache, k_new, v_new, out, lse, cache_seqlens, block_table, max_blocks, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, num_splits))]
+#[pyo3(signature = (q, k_cache, v_cache, k_new, v_new, out, lse, cache_seqlens, block_table, max_blocks, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, num_splits, stream=None, current=false))]
 #[allow(clippy::too_many_arguments)]
 fn kvcache_forward(
     q: &Bound<'_, PyAny>,
@@ -961,14 +986,20 @@ fn kvcache_forward(
     softcap: f32,
     alibi_slopes: Option<Vec<f32>>,
     num_splits: usize,
+    stream: Option<usize>,
+    current: bool,
 ) -> PyResult<String> {
-    let tq = Borrowed::take(q, "q")?;
-    let tkc = Borrowed::take(k_cache, "k_cache")?;
-    let tvc = Borrowed::take(v_cache, "v_cache")?;
-    let to = Borrowed::take(out, "out")?;
-    let tl = Borrowed::take(lse, "lse")?;
+    let hs = handshake(stream, current);
+    let tq = Borrowed::take_on(q, "q", hs)?;
+    let tkc = Borrowed::take_on(k_cache, "k_cache", hs)?;
+    let tvc = Borrowed::take_on(v_cache, "v_cache", hs)?;
+    let to = Borrowed::take_on(out, "out", hs)?;
+    let tl = Borrowed::take_on(lse, "lse", hs)?;
     let new = match (k_new, v_new) {
-        (Some(k), Some(v)) => Some((Borrowed::take(k, "k")?, Borrowed::take(v, "v")?)),
+        (Some(k), Some(v)) => Some((
+            Borrowed::take_on(k, "k", hs)?,
+            Borrowed::take_on(v, "v", hs)?,
+        )),
         (None, None) => None,
         _ => {
             return Err(FlashAttnError::new_err(
@@ -980,9 +1011,7 @@ fn kvcache_forward(
     if let Some((k, v)) = &new {
         all.extend([k, v]);
     }
-    for t in &all {
-        t.check_cpu()?;
-    }
+    let place = placement(&all)?;
     let bshd_c = "[batch, seqlen, heads, head_dim]";
     let qs = compact(&tq, 4, bshd_c)?;
     let cs = compact(
@@ -1063,17 +1092,23 @@ fn kvcache_forward(
         read.extend([k, v]);
     }
     check_disjoint(&[&tkc, &tvc, &to, &tl], &read)?;
+    // The CPU runs one split unless asked; the GPU picks its own count from 0.
     let splits = num_splits.max(1);
+    let gpu_splits = (num_splits > 0).then_some(num_splits);
+    let (caches, outs, s) = ((&tkc, &tvc), (&to, &tl), stream.unwrap_or(0));
     // SAFETY: dtypes, devices and sizes checked; caches are the caller's writable buffers.
     unsafe {
-        match dtype {
-            "float16" => {
-                run_kvcache::<f16>(&p, &tq, (&tkc, &tvc), new.as_ref(), (&to, &tl), splits)
+        match (place, dtype) {
+            (None, "float16") => run_kvcache::<f16>(&p, &tq, caches, new.as_ref(), outs, splits),
+            (None, "bfloat16") => run_kvcache::<bf16>(&p, &tq, caches, new.as_ref(), outs, splits),
+            (None, _) => run_kvcache::<f32>(&p, &tq, caches, new.as_ref(), outs, splits),
+            (Some(id), "float16") => {
+                gpu::kvcache::<f16>(id, s, &p, &tq, caches, new.as_ref(), outs, gpu_splits)
             }
-            "bfloat16" => {
-                run_kvcache::<bf16>(&p, &tq, (&tkc, &tvc), new.as_ref(), (&to, &tl), splits)
+            (Some(id), "bfloat16") => {
+                gpu::kvcache::<bf16>(id, s, &p, &tq, caches, new.as_ref(), outs, gpu_splits)
             }
-            _ => run_kvcache::<f32>(&p, &tq, (&tkc, &tvc), new.as_ref(), (&to, &tl), splits),
+            (Some(_), other) => Err(cuda_dtype(other)),
         }
     }
 }

@@ -111,16 +111,74 @@ def test_runs_on_the_callers_stream_and_several_streams():
 
 def test_more_streams_than_counter_slots():
     # Past the library's 64 scheduler counters a stream runs the static schedule: same bytes.
+    # (torch.cuda.Stream() draws from a pool of 32; CuPy makes new streams.)
+    cupy = pytest.importorskip("cupy")
     q, k, v = rand(1, 512, 8, 64, seed=1), rand(1, 512, 8, 64, seed=2), rand(1, 512, 8, 64, seed=3)
     want = flash_attn_func(q, k, v, causal=True)
-    streams = [torch.cuda.Stream() for _ in range(80)]
+    raw = [cupy.cuda.Stream(non_blocking=True) for _ in range(70)]
     torch.cuda.synchronize()
     outs = []
-    for s in streams:
-        with torch.cuda.stream(s):
+    for r in raw:
+        with torch.cuda.stream(torch.cuda.ExternalStream(r.ptr)):
             outs.append(flash_attn_func(q, k, v, causal=True))
     torch.cuda.synchronize()
     assert all(torch.equal(o, want) for o in outs)
+
+
+def test_threads_on_their_own_streams():
+    import threading
+
+    q, k, v = rand(2, 1024, 16, 128, seed=1), rand(2, 1024, 16, 128, seed=2), rand(2, 1024, 16, 128, seed=3)
+    want = flash_attn_func(q, k, v, causal=True)
+    torch.cuda.synchronize()
+    results, errors = {}, []
+
+    def work(i):
+        try:
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                results[i] = [flash_attn_func(q, k, v, causal=True) for _ in range(8)]
+            s.synchronize()
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert torch.cuda.current_device() == q.device.index
+    assert all(torch.equal(o, want) for outs in results.values() for o in outs)
+
+
+def test_batch_one_sequence_first_views():
+    # Size-1 dimensions with any stride (PyTorch exports 1 there), forward and backward.
+    q = rand(300, 1, 8, 64, seed=1).transpose(0, 1).requires_grad_(True)
+    k = rand(300, 1, 8, 64, seed=2).transpose(0, 1).requires_grad_(True)
+    v = rand(300, 1, 8, 64, seed=3).transpose(0, 1).requires_grad_(True)
+    out = flash_attn_func(q, k, v, causal=True)
+    qr, kr, vr = (x.detach().float().requires_grad_(True) for x in (q, k, v))
+    want = sdpa(qr, kr, vr, True)
+    close(out, want, "out")
+    do = rand(300, 1, 8, 64, seed=4).transpose(0, 1)
+    out.backward(do)
+    want.backward(do.float())
+    close(q.grad, qr.grad, "dq")
+
+
+def test_double_backward_raises():
+    q = rand(1, 64, 2, 64).requires_grad_(True)
+    (g,) = torch.autograd.grad(flash_attn_func(q, q, q).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError):
+        g.sum().backward()
+
+
+def test_mixed_frameworks_refused():
+    cupy = pytest.importorskip("cupy")
+    q = rand(1, 16, 2, 64)
+    with pytest.raises(flashattn.FlashAttnError, match="one framework"):
+        flash_attn_func(q, cupy.from_dlpack(q), q)
 
 
 def test_cuda_graph_capture_and_replay():
@@ -141,6 +199,20 @@ def test_cuda_graph_capture_and_replay():
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, flash_attn_func(q, k, v, causal=True)), f"replay {seed}"
+
+
+def test_first_call_of_a_configuration_inside_a_capture_says_warm_up():
+    q = rand(1, 256, 4, 128, seed=1)
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(Exception) as e:
+        with torch.cuda.graph(g):
+            # a window no other test uses: its kernel is not compiled yet
+            flash_attn_func(q, q, q, causal=True, window_size=(37, 0))
+    chain, x = [], e.value
+    while x is not None:
+        chain.append(str(x))
+        x = x.__cause__ or x.__context__
+    assert any("warm-up" in m for m in chain), chain
 
 
 def test_errors():
@@ -169,3 +241,56 @@ def test_cupy_arrays_on_the_current_stream():
         assert isinstance(out, cupy.ndarray) and out.dtype == cupy.float16
     s.synchronize()
     close(torch.from_dlpack(out), want, "cupy")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_on_cuda(causal):
+    from flashattn import flash_attn_varlen_func
+
+    lq, lk, hq, hkv, d = [37, 300, 1], [50, 300, 129], 8, 2, 128
+    q = rand(sum(lq), hq, d, seed=1)
+    k, v = rand(sum(lk), hkv, d, seed=2), rand(sum(lk), hkv, d, seed=3)
+    cq = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0, *torch.tensor(lk).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    out = flash_attn_varlen_func(q, k, v, cq, ck, max(lq), max(lk), causal=causal)
+    for i in range(len(lq)):
+        qs, ks = slice(int(cq[i]), int(cq[i + 1])), slice(int(ck[i]), int(ck[i + 1]))
+        want = sdpa(q[None, qs], k[None, ks], v[None, ks], causal)[0]
+        close(out[qs], want, f"sequence {i}")
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_kvcache_on_cuda_matches_the_cpu_path(paged):
+    from flashattn import flash_attn_with_kvcache
+
+    b, sq, hq, hkv, d, cap = 3, 2, 8, 2, 128, 512
+    q = rand(b, sq, hq, d, seed=1)
+    kn, vn = rand(b, sq, hkv, d, seed=2), rand(b, sq, hkv, d, seed=3)
+    lens = torch.tensor([0, 100, 300], dtype=torch.int32, device="cuda")
+    if paged:
+        page, nblocks = 64, b * cap // 64
+        kc, vc = rand(nblocks, page, hkv, d, seed=4), rand(nblocks, page, hkv, d, seed=5)
+        g = torch.Generator().manual_seed(0)
+        table = torch.randperm(nblocks, generator=g).view(b, -1).to(torch.int32).cuda()
+    else:
+        kc, vc = rand(b, cap, hkv, d, seed=4), rand(b, cap, hkv, d, seed=5)
+        table = None
+    kc_cpu, vc_cpu = kc.cpu(), vc.cpu()
+    got = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, block_table=table, causal=True)
+    want = flash_attn_with_kvcache(
+        q.cpu(), kc_cpu, vc_cpu, kn.cpu(), vn.cpu(), cache_seqlens=lens.cpu(),
+        block_table=None if table is None else table.cpu(), causal=True,
+    )
+    close(got.cpu(), want, "out")
+    assert torch.equal(kc.cpu(), kc_cpu) and torch.equal(vc.cpu(), vc_cpu), "appended rows differ"
+
+
+def test_no_silent_gradients_where_there_is_no_backward():
+    from flashattn import flash_attn_varlen_func
+
+    q = rand(10, 2, 64).requires_grad_(True)
+    cu = torch.tensor([0, 10], dtype=torch.int32, device="cuda")
+    with pytest.raises(NotImplementedError, match="gradients"):
+        flash_attn_varlen_func(q, q, q, cu, cu, 10, 10)
+    with torch.no_grad():
+        flash_attn_varlen_func(q, q, q, cu, cu, 10, 10)

@@ -251,7 +251,12 @@ fn run_once<T: GpuElement>(
         &dq,
         &mut dkc,
         &mut dvc,
-        new.as_ref().map(|(k, v)| (k, v)),
+        new.as_ref().map(|(k, v)| {
+            (
+                k as &dyn cudarc::driver::DevicePtr<T>,
+                v as &dyn cudarc::driver::DevicePtr<T>,
+            )
+        }),
         &mut outs.o.slice_mut(0..n_o),
         &mut outs.lse.slice_mut(0..n_lse),
         splits,

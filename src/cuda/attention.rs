@@ -115,6 +115,11 @@ pub(crate) fn upload_slopes(
         .alibi
         .as_ref()
         .map(|a| {
+            if gpu.capturing() {
+                return Err(AttnError::InvalidInput {
+                    what: "ALiBi slopes are copied from host memory, which a CUDA graph capture cannot record: call with ALiBi outside the capture".into(),
+                });
+            }
             gpu.stream()
                 .clone_htod(&a.slopes)
                 .map_err(cuda_err("copying the ALiBi slopes to the device"))

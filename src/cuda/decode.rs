@@ -20,10 +20,7 @@ use crate::dtype::DType;
 use crate::error::{AttnError, Result};
 use crate::kvcache::{CacheLayout, KvCacheProblem, MAX_SPLITS, num_splits};
 use crate::shape::{AttnProblem, AttnShape, Strides};
-use cudarc::driver::{
-    CudaSlice, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, LaunchConfig,
-    PushKernelArg,
-};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 
 /// Packed (query, head) rows per attn_decode block.
 pub const DECODE_ROWS: usize = 16;
@@ -457,7 +454,7 @@ impl DecodePlan {
         q: &Q,
         k_cache: &mut KC,
         v_cache: &mut VC,
-        new: Option<(&CudaView<'_, T>, &CudaView<'_, T>)>,
+        new: Option<(&dyn DevicePtr<T>, &dyn DevicePtr<T>)>,
         o: &mut O,
         lse: &mut L,
     ) -> Result<LaunchInfo>
@@ -631,7 +628,7 @@ pub fn forward_device<T, Q, KC, VC, O, L>(
     q: &Q,
     k_cache: &mut KC,
     v_cache: &mut VC,
-    new: Option<(&CudaView<'_, T>, &CudaView<'_, T>)>,
+    new: Option<(&dyn DevicePtr<T>, &dyn DevicePtr<T>)>,
     o: &mut O,
     lse: &mut L,
     splits: Option<usize>,
@@ -940,7 +937,8 @@ pub fn forward_host<T: GpuElement>(
         &dq,
         &mut dkc,
         &mut dvc,
-        new.as_ref().map(|(k, v)| (k, v)),
+        new.as_ref()
+            .map(|(k, v)| (k as &dyn DevicePtr<T>, v as &dyn DevicePtr<T>)),
         &mut d_o,
         &mut d_lse,
         splits,

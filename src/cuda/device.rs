@@ -85,6 +85,50 @@ struct TileCounters {
     owners: Vec<usize>,
 }
 
+/// Restores the context current before [`Gpu::restore_current_context`] when dropped.
+#[must_use = "the previous context is restored when the guard drops"]
+pub struct ContextGuard(Option<sys::CUcontext>);
+
+impl ContextGuard {
+    /// Saves this thread's current context (none when the driver cannot be loaded).
+    pub fn save() -> Self {
+        // SAFETY: only checks whether libcuda can be loaded.
+        if !unsafe { sys::is_culib_present() } {
+            return ContextGuard(None);
+        }
+        let mut prev: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: an out-parameter.
+        let ok = unsafe { sys::cuCtxGetCurrent(&mut prev) } == sys::CUresult::CUDA_SUCCESS;
+        ContextGuard(ok.then_some(prev))
+    }
+}
+
+/// Whether the stream with raw handle `raw` (0: the current context's legacy stream) is
+/// capturing a CUDA graph; `true` too when the driver cannot say.
+///
+/// # Safety
+/// `raw` is a live stream (or 0 with a current context).
+pub unsafe fn stream_capturing(raw: usize) -> bool {
+    // SAFETY: only checks whether libcuda can be loaded.
+    if !unsafe { sys::is_culib_present() } {
+        return false;
+    }
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: forwarded to the caller; an out-parameter.
+    let r = unsafe { sys::cuStreamIsCapturing(raw as sys::CUstream, &mut status) };
+    r != sys::CUresult::CUDA_SUCCESS
+        || status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        if let Some(prev) = self.0 {
+            // SAFETY: a context handle the driver returned (null unbinds, as it was).
+            unsafe { sys::cuCtxSetCurrent(prev) };
+        }
+    }
+}
+
 /// Slots of [`TileCounters`]: streams past this many launch with the static schedule.
 pub const COUNTER_SLOTS: usize = 64;
 
@@ -283,6 +327,13 @@ impl Gpu {
         let key = (source, arch.clone(), defines.to_vec());
         let mut cache = self.shared.cache.lock().unwrap_or_else(|p| p.into_inner());
         if !cache.contains_key(&key) {
+            if self.capturing() {
+                return Err(AttnError::InvalidInput {
+                    what: format!(
+                        "{function} for this configuration is not compiled yet and the stream is capturing a CUDA graph (compiling and loading a module cannot be captured): make the same call once before the capture (a warm-up)"
+                    ),
+                });
+            }
             let cubin = compile_cubin(&source.text(), source.name(), &arch, defines)?;
             let module = self
                 .ctx
@@ -300,25 +351,25 @@ impl Gpu {
 
     /// The device address of this stream's pair of wgmma tile counters (two u32, zero between
     /// launches: the kernel zeroes them on exit), or `None` (the caller then launches with
-    /// the static schedule) when [`COUNTER_SLOTS`] other streams hold every pair, or when the
+    /// the static schedule) when [`COUNTER_SLOTS`] other streams hold every pair, when the
+    /// stream is the per-thread default stream (one handle, a stream per thread), or when the
     /// stream is capturing a CUDA graph: a graph may be replayed on any stream, alongside
     /// work on the stream it was captured on, so no pair could be its alone. A stream keeps
     /// its pair for the life of the device; a handle reused after its stream was destroyed
     /// takes over that stream's pair (safe once the old stream's work is done, as it is for
     /// streams that PyTorch pools and never destroys).
     pub fn tile_counter(&self) -> Option<u64> {
-        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // (The legacy stream is the current context's: bind ours.)
-        let bound = self.ctx.bind_to_thread().is_ok();
-        // SAFETY: the stream is live (this value's invariant); an out-parameter.
-        let r = unsafe { sys::cuStreamIsCapturing(self.stream.cu_stream(), &mut status) };
-        if !bound
-            || r != sys::CUresult::CUDA_SUCCESS
-            || status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
-        {
+        if self.capturing() {
             return None;
         }
-        let key = self.stream.cu_stream() as usize;
+        // The legacy stream (handle 0, or CU_STREAM_LEGACY = 1) is one stream of the context;
+        // the per-thread stream (2) is one handle for a different stream in each thread, so
+        // it gets no pair (two threads' launches could overlap on it).
+        let key = match self.stream.cu_stream() as usize {
+            1 => 0,
+            2 => return None,
+            h => h,
+        };
         let mut c = self
             .shared
             .counters
@@ -334,6 +385,27 @@ impl Gpu {
         };
         let (base, _guard) = c.buf.device_ptr(&self.stream);
         Some(base + (2 * slot * std::mem::size_of::<u32>()) as u64)
+    }
+
+    /// Whether this value's stream is capturing a CUDA graph (or the driver cannot say, which
+    /// callers treat the same way: do only what a capture may record).
+    pub fn capturing(&self) -> bool {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // (The legacy stream is the current context's: bind ours.)
+        if self.ctx.bind_to_thread().is_err() {
+            return true;
+        }
+        // SAFETY: the stream is live (this value's invariant); an out-parameter.
+        let r = unsafe { sys::cuStreamIsCapturing(self.stream.cu_stream(), &mut status) };
+        r != sys::CUresult::CUDA_SUCCESS
+            || status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+    }
+
+    /// Makes the context that was current in this thread before the guard current again when
+    /// the guard drops: cudarc binds this device's context for every call, which would
+    /// otherwise change the caller's current device (PyTorch's and CuPy's follow it).
+    pub fn restore_current_context(&self) -> ContextGuard {
+        ContextGuard::save()
     }
 
     /// Number of modules compiled so far (for tests of the cache).

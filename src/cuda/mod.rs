@@ -8,7 +8,10 @@ pub mod device;
 pub mod nvrtc;
 pub mod sources;
 
-pub use device::{COUNTER_SLOTS, DeviceInfo, Gpu, LoadedKernel};
+/// cudarc's device-slice traits, which every `*_device` entry point takes (re-exported so that
+/// callers need not depend on the same cudarc version themselves).
+pub use cudarc::driver::{DevicePtr, DevicePtrMut};
+pub use device::{COUNTER_SLOTS, ContextGuard, DeviceInfo, Gpu, LoadedKernel, stream_capturing};
 pub use foreign::ForeignSlice;
 pub use nvrtc::{Cubin, PtxasStats, compile_cubin};
 pub use sources::KernelSource;
