@@ -291,10 +291,27 @@ impl Borrowed {
             (DL_FLOAT, 16, 1) => Ok("float16"),
             (DL_BFLOAT, 16, 1) => Ok("bfloat16"),
             (DL_FLOAT, 32, 1) => Ok("float32"),
-            _ => Err(FlashAttnError::new_err(format!(
-                "{}: element type (code {}, {} bits) is not float16, bfloat16 or float32",
-                self.name, d.code, d.bits
-            ))),
+            _ => {
+                // DLPack type codes (dlpack.h DLDataTypeCode).
+                let kind = match d.code {
+                    0 => "int",
+                    1 => "uint",
+                    DL_FLOAT => "float",
+                    DL_BFLOAT => "bfloat",
+                    5 => "complex",
+                    6 => "bool",
+                    _ => "an unknown type of",
+                };
+                let lanes = if d.lanes > 1 {
+                    format!(" x{}", d.lanes)
+                } else {
+                    String::new()
+                };
+                Err(FlashAttnError::new_err(format!(
+                    "{}: element type {kind}{}{lanes} is not float16, bfloat16 or float32; cast it (e.g. .astype(np.float32) / .half()), the GPU takes float16 or bfloat16",
+                    self.name, d.bits
+                )))
+            }
         }
     }
 
