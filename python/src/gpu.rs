@@ -60,6 +60,33 @@ fn not_capturing(gpu: &Gpu, what: &str) -> PyResult<()> {
     Ok(())
 }
 
+/// Runs `call` on device `id` seen through `stream`; our context is bound for the call and
+/// the caller's current context (its framework's current device) is restored after it.
+///
+/// # Safety
+/// As [`on_stream`].
+unsafe fn on_device<R>(
+    id: i32,
+    stream: usize,
+    call: impl FnOnce(&Gpu) -> PyResult<R>,
+) -> PyResult<R> {
+    let _restore = ContextGuard::save();
+    // SAFETY: forwarded to the caller.
+    let gpu = unsafe { on_stream(id, stream)? };
+    call(&gpu)
+}
+
+/// Where a call ran, as the natives return it: device, its name, the kernel, and why that
+/// kernel (when the library says).
+fn ran(id: i32, gpu: &Gpu, kernel: &str, why: &str) -> String {
+    let name = &gpu.info().name;
+    if why.is_empty() {
+        format!("cuda:{id} {name} {kernel}")
+    } else {
+        format!("cuda:{id} {name} {kernel} ({why})")
+    }
+}
+
 /// The tensor's memory as a device slice of `T` covering every element it addresses.
 ///
 /// # Safety
@@ -85,31 +112,25 @@ pub unsafe fn forward<T: GpuElement>(
     o: &Borrowed,
     lse: &Borrowed,
 ) -> PyResult<String> {
-    // Our context is bound for the call; the caller's current device comes back after it.
-    let _restore = ContextGuard::save();
     // SAFETY: forwarded to the caller.
     unsafe {
-        let gpu = on_stream(id, stream)?;
-        let (fq, fk, fv) = (foreign::<T>(q, &gpu)?, foreign(k, &gpu)?, foreign(v, &gpu)?);
-        let (mut fo, mut fl) = (foreign::<T>(o, &gpu)?, foreign::<f32>(lse, &gpu)?);
-        let info = forward_device(
-            &gpu,
-            KernelKind::Wgmma,
-            None,
-            p,
-            &fq,
-            &fk,
-            &fv,
-            &mut fo,
-            &mut fl,
-        )
-        .map_err(err)?;
-        Ok(format!(
-            "cuda:{id} {} attn_{} ({})",
-            gpu.info().name,
-            info.kernel,
-            info.why
-        ))
+        on_device(id, stream, |gpu| {
+            let (fq, fk, fv) = (foreign::<T>(q, gpu)?, foreign(k, gpu)?, foreign(v, gpu)?);
+            let (mut fo, mut fl) = (foreign::<T>(o, gpu)?, foreign::<f32>(lse, gpu)?);
+            let info = forward_device(
+                gpu,
+                KernelKind::Wgmma,
+                None,
+                p,
+                &fq,
+                &fk,
+                &fv,
+                &mut fo,
+                &mut fl,
+            )
+            .map_err(err)?;
+            Ok(ran(id, gpu, &format!("attn_{}", info.kernel), &info.why))
+        })
     }
 }
 
@@ -127,31 +148,30 @@ pub unsafe fn backward<T: GpuElement>(
     [q, k, v, o, lse, d_o]: [&Borrowed; 6],
     [dq, dk, dv]: [&Borrowed; 3],
 ) -> PyResult<String> {
-    // Our context is bound for the call; the caller's current device comes back after it.
-    let _restore = ContextGuard::save();
     // SAFETY: forwarded to the caller.
     unsafe {
-        let gpu = on_stream(id, stream)?;
-        let (fq, fk, fv) = (foreign::<T>(q, &gpu)?, foreign(k, &gpu)?, foreign(v, &gpu)?);
-        let (fo, fl, fdo) = (
-            foreign::<T>(o, &gpu)?,
-            foreign::<f32>(lse, &gpu)?,
-            foreign::<T>(d_o, &gpu)?,
-        );
-        let (mut fdq, mut fdk, mut fdv) = (
-            foreign::<T>(dq, &gpu)?,
-            foreign::<T>(dk, &gpu)?,
-            foreign::<T>(dv, &gpu)?,
-        );
-        let opts = BackwardOptions {
-            deterministic,
-            ..Default::default()
-        };
-        let info = backward_device(
-            &gpu, p, opts, &fq, &fk, &fv, &fo, &fl, &fdo, &mut fdq, &mut fdk, &mut fdv,
-        )
-        .map_err(err)?;
-        Ok(format!("cuda:{id} {} {}", gpu.info().name, info.kernel))
+        on_device(id, stream, |gpu| {
+            let (fq, fk, fv) = (foreign::<T>(q, gpu)?, foreign(k, gpu)?, foreign(v, gpu)?);
+            let (fo, fl, fdo) = (
+                foreign::<T>(o, gpu)?,
+                foreign::<f32>(lse, gpu)?,
+                foreign::<T>(d_o, gpu)?,
+            );
+            let (mut fdq, mut fdk, mut fdv) = (
+                foreign::<T>(dq, gpu)?,
+                foreign::<T>(dk, gpu)?,
+                foreign::<T>(dv, gpu)?,
+            );
+            let opts = BackwardOptions {
+                deterministic,
+                ..Default::default()
+            };
+            let info = backward_device(
+                gpu, p, opts, &fq, &fk, &fv, &fo, &fl, &fdo, &mut fdq, &mut fdk, &mut fdv,
+            )
+            .map_err(err)?;
+            Ok(ran(id, gpu, info.kernel, &info.why_not_wgmma))
+        })
     }
 }
 
@@ -171,31 +191,25 @@ pub unsafe fn varlen<T: GpuElement>(
     o: &Borrowed,
     lse: &Borrowed,
 ) -> PyResult<String> {
-    // Our context is bound for the call; the caller's current device comes back after it.
-    let _restore = ContextGuard::save();
     // SAFETY: forwarded to the caller.
     unsafe {
-        let gpu = on_stream(id, stream)?;
-        not_capturing(&gpu, "flash_attn_varlen_func")?;
-        let (fq, fk, fv) = (foreign::<T>(q, &gpu)?, foreign(k, &gpu)?, foreign(v, &gpu)?);
-        let (mut fo, mut fl) = (foreign::<T>(o, &gpu)?, foreign::<f32>(lse, &gpu)?);
-        let info = flashattn::cuda::varlen::forward_device(
-            &gpu,
-            KernelKind::Wgmma,
-            p,
-            &fq,
-            &fk,
-            &fv,
-            &mut fo,
-            &mut fl,
-        )
-        .map_err(err)?;
-        Ok(format!(
-            "cuda:{id} {} attn_{} ({})",
-            gpu.info().name,
-            info.kernel,
-            info.why
-        ))
+        on_device(id, stream, |gpu| {
+            not_capturing(gpu, "flash_attn_varlen_func")?;
+            let (fq, fk, fv) = (foreign::<T>(q, gpu)?, foreign(k, gpu)?, foreign(v, gpu)?);
+            let (mut fo, mut fl) = (foreign::<T>(o, gpu)?, foreign::<f32>(lse, gpu)?);
+            let info = flashattn::cuda::varlen::forward_device(
+                gpu,
+                KernelKind::Wgmma,
+                p,
+                &fq,
+                &fk,
+                &fv,
+                &mut fo,
+                &mut fl,
+            )
+            .map_err(err)?;
+            Ok(ran(id, gpu, &format!("attn_{}", info.kernel), &info.why))
+        })
     }
 }
 
@@ -216,37 +230,37 @@ pub unsafe fn kvcache<T: GpuElement>(
     (o, lse): (&Borrowed, &Borrowed),
     splits: Option<usize>,
 ) -> PyResult<String> {
-    // Our context is bound for the call; the caller's current device comes back after it.
-    let _restore = ContextGuard::save();
     // SAFETY: forwarded to the caller.
     unsafe {
-        let gpu = on_stream(id, stream)?;
-        not_capturing(&gpu, "flash_attn_with_kvcache")?;
-        let fq = foreign::<T>(q, &gpu)?;
-        let (mut fkc, mut fvc) = (foreign::<T>(kc, &gpu)?, foreign::<T>(vc, &gpu)?);
-        let fnew = match new {
-            Some((k, v)) => Some((foreign::<T>(k, &gpu)?, foreign::<T>(v, &gpu)?)),
-            None => None,
-        };
-        let (mut fo, mut fl) = (foreign::<T>(o, &gpu)?, foreign::<f32>(lse, &gpu)?);
-        let info = flashattn::cuda::decode::forward_device(
-            &gpu,
-            p,
-            &fq,
-            &mut fkc,
-            &mut fvc,
-            fnew.as_ref()
-                .map(|(k, v)| (k as &dyn DevicePtr<T>, v as &dyn DevicePtr<T>)),
-            &mut fo,
-            &mut fl,
-            splits,
-        )
-        .map_err(err)?;
-        Ok(format!(
-            "cuda:{id} {} {} ({})",
-            gpu.info().name,
-            info.kernel,
-            info.why
-        ))
+        on_device(id, stream, |gpu| {
+            not_capturing(gpu, "flash_attn_with_kvcache")?;
+            let fq = foreign::<T>(q, gpu)?;
+            let (mut fkc, mut fvc) = (foreign::<T>(kc, gpu)?, foreign::<T>(vc, gpu)?);
+            let fnew = match new {
+                Some((k, v)) => Some((foreign::<T>(k, gpu)?, foreign::<T>(v, gpu)?)),
+                None => None,
+            };
+            let (mut fo, mut fl) = (foreign::<T>(o, gpu)?, foreign::<f32>(lse, gpu)?);
+            let info = flashattn::cuda::decode::forward_device(
+                gpu,
+                p,
+                &fq,
+                &mut fkc,
+                &mut fvc,
+                fnew.as_ref()
+                    .map(|(k, v)| (k as &dyn DevicePtr<T>, v as &dyn DevicePtr<T>)),
+                &mut fo,
+                &mut fl,
+                splits,
+            )
+            .map_err(err)?;
+            // attn_decode reports itself in the launch's configuration, not its kind.
+            Ok(ran(
+                id,
+                gpu,
+                info.config.as_deref().unwrap_or("attn_decode"),
+                &info.why,
+            ))
+        })
     }
 }

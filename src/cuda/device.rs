@@ -9,7 +9,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Facts about the device, read from the driver.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -85,6 +85,14 @@ struct TileCounters {
     owners: Vec<usize>,
 }
 
+/// Whether libcuda can be loaded, asked once per process: `sys::is_culib_present` builds its
+/// candidate names and dlopens them on every call, too much for every launch.
+fn driver_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: only tries to dlopen candidate names; no symbol is called.
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
 /// Restores the context current before [`Gpu::restore_current_context`] when dropped.
 #[must_use = "the previous context is restored when the guard drops"]
 pub struct ContextGuard(Option<sys::CUcontext>);
@@ -92,8 +100,7 @@ pub struct ContextGuard(Option<sys::CUcontext>);
 impl ContextGuard {
     /// Saves this thread's current context (none when the driver cannot be loaded).
     pub fn save() -> Self {
-        // SAFETY: only checks whether libcuda can be loaded.
-        if !unsafe { sys::is_culib_present() } {
+        if !driver_present() {
             return ContextGuard(None);
         }
         let mut prev: sys::CUcontext = std::ptr::null_mut();
@@ -109,8 +116,7 @@ impl ContextGuard {
 /// # Safety
 /// `raw` is a live stream (or 0 with a current context).
 pub unsafe fn stream_capturing(raw: usize) -> bool {
-    // SAFETY: only checks whether libcuda can be loaded.
-    if !unsafe { sys::is_culib_present() } {
+    if !driver_present() {
         return false;
     }
     let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
@@ -191,8 +197,7 @@ impl Gpu {
             backend: "cuda",
             reason,
         };
-        // SAFETY: only tries to dlopen candidate names.
-        if !unsafe { sys::is_culib_present() } {
+        if !driver_present() {
             return Err(unavailable(
                 "the CUDA driver library (libcuda.so) was not found: this machine has no NVIDIA driver".into(),
             ));
@@ -390,15 +395,12 @@ impl Gpu {
     /// Whether this value's stream is capturing a CUDA graph (or the driver cannot say, which
     /// callers treat the same way: do only what a capture may record).
     pub fn capturing(&self) -> bool {
-        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         // (The legacy stream is the current context's: bind ours.)
         if self.ctx.bind_to_thread().is_err() {
             return true;
         }
-        // SAFETY: the stream is live (this value's invariant); an out-parameter.
-        let r = unsafe { sys::cuStreamIsCapturing(self.stream.cu_stream(), &mut status) };
-        r != sys::CUresult::CUDA_SUCCESS
-            || status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+        // SAFETY: the stream is live (this value's invariant), and our context is bound.
+        unsafe { stream_capturing(self.stream.cu_stream() as usize) }
     }
 
     /// Makes the context that was current in this thread before the guard current again when
