@@ -103,7 +103,8 @@ def _empty_like(x, shape, float32=False):
     """An empty tensor of `shape` in `x`'s framework and on its device (x's dtype, or f32)."""
     name, fw = _framework(x)
     if name == "torch":
-        return fw.empty(shape, dtype=fw.float32 if float32 else x.dtype, device=x.device)
+        # new_empty: x's device and (unless given) dtype, without building a device object
+        return x.new_empty(shape, dtype=fw.float32) if float32 else x.new_empty(shape)
     if name == "cupy":
         with x.device:
             return fw.empty(shape, dtype=fw.float32 if float32 else x.dtype)
@@ -148,16 +149,18 @@ def _stream(x):
     tensor its framework's current stream on x's device (PyTorch, CuPy; current=True, so the
     DLPack handshake needs no synchronisation), or the legacy default stream for other
     producers (0, current=False); on the CPU (None, False)."""
-    device = getattr(x, "__dlpack_device__", None)
-    if device is None or device()[0] != 2:  # kDLCUDA
-        return None, False
-    if _is_torch(x):
+    if _is_torch(x):  # (PyTorch's __dlpack_device__ is Python code: ask the tensor itself)
+        if not x.is_cuda:
+            return None, False
         import torch
 
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # the cheap form, if there
         if raw is not None:
-            return raw(x.device.index), True
+            return raw(x.get_device()), True
         return torch.cuda.current_stream(x.device).cuda_stream, True
+    device = getattr(x, "__dlpack_device__", None)
+    if device is None or device()[0] != 2:  # kDLCUDA
+        return None, False
     if type(x).__module__.split(".")[0] == "cupy":
         import cupy
 
@@ -171,10 +174,12 @@ def _one_framework(**named):
     framework's current stream, and only its own tensors are ordered on it."""
     items = [(n, x) for n, x in named.items() if x is not None]
     _, first = items[0]
+    fw = type(first).__module__.split(".")[0]
+    if all(type(x).__module__.split(".")[0] == fw for _, x in items[1:]):
+        return
     device = getattr(first, "__dlpack_device__", None)
     if device is None or device()[0] != 2:
         return
-    fw = type(first).__module__.split(".")[0]
     for name, x in items[1:]:
         other = type(x).__module__.split(".")[0]
         if other != fw:
@@ -215,6 +220,8 @@ def _tensors(**named):
 
 def _int(name, x, lo, hi):
     """An integer argument (NumPy integers too, not bools) within [lo, hi]."""
+    if type(x) is int and lo <= x <= hi:  # the common case, without the ABC check
+        return x
     if isinstance(x, bool) or not isinstance(x, numbers.Integral):
         raise FlashAttnError(f"{name} = {x!r}: expected an integer")
     if not lo <= int(x) <= hi:
@@ -235,7 +242,7 @@ def _run_forward(q, k, v, scale, causal, window, softcap, slopes):
     stream, current = _stream(q)
     _native.forward(
         _dl(q), _dl(k), _dl(v), out, lse, scale, causal, window[0], window[1], softcap, slopes,
-        stream, current,
+        stream, current, torch=_is_torch(q),
     )
     return out, lse
 
@@ -254,6 +261,7 @@ def _run_backward(saved, dout, args):
     _native.backward(
         _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(dout), dq, dk, dv,
         scale, causal, window[0], window[1], softcap, slopes, deterministic, stream, current,
+        torch=True,
     )
     return dq, dk, dv
 
@@ -470,6 +478,7 @@ def flash_attn_varlen_func(
         slopes,
         stream,
         current,
+        torch=_is_torch(q),
     )
     return out
 

@@ -82,10 +82,26 @@ const DL_FLAG_READ_ONLY: u64 = 1;
 enum Managed {
     Legacy(*mut DlManagedTensor),
     Versioned(*mut DlManagedTensorVersioned),
+    /// Read from a PyTorch tensor's own attributes ([`Borrowed::take_torch`]); nothing to
+    /// delete.
+    Torch(Box<TorchTensor>),
 }
 
-/// A tensor borrowed through DLPack for the length of one call; the producer's deleter runs
-/// on drop (the capsule is renamed "used_...", so its own destructor does not).
+/// A DLPack description filled in from a PyTorch tensor; `dl`'s shape and strides point
+/// into the two vectors' buffers, which live as long as this value.
+struct TorchTensor {
+    dl: DlTensor,
+    _shape: Vec<i64>,
+    _strides: Vec<i64>,
+}
+
+/// torch.float16, torch.bfloat16 and torch.float32, looked up once (only by callers that
+/// pass PyTorch tensors, so torch is imported).
+static TORCH_DTYPES: pyo3::sync::PyOnceLock<[Py<PyAny>; 3]> = pyo3::sync::PyOnceLock::new();
+
+/// A tensor borrowed through DLPack (or read from a PyTorch tensor's attributes) for the
+/// length of one call; the producer's deleter runs on drop (the capsule is renamed
+/// "used_...", so its own destructor does not).
 pub(crate) struct Borrowed {
     managed: Managed,
     _capsule: Py<PyAny>,
@@ -108,6 +124,7 @@ impl Drop for Borrowed {
                         del(m);
                     }
                 }
+                Managed::Torch(_) => {}
             }
         }
     }
@@ -188,12 +205,93 @@ impl Borrowed {
         Ok(b)
     }
 
+    /// A PyTorch CUDA tensor of float16, bfloat16 or float32 read through its own attributes
+    /// (data_ptr, shape, stride, dtype, device), which costs a fifth of a DLPack export;
+    /// `None` for anything else (the caller takes it through DLPack, whose errors name the
+    /// problem); an error for a negated view. Only for a call on the tensor's current stream, where DLPack's handshake
+    /// would do nothing either.
+    fn take_torch(obj: &Bound<'_, PyAny>, name: &'static str) -> PyResult<Option<Self>> {
+        let py = obj.py();
+        let device: i32 = obj.call_method0("get_device")?.extract()?;
+        if device < 0 {
+            return Ok(None);
+        }
+        // A negated view (torch._neg_view) holds other values than its memory.
+        if obj.call_method0("is_neg")?.is_truthy()? {
+            return Err(FlashAttnError::new_err(format!(
+                "{name} is a negated view (its values are minus its memory); pass {name}.resolve_neg()"
+            )));
+        }
+        let dtypes = TORCH_DTYPES.get_or_try_init(py, || -> PyResult<[Py<PyAny>; 3]> {
+            let torch = py.import("torch")?;
+            Ok([
+                torch.getattr("float16")?.unbind(),
+                torch.getattr("bfloat16")?.unbind(),
+                torch.getattr("float32")?.unbind(),
+            ])
+        })?;
+        let dtype = obj.getattr("dtype")?;
+        let Some(i) = dtypes.iter().position(|d| dtype.is(d)) else {
+            return Ok(None);
+        };
+        let (code, bits) = [(DL_FLOAT, 16), (DL_BFLOAT, 16), (DL_FLOAT, 32)][i];
+        let shape: Vec<i64> = obj.getattr("shape")?.extract()?;
+        let strides: Vec<i64> = obj.call_method0("stride")?.extract()?;
+        if strides.len() != shape.len() {
+            return Ok(None);
+        }
+        let data: usize = obj.call_method0("data_ptr")?.extract()?;
+        let dl = DlTensor {
+            data: data as *mut c_void,
+            device: DlDevice {
+                device_type: DL_CUDA,
+                device_id: device,
+            },
+            ndim: shape.len() as i32,
+            dtype: DlDataType {
+                code,
+                bits,
+                lanes: 1,
+            },
+            shape: shape.as_ptr(),
+            strides: strides.as_ptr(),
+            byte_offset: 0,
+        };
+        let b = Borrowed {
+            managed: Managed::Torch(Box::new(TorchTensor {
+                dl,
+                _shape: shape,
+                _strides: strides,
+            })),
+            _capsule: obj.clone().unbind(),
+            name,
+        };
+        b.check_aligned()?;
+        Ok(Some(b))
+    }
+
+    /// [`Self::take_torch`] when `torch` (the caller passed PyTorch tensors) and the call runs
+    /// on their current stream (`handshake` -1), else [`Self::take_on`].
+    fn take_fast(
+        obj: &Bound<'_, PyAny>,
+        name: &'static str,
+        handshake: Option<i64>,
+        torch: bool,
+    ) -> PyResult<Self> {
+        if torch && handshake == Some(-1) {
+            if let Some(b) = Self::take_torch(obj, name)? {
+                return Ok(b);
+            }
+        }
+        Self::take_on(obj, name, handshake)
+    }
+
     /// Whether the producer marked the tensor read-only (DLPack 1.0 only).
     fn read_only(&self) -> bool {
         match self.managed {
             // SAFETY: valid until the deleter runs in drop.
             Managed::Versioned(m) => unsafe { (*m).flags & DL_FLAG_READ_ONLY != 0 },
-            Managed::Legacy(_) => false,
+            Managed::Legacy(_) | Managed::Torch(_) => false,
         }
     }
 
@@ -236,9 +334,10 @@ impl Borrowed {
     fn t(&self) -> &DlTensor {
         // SAFETY: valid until the deleter runs in drop.
         unsafe {
-            match self.managed {
-                Managed::Legacy(m) => &(*m).dl_tensor,
-                Managed::Versioned(m) => &(*m).dl_tensor,
+            match &self.managed {
+                Managed::Legacy(m) => &(**m).dl_tensor,
+                Managed::Versioned(m) => &(**m).dl_tensor,
+                Managed::Torch(t) => &t.dl,
             }
         }
     }
@@ -542,7 +641,7 @@ fn problem(
 /// `stream` (a raw `CUstream` handle; `None` or 0: the legacy default stream; `current`: it
 /// is the tensors' producer's current stream, see [`handshake`]). Returns where it ran.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, stream=None, current=false))]
+#[pyo3(signature = (q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, stream=None, current=false, torch=false))]
 #[allow(clippy::too_many_arguments)]
 fn forward(
     q: &Bound<'_, PyAny>,
@@ -558,13 +657,14 @@ fn forward(
     alibi_slopes: Option<Vec<f32>>,
     stream: Option<usize>,
     current: bool,
+    torch: bool,
 ) -> PyResult<String> {
     let hs = handshake(stream, current);
-    let tq = Borrowed::take_on(q, "q", hs)?;
-    let tk = Borrowed::take_on(k, "k", hs)?;
-    let tv = Borrowed::take_on(v, "v", hs)?;
-    let to = Borrowed::take_on(out, "out", hs)?;
-    let tl = Borrowed::take_on(lse, "lse", hs)?;
+    let tq = Borrowed::take_fast(q, "q", hs, torch)?;
+    let tk = Borrowed::take_fast(k, "k", hs, torch)?;
+    let tv = Borrowed::take_fast(v, "v", hs, torch)?;
+    let to = Borrowed::take_fast(out, "out", hs, torch)?;
+    let tl = Borrowed::take_fast(lse, "lse", hs, torch)?;
     let place = placement(&[&tq, &tk, &tv, &to, &tl])?;
     let dtype = tq.dtype()?;
     same_dtype(dtype, &[&tk, &tv, &to], &tl)?;
@@ -649,7 +749,7 @@ fn bshd_problem(
 /// the CPU backward, CUDA tensors on the GPU backward (softcap and ALiBi: CPU only), enqueued
 /// on `stream`. `deterministic`: dq the same bytes run to run (GPU; the CPU always is).
 #[pyfunction]
-#[pyo3(signature = (q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic, stream=None, current=false))]
+#[pyo3(signature = (q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic, stream=None, current=false, torch=false))]
 #[allow(clippy::too_many_arguments)]
 fn backward(
     q: &Bound<'_, PyAny>,
@@ -670,6 +770,7 @@ fn backward(
     deterministic: bool,
     stream: Option<usize>,
     current: bool,
+    torch: bool,
 ) -> PyResult<String> {
     let hs = handshake(stream, current);
     let [tq, tk, tv, to, tl, tdo, tdq, tdk, tdv] = [
@@ -683,7 +784,7 @@ fn backward(
         (dk, "dk"),
         (dv, "dv"),
     ]
-    .map(|(x, name)| Borrowed::take_on(x, name, hs));
+    .map(|(x, name)| Borrowed::take_fast(x, name, hs, torch));
     let (tq, tk, tv, to, tl, tdo) = (tq?, tk?, tv?, to?, tl?, tdo?);
     let (tdq, tdk, tdv) = (tdq?, tdk?, tdv?);
     let place = placement(&[&tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv])?;
@@ -875,7 +976,7 @@ fn compact(t: &Borrowed, ndim: usize, what: &str) -> PyResult<Vec<usize>> {
 /// `q` `[total_q, heads_q, head_dim]`, `k`/`v` `[total_k, heads_kv, head_dim]`, all
 /// contiguous, written into `out` (like q) and `lse` (f32 `[heads_q, total_q]`).
 #[pyfunction]
-#[pyo3(signature = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, stream=None, current=false))]
+#[pyo3(signature = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, stream=None, current=false, torch=false))]
 #[allow(clippy::too_many_arguments)]
 fn varlen_forward(
     q: &Bound<'_, PyAny>,
@@ -893,13 +994,14 @@ fn varlen_forward(
     alibi_slopes: Option<Vec<f32>>,
     stream: Option<usize>,
     current: bool,
+    torch: bool,
 ) -> PyResult<String> {
     let hs = handshake(stream, current);
-    let tq = Borrowed::take_on(q, "q", hs)?;
-    let tk = Borrowed::take_on(k, "k", hs)?;
-    let tv = Borrowed::take_on(v, "v", hs)?;
-    let to = Borrowed::take_on(out, "out", hs)?;
-    let tl = Borrowed::take_on(lse, "lse", hs)?;
+    let tq = Borrowed::take_fast(q, "q", hs, torch)?;
+    let tk = Borrowed::take_fast(k, "k", hs, torch)?;
+    let tv = Borrowed::take_fast(v, "v", hs, torch)?;
+    let to = Borrowed::take_fast(out, "out", hs, torch)?;
+    let tl = Borrowed::take_fast(lse, "lse", hs, torch)?;
     let place = placement(&[&tq, &tk, &tv, &to, &tl])?;
     let packed = "[total, heads, head_dim]";
     let qs = compact(&tq, 3, packed)?;

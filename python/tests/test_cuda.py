@@ -94,6 +94,34 @@ def test_packed_and_strided_views():
     assert qkv.grad is not None and torch.isfinite(qkv.grad).all()
 
 
+def test_torch_attributes_read_the_same_tensor_as_dlpack():
+    """PyTorch tensors are read through their own attributes (data_ptr, shape, stride), not
+    a DLPack export: on views with offsets and odd strides both give the same bytes."""
+    base = rand(2, 300, 3, 8, 64, seed=8)
+    views = [
+        (rand(2, 100, 8, 64, seed=9), base[:, 50:150, 1], base[:, 100:200, 2]),  # offsets
+        (rand(2, 8, 100, 64, seed=10).transpose(1, 2), base[:, :200, 0], base[:, 1:201, 1]),
+        (base[:1, :77, 0, 2:6], base[1:, 3:80, 1, :4], base[:1, 5:82, 2, 4:]),  # head slices
+    ]
+    stream = torch.cuda.current_stream().cuda_stream
+    for q, k, v in views:
+        b, sq, hq, _ = q.shape
+        outs = []
+        for fast in (True, False):
+            out = torch.full_like(q, float("nan"))
+            lse = torch.full((b, hq, sq), float("nan"), device="cuda")
+            flashattn._native.forward(
+                q, k, v, out, lse, None, True, -1, -1, 0.0, None, stream, True, torch=fast
+            )
+            outs.append((out, lse))
+        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+        close(outs[0][0], sdpa(q, k, v, True), f"view {q.shape} {q.stride()}")
+    # A negated view holds other values than its memory: refused, never read as its memory.
+    q = rand(1, 16, 2, 64)
+    with pytest.raises(flashattn.FlashAttnError, match="resolve_neg"):
+        flash_attn_func(torch._neg_view(q), q, q)
+
+
 def test_runs_on_the_callers_stream_and_several_streams():
     q, k, v = rand(4, 2048, 16, 128, seed=1), rand(4, 2048, 16, 128, seed=2), rand(4, 2048, 16, 128, seed=3)
     want = flash_attn_func(q, k, v, causal=True)

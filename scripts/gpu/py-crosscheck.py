@@ -5,8 +5,11 @@ own method (iters, warm-up, input sets, FLOP counts). Prints, per case, the Rust
 TFLOP/s, the package's, and their ratio.
 
     python3 scripts/gpu/py-crosscheck.py BENCH_JSON OUT_JSON
+
+XC_PEERS (default "flashattn,cudnn") names the peers to run.
 """
 import json
+import os
 import subprocess
 import sys
 
@@ -14,7 +17,7 @@ bench = json.load(open(sys.argv[1]))
 m = bench["method"]
 req = {
     "iters": m["iters"], "warmup": m["warmup"], "warmup_ms": m["warmup_ms"],
-    "peers": ["flashattn", "cudnn"],
+    "peers": os.environ.get("XC_PEERS", "flashattn,cudnn").split(","),
     "cases": [dict(c["case"], id=c["id"], flops=c["flops"], sets=c["sets"]) for c in bench["cases"]],
 }
 subprocess.run([sys.executable, "bench/peers.py", json.dumps(req), "--out", sys.argv[2]], check=True)

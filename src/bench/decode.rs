@@ -37,6 +37,9 @@ pub struct DecodeLine {
     pub gbps: f64,
     /// Splits the heuristic picked.
     pub splits: usize,
+    /// Median host time of one call, microseconds (the plan's launches, not the GPU).
+    #[serde(default)]
+    pub host_us: Option<f64>,
 }
 
 /// One SDPA backend on the same contiguous shape.
@@ -50,6 +53,9 @@ pub struct PeerLine {
     pub gbps: Option<f64>,
     /// Why it did not run.
     pub skipped: Option<String>,
+    /// Median host time of one call, microseconds.
+    #[serde(default)]
+    pub host_us: Option<f64>,
 }
 
 /// One (dtype, batch, seqlen_k, seqlen_q) shape.
@@ -471,6 +477,7 @@ fn shape_set<T: GpuElement>(
                 median_us: t.median_ms * 1e3,
                 gbps: t.tflops * 1e3,
                 splits: plan.splits(),
+                host_us: timed.host_us.is_finite().then_some(timed.host_us),
             });
         }
         out.push(DecodeShape {
@@ -591,6 +598,7 @@ fn merge(shapes: &mut [DecodeShape], resp: &PeerResponse) {
                     None => Some(resp.error.clone().unwrap_or_else(|| "no result".into())),
                     Some(r) => r.skipped.clone(),
                 },
+                host_us: r.and_then(|r| r.host_us),
             });
         }
     }
@@ -693,12 +701,14 @@ mod tests {
                 median_us: 1e3,
                 gbps,
                 splits: 1,
+                host_us: None,
             }],
             peers: vec![PeerLine {
                 peer: "cudnn".into(),
                 median_us: None,
                 gbps: None,
                 skipped: Some("not run".into()),
+                host_us: None,
             }],
         }
     }

@@ -304,6 +304,7 @@ fn line_result(
     finite: bool,
 ) -> Result<LineResult> {
     let (times, info, (free0, free1, free2)) = (timed.times, timed.info, timed.free);
+    let host_us = timed.host_us;
     let timing = stats::summarize(&times, flops).ok_or_else(|| AttnError::Cuda {
         context: what.to_string(),
         message: "no valid event times".into(),
@@ -319,6 +320,7 @@ fn line_result(
     r.extra_mem_bytes = Some((free0 - free1.min(free2)).max(0));
     r.extra_mem_method = Some(EXTRA_MEM_METHOD.into());
     r.output_finite = Some(finite);
+    r.host_us = host_us.is_finite().then_some(host_us);
     Ok(r)
 }
 
@@ -413,6 +415,9 @@ pub(crate) struct Timed {
     pub info: crate::cuda::LaunchInfo,
     /// Free device memory before, right after and after the memory launch (bytes).
     pub free: (i64, i64, i64),
+    /// Median host time of one `launch` call in the timed loop, microseconds: what the
+    /// caller's thread spends per call (checks, tensor maps, the launch), not the GPU.
+    pub host_us: f64,
 }
 
 /// The timing method of every line: `warmup` untimed launches, then launches until
@@ -465,13 +470,17 @@ pub(crate) fn time_launches(
         ));
     }
     launch(1)?;
+    let mut host = Vec::with_capacity(iters);
     for (i, (start, end)) in events.iter().enumerate() {
         start
             .record(stream)
             .map_err(cuda_err("recording an event"))?;
+        let t = std::time::Instant::now();
         launch(warmup.max(1) + 1 + i)?;
+        host.push(t.elapsed().as_secs_f64() * 1e6);
         end.record(stream).map_err(cuda_err("recording an event"))?;
     }
+    host.sort_by(f64::total_cmp);
     stream
         .synchronize()
         .map_err(cuda_err(format!("{what}: timed launches")))?;
@@ -487,5 +496,6 @@ pub(crate) fn time_launches(
         times,
         info,
         free: (free0, free1, free2),
+        host_us: host.get(host.len() / 2).copied().unwrap_or(f64::NAN),
     })
 }

@@ -91,6 +91,9 @@ pub struct PeerResult {
     /// The same minus o and an f32 lse.
     #[serde(default)]
     pub extra_mem_bytes: Option<i64>,
+    /// Median host time of one call in the timed loop, microseconds.
+    #[serde(default)]
+    pub host_us: Option<f64>,
 }
 
 /// peers.py's response.
@@ -292,6 +295,7 @@ fn line(found: Option<&PeerResult>, peer: &str, flops: f64) -> LineResult {
             let mut l = LineResult::timed(peer, Source::Peer, t);
             l.peak_mem_beyond_inputs_bytes = r.peak_mem_beyond_inputs_bytes;
             l.extra_mem_bytes = r.extra_mem_bytes;
+            l.host_us = r.host_us;
             l.extra_mem_method = Some("torch.cuda.max_memory_allocated() during one call minus the inputs, minus o and an f32 lse (clamped at 0)".into());
             l
         }

@@ -59,6 +59,11 @@ pub struct LineResult {
     /// it cannot serve to mma).
     #[serde(default)]
     pub ran: Option<String>,
+    /// Median host time of one call in the timed loop, microseconds (ours: the library's
+    /// launch path; peers: the Python call). A call whose GPU time is shorter than this is
+    /// bound by the host when launched back to back.
+    #[serde(default)]
+    pub host_us: Option<f64>,
 }
 
 impl LineResult {
@@ -78,6 +83,7 @@ impl LineResult {
             peak_mem_beyond_inputs_bytes: None,
             output_finite: None,
             ran: None,
+            host_us: None,
         }
     }
 
