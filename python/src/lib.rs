@@ -278,10 +278,11 @@ impl Borrowed {
         handshake: Option<i64>,
         torch: bool,
     ) -> PyResult<Self> {
-        if torch && handshake == Some(-1) {
-            if let Some(b) = Self::take_torch(obj, name)? {
-                return Ok(b);
-            }
+        if torch
+            && handshake == Some(-1)
+            && let Some(b) = Self::take_torch(obj, name)?
+        {
+            return Ok(b);
         }
         Self::take_on(obj, name, handshake)
     }
