@@ -24,6 +24,7 @@ What is not supported raises an exception that names it, never a silent differen
 """
 
 import numbers
+import sys
 
 
 
@@ -295,8 +296,36 @@ def _function():
     return _autograd
 
 
+def _plain_torch_cuda(q, k, v):
+    """PyTorch when q, k, v are plain PyTorch CUDA tensors of 4 dimensions that need no
+    gradient (the common inference call, which takes the short path), else None."""
+    torch = sys.modules.get("torch")  # imported by any caller that passes its tensors
+    if torch is None:
+        return None
+    t = torch.Tensor
+    if type(q) is not t or type(k) is not t or type(v) is not t or not q.is_cuda:
+        return None
+    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+        return None
+    return torch if q.dim() == 4 else None
+
+
 def _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
              deterministic=False):
+    torch = _plain_torch_cuda(q, k, v)
+    if torch is not None and alibi_slopes is None:
+        # The short path: what the general one does for these tensors, with fewer steps
+        # (checks of shapes, dtypes and devices are the native call's, as there).
+        b, sq, hq, _ = q.shape
+        out = q.new_empty(q.shape)
+        lse = q.new_empty((b, hq, sq), dtype=torch.float32)
+        left, right = _window(window_size)
+        stream, current = _stream(q)
+        _native.forward(
+            q, k, v, out, lse, None if softmax_scale is None else float(softmax_scale),
+            bool(causal), left, right, float(softcap), None, stream, current, torch=True,
+        )
+        return out, lse
     _tensors(q=q, k=k, v=v)
     if len(q.shape) != 4:
         raise FlashAttnError(
