@@ -17,22 +17,11 @@
 //   zero-filled and masked, never read.
 // - Output: with one split, o in the element type and lse (natural log) directly; with more,
 //   f32 partials o_accum/lse_accum that attn_combine.cu merges.
-// - BULK (sm_90): a producer warp beside the NWARPS consumer warps streams the K/V rows with
-//   the copy engine (one cp.async.bulk of D x 2 bytes per row, into the same padded layout),
-//   completing on a full mbarrier per stage; the consumers release each stage on an empty
-//   mbarrier instead of meeting at a block barrier every tile.
 // Specialised by HEAD_DIM (multiple of 8, <= 256), IS_BF16, IS_CAUSAL, IS_PAGED, NWARPS (4 or
-// 8), NSTAGES, Q_IN_REGS, BULK and the score modifiers of attn_common.cuh (IS_LOCAL,
-// HAS_SOFTCAP, HAS_ALIBI).
+// 8), NSTAGES, Q_IN_REGS and the score modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP, HAS_ALIBI).
 #include "ptx.cuh"
 #include "attn_common.cuh"
 #include "kv_cache.cuh"
-#ifndef BULK
-#define BULK 0
-#endif
-#if BULK
-#include "hopper.cuh"
-#endif
 
 #ifndef NSTAGES
 #define NSTAGES 3
@@ -47,8 +36,7 @@
 #ifndef NWARPS
 #define NWARPS 4
 #endif
-constexpr int NT = NWARPS * 32;                  // consumer threads
-constexpr int NT_ALL = NT + (BULK ? 32 : 0);     // and the producer warp
+constexpr int NT = NWARPS * 32;
 constexpr int BC = 16 * NWARPS;        // keys per tile: 16 per warp
 constexpr int ROWS = 16;               // packed (query, head) rows per block
 constexpr int DP = (D + 15) / 16 * 16; // head_dim padded to the mma k-step; pad columns zero
@@ -107,22 +95,7 @@ FA_DEVICE void load_kv(u32 dK, u32 dV, const u16 *kb, const u16 *vb, i64 ss, int
     }
 }
 
-#if BULK
-// One row of D x 2 bytes from global to shared memory by the copy engine, completing on `bar`
-// (9.7.9.25.4.1 cp.async.bulk; both addresses 16-byte aligned, the size a multiple of 16).
-FA_DEVICE void bulk_row(u32 dst, const u16 *src, u32 bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "n"(D * 2), "r"(bar)
-                 : "memory");
-}
-FA_DEVICE i64 shfl_i64(i64 x, int src) {
-    const int lo = __shfl_sync(0xffffffffu, (int)(x & 0xffffffff), src);
-    const int hi = __shfl_sync(0xffffffffu, (int)(x >> 32), src);
-    return ((i64)hi << 32) | (u32)lo;
-}
-#endif
-
-extern "C" __global__ void __launch_bounds__(NT_ALL) attn_decode(const Params p_in, const DecodeParams dp) {
+extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, const DecodeParams dp) {
     extern __shared__ __align__(16) u16 smem[];
     const u32 sQ = smem_u32(smem);
     const u32 sK = sQ + ROWS * RS * 2;
@@ -150,7 +123,7 @@ extern "C" __global__ void __launch_bounds__(NT_ALL) attn_decode(const Params p_
     const u16 *vb = p.v + hk * p.v_sh;
 
     // ---- prologue: Q rows, and the first NSTAGES - 1 tiles ----
-    for (int n = tid; n < ROWS * CH && tid < NT; n += NT) {
+    for (int n = tid; n < ROWS * CH; n += NT) {
         const int r = n / CH, c = n % CH, gr = r0 + r;
         const bool ok = gr < nrows && c * 8 < D;
         const int i = gr / p.group, h = hk * p.group + gr % p.group;
@@ -161,59 +134,6 @@ extern "C" __global__ void __launch_bounds__(NT_ALL) attn_decode(const Params p_
     auto direct = [&](int n0) {
         return [&, n0](int m) { return cache_row(dp.map, p.k_sb, p.k_ss, b, n0 + 16 * m); };
     };
-#if BULK
-    // full[s] (one arrival, the producer's, plus the stage's bytes), empty[s] (one arrival per
-    // consumer warp), after the stages' region (where paged offsets are staged without BULK).
-    const u32 bars = sQ + SMEM_PAGES;
-    auto full_bar = [&](int s) { return bars + 8u * (u32)s; };
-    auto empty_bar = [&](int s) { return bars + 8u * (u32)(NSTAGES + s); };
-    cp_async_commit();
-    cp_async_wait<0>(); // this thread's Q chunks; the block barrier below publishes them
-    if (tid == 0) {
-        for (int s = 0; s < NSTAGES; ++s) {
-            mbar_init(full_bar(s), 1);
-            mbar_init(empty_bar(s), NWARPS);
-        }
-        fence_mbar_init();
-    }
-    // The copies fill D columns of a row; the pad columns up to DP (one 16-byte chunk when D is
-    // an odd multiple of 8) stay zero for the whole launch.
-    if (DP > D)
-        for (int n = tid; n < 2 * NSTAGES * BC; n += NT_ALL)
-            *(uint4 *)((char *)smem + (sK - sQ) + (u32)n * (RS * 2) + D * 2) = make_uint4(0, 0, 0, 0);
-    __syncthreads();
-    if (warp == NWARPS) {
-        // ---- the producer warp: tile j into stage (j - t_begin) % NSTAGES once the consumers
-        // released that stage's previous tile. Rows past the sequence's end are zeroed here
-        // (V must be finite where P is 0; K's scores there are masked).
-        for (int j = t_begin; j < t_end; ++j) {
-            const int it = j - t_begin, st = it % NSTAGES;
-            const int n0 = j * BC, rows = min(BC, p.seqlen_k - n0);
-            // the tile's group offsets (block-table reads) before the wait, so they land under it
-            const i64 goff = lane < GROUPS && n0 + 16 * lane < p.seqlen_k ? cache_row(dp.map, p.k_sb, p.k_ss, b, n0 + 16 * lane) : 0;
-            if (it >= NSTAGES) mbar_wait(empty_bar(st), (u32)(it / NSTAGES - 1) & 1);
-            const u32 dK = sK + (u32)st * STAGE, dV = sV + (u32)st * STAGE;
-            for (int n = rows * CH + lane; n < BC * CH; n += 32) {
-                const u32 at = (u32)((n / CH) * RS + (n % CH) * 8) * 2;
-                *(uint4 *)((char *)smem + (dK - sQ) + at) = make_uint4(0, 0, 0, 0);
-                *(uint4 *)((char *)smem + (dV - sQ) + at) = make_uint4(0, 0, 0, 0);
-            }
-            __syncwarp(); // every lane's zeros before the arrival that publishes the stage
-            if (lane == 0) mbar_arrive_expect_tx(full_bar(st), (u32)rows * (u32)(D * 2 * 2));
-#pragma unroll
-            for (int k = 0; k < BC / 32; ++k) {
-                const int r = k * 32 + lane;
-                const i64 g = shfl_i64(goff, r >> 4);
-                if (r < rows) {
-                    const i64 off = g + (i64)(r & 15) * p.k_ss;
-                    bulk_row(dK + (u32)(r * RS) * 2, kb + off, full_bar(st));
-                    bulk_row(dV + (u32)(r * RS) * 2, vb + off, full_bar(st));
-                }
-            }
-        }
-        return;
-    }
-#else
 #pragma unroll
     for (int s = 0; s < NSTAGES - 1; ++s) {
         const int j = t_begin + s;
@@ -221,8 +141,7 @@ extern "C" __global__ void __launch_bounds__(NT_ALL) attn_decode(const Params p_
             load_kv(sK + s * STAGE, sV + s * STAGE, kb, vb, p.k_ss, j * BC, p.seqlen_k, direct(j * BC));
         cp_async_commit();
     }
-#endif
-#if IS_PAGED && !BULK
+#if IS_PAGED
     // Group offsets of the first tile the loop loads, staged; the loop reads the block table
     // two tiles ahead (a whole iteration for the read to land) and stores each value one
     // iteration later, into a ring of three tiles. Groups past the sequence's end are never
@@ -248,28 +167,22 @@ extern "C" __global__ void __launch_bounds__(NT_ALL) attn_decode(const Params p_
 #endif
 
     for (int j = t_begin; j < t_end; ++j) {
-#if BULK
-        mbar_wait(full_bar((j - t_begin) % NSTAGES), (u32)((j - t_begin) / NSTAGES) & 1);
-#else
         cp_async_wait<NSTAGES - 2>();
         __syncthreads(); // tile j landed; every warp is done with tile j-1's stage
         const int jn = j + NSTAGES - 1;
-#endif
-#if IS_PAGED && !BULK
+#if IS_PAGED
         const i64 *staged = sGroups + (jn % 3) * GROUPS;
         // the group offsets two tiles ahead: read now, stored after the next tile's math
         const i64 fresh_group = tid < GROUPS && jn + 2 < t_end ? group_of((jn + 2) * BC, tid) : 0;
         auto offsets = [&](int m) { return staged[m]; };
-#elif !BULK
+#else
         auto offsets = direct(jn * BC);
 #endif
-#if !BULK
         {
             const u32 st = (u32)((jn - t_begin) % NSTAGES) * STAGE;
             if (jn < t_end) load_kv(sK + st, sV + st, kb, vb, p.k_ss, jn * BC, p.seqlen_k, offsets);
             cp_async_commit();
         }
-#endif
         const u32 st = (u32)((j - t_begin) % NSTAGES) * STAGE;
         const u32 cK = sK + st + (u32)(warp * 16 * RS) * 2; // this warp's 16 keys
         const u32 cV = sV + st + (u32)(warp * 16 * RS) * 2;
@@ -366,20 +279,13 @@ extern "C" __global__ void __launch_bounds__(NT_ALL) attn_decode(const Params p_
             mma(acc_o[2 * d2], pf[0][0], pf[0][1], pf[1][0], pf[1][1], b0, b1);
             mma(acc_o[2 * d2 + 1], pf[0][0], pf[0][1], pf[1][0], pf[1][1], b2, b3);
         }
-#if BULK
-        __syncwarp(); // every lane's reads of the stage before the warp's release
-        if (lane == 0) mbar_arrive(empty_bar((j - t_begin) % NSTAGES));
-#elif IS_PAGED
+#if IS_PAGED
         if (tid < GROUPS) sGroups[((jn + 1) % 3) * GROUPS + tid] = pending_group;
         pending_group = fresh_group;
 #endif
     }
-#if BULK
-    named_sync(1, NT); // the consumers only (the producer warp has returned); every copy landed
-#else
     cp_async_wait<0>();
     __syncthreads(); // the stages are free: they hold the warps' partial results now
-#endif
 
     // ---- merge the four warps' (max, sum, o) per row, through shared memory ----
     // sO[w][row][DP] f32 (unnormalised o), sM[w][row] (max, log2 units), sL[w][row] (sum).
@@ -403,11 +309,7 @@ extern "C" __global__ void __launch_bounds__(NT_ALL) attn_decode(const Params p_
             o[1] = acc_o[nd][2 * r + 1];
         }
     }
-#if BULK
-    named_sync(1, NT);
-#else
     __syncthreads();
-#endif
     const bool partial = dp.num_splits > 1;
     const i64 rows_all = (i64)p.batch * p.heads_q * p.seqlen_q;
     for (int n = tid; n < ROWS * (D / 4); n += NT) {

@@ -34,11 +34,6 @@ pub struct DecodeTile {
     pub stages: usize,
     /// Keep Q's A fragments in registers (up to d128; d256 would spill).
     pub q_in_regs: bool,
-    /// Stream K and V with the copy engine: a producer warp beside the `warps` consumer warps
-    /// issues one bulk copy per cache row (`cp.async.bulk`, PTX ISA 9.7.9.25.4.1, sm_90 and
-    /// later) completing on an mbarrier per stage, and the consumers release each stage on
-    /// another mbarrier instead of meeting at a block barrier every tile.
-    pub bulk: bool,
 }
 
 impl DecodeTile {
@@ -52,7 +47,6 @@ impl DecodeTile {
             warps,
             stages,
             q_in_regs,
-            bulk: false,
         };
         let mut options = vec![tile(8, 2), tile(4, 2)];
         if head_dim <= 128 {
@@ -78,7 +72,6 @@ impl DecodeTile {
             warps: 4,
             stages: 3,
             q_in_regs: head_dim <= 128,
-            bulk: false,
         };
         if splits == 1
             && blocks >= 2 * sms
@@ -125,24 +118,8 @@ impl DecodeTile {
             ("NWARPS".into(), self.warps.to_string()),
             ("NSTAGES".into(), self.stages.to_string()),
             ("Q_IN_REGS".into(), flag(self.q_in_regs)),
-            ("BULK".into(), flag(self.bulk)),
         ]
     }
-
-    /// Threads per block: the consumer warps, and the producer warp with [`Self::bulk`].
-    pub fn threads(&self) -> u32 {
-        32 * (self.warps as u32 + u32::from(self.bulk))
-    }
-}
-
-/// Environment variable that sets whether the library's decode tiles use bulk copies
-/// ([`DecodeTile::bulk`]): `1` or `0` (on a device before sm_90, never).
-pub const BULK_ENV: &str = "FLASHATTN_DECODE_BULK";
-
-/// Whether the library's own decode tile streams K/V with bulk copies on this device: only on
-/// sm_90 and later, off unless [`BULK_ENV`] is `1` (under measurement, perf-notes section 24).
-fn bulk_default(gpu: &Gpu) -> bool {
-    gpu.info().compute_capability.0 >= 9 && std::env::var(BULK_ENV).is_ok_and(|v| v.trim() == "1")
 }
 
 /// kv_cache.cuh's `CacheMap`.
@@ -366,18 +343,6 @@ impl DecodePlan {
                 ),
             });
         }
-        if let Some(t) = tile
-            && t.bulk
-            && gpu.info().compute_capability.0 < 9
-        {
-            return Err(AttnError::InvalidInput {
-                what: format!(
-                    "decode tile with bulk copies on {} ({}): cp.async.bulk needs sm_90 or later; use a tile without bulk",
-                    gpu.info().name,
-                    gpu.info().arch
-                ),
-            });
-        }
         let env = envelope(p)?;
         // One block per SM: blocks sharing an SM share its slice of the bandwidth, so a grid
         // of 1.2 blocks per SM ends with some SMs doing twice the work (measured in run 47:
@@ -386,10 +351,8 @@ impl DecodePlan {
         let splits = splits_for(p, sms, splits)?;
         let allowed = gpu.info().smem_per_block_optin as usize;
         let blocks = row_blocks(p) * p.heads_kv * p.batch;
-        let tile = tile.unwrap_or_else(|| DecodeTile {
-            bulk: bulk_default(gpu),
-            ..DecodeTile::for_call(p.head_dim, allowed, splits, blocks, sms)
-        });
+        let tile =
+            tile.unwrap_or_else(|| DecodeTile::for_call(p.head_dim, allowed, splits, blocks, sms));
         let mut kernels = PlanKernels::new(gpu, p, &env, dtype, tile)?;
         if splits > 1 {
             kernels.add_combine(gpu, p, dtype)?;
@@ -841,7 +804,7 @@ fn decode(
             dp.num_splits as u32,
             p.batch as u32,
         ),
-        block_dim: (ks.tile.threads(), 1, 1),
+        block_dim: (32 * ks.tile.warps as u32, 1, 1),
         shared_mem_bytes: ks.smem as u32,
     };
     let mut b = gpu.stream().launch_builder(&ks.decode.function);
