@@ -17,11 +17,23 @@
 //   zero-filled and masked, never read.
 // - Output: with one split, o in the element type and lse (natural log) directly; with more,
 //   f32 partials o_accum/lse_accum that attn_combine.cu merges.
+// - BULK (sm_90, D a multiple of 64): a producer warp beside the NWARPS consumer warps streams
+//   K/V with the copy engine: tensor maps over the cache (src/cuda/decode.rs), boxes of 64
+//   channels x the tile's keys (or a page's, paged) with the 128-byte swizzle, completing on a
+//   full mbarrier per stage; the consumers read through the swizzle and release each stage on
+//   an empty mbarrier instead of meeting at a block barrier every tile.
 // Specialised by HEAD_DIM (multiple of 8, <= 256), IS_BF16, IS_CAUSAL, IS_PAGED, NWARPS (4 or
-// 8), NSTAGES, Q_IN_REGS and the score modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP, HAS_ALIBI).
+// 8), NSTAGES, Q_IN_REGS, BULK and the score modifiers of attn_common.cuh (IS_LOCAL,
+// HAS_SOFTCAP, HAS_ALIBI).
 #include "ptx.cuh"
 #include "attn_common.cuh"
 #include "kv_cache.cuh"
+#ifndef BULK
+#define BULK 0
+#endif
+#if BULK
+#include "hopper.cuh"
+#endif
 
 #ifndef NSTAGES
 #define NSTAGES 3
@@ -36,7 +48,8 @@
 #ifndef NWARPS
 #define NWARPS 4
 #endif
-constexpr int NT = NWARPS * 32;
+constexpr int NT = NWARPS * 32;                  // consumer threads
+constexpr int NT_ALL = NT + (BULK ? 32 : 0);     // and the producer warp
 constexpr int BC = 16 * NWARPS;        // keys per tile: 16 per warp
 constexpr int ROWS = 16;               // packed (query, head) rows per block
 constexpr int DP = (D + 15) / 16 * 16; // head_dim padded to the mma k-step; pad columns zero
@@ -44,7 +57,12 @@ constexpr int CH = DP / 8;             // 16-byte chunks per row
 constexpr int RS = (CH + 1) * 8;       // shared row stride: an odd count of 16-byte slots
 constexpr int KS = DP / 16;            // k-steps of S = Q K^T
 constexpr int ND = DP / 8;             // n8 tiles of O
-constexpr u32 STAGE = BC * RS * 2;     // bytes of one stage of K (or V)
+// Bytes of one stage of K (or V): padded rows for ldmatrix; with BULK, D / 64 column blocks of
+// BC rows x 128 bytes each, swizzled by the copy engine.
+constexpr u32 STAGE = BULK ? BC * D * 2 : BC * RS * 2;
+#if BULK
+static_assert(D % 64 == 0, "BULK needs a head_dim that is a multiple of 64");
+#endif
 static_assert(NSTAGES >= 2, "NSTAGES must be at least 2");
 // Shared memory: Q rows, then the K/V stages (or, after the loop, the warps' f32 partial
 // results), then the staged page numbers (src/cuda/decode.rs DecodeTile::smem_bytes).
@@ -95,10 +113,28 @@ FA_DEVICE void load_kv(u32 dK, u32 dV, const u16 *kb, const u16 *vb, i64 ss, int
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, const DecodeParams dp) {
+// Shared address of 16-byte chunk c of row `row` in a K or V stage at `base`.
+#if BULK
+// The copy engine's 128-byte swizzle: chunk c % 8 of a 128-byte row sits at (c % 8) ^ (row % 8)
+// (row counted in 128-byte lines from a 1024-byte aligned base), column block c / 8 after the
+// previous block's BC rows.
+FA_DEVICE u32 kv_at(u32 base, int row, int c) {
+    return base + (u32)(c >> 3) * (BC * 128) + (u32)row * 128 + (u32)(((c & 7) ^ (row & 7)) << 4);
+}
+#else
+FA_DEVICE u32 kv_at(u32 base, int row, int c) { return base + (u32)(row * RS + c * 8) * 2; }
+#endif
+
+#if BULK
+extern "C" __global__ void __launch_bounds__(NT_ALL)
+    attn_decode(const Params p_in, const DecodeParams dp, const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv) {
+#else
+extern "C" __global__ void __launch_bounds__(NT_ALL) attn_decode(const Params p_in, const DecodeParams dp) {
+#endif
     extern __shared__ __align__(16) u16 smem[];
     const u32 sQ = smem_u32(smem);
-    const u32 sK = sQ + ROWS * RS * 2;
+    // the stages (1024-byte aligned for the swizzle with BULK; the host adds the slack)
+    const u32 sK = BULK ? (sQ + ROWS * RS * 2 + 1023) & ~1023u : sQ + ROWS * RS * 2;
     const u32 sV = sK + NSTAGES * STAGE;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
 
@@ -123,7 +159,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, 
     const u16 *vb = p.v + hk * p.v_sh;
 
     // ---- prologue: Q rows, and the first NSTAGES - 1 tiles ----
-    for (int n = tid; n < ROWS * CH; n += NT) {
+    for (int n = tid; n < ROWS * CH && tid < NT; n += NT) {
         const int r = n / CH, c = n % CH, gr = r0 + r;
         const bool ok = gr < nrows && c * 8 < D;
         const int i = gr / p.group, h = hk * p.group + gr % p.group;
@@ -134,6 +170,61 @@ extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, 
     auto direct = [&](int n0) {
         return [&, n0](int m) { return cache_row(dp.map, p.k_sb, p.k_ss, b, n0 + 16 * m); };
     };
+#if BULK
+    // full[s] (one arrival, the producer's, plus the stage's bytes), empty[s] (one arrival per
+    // consumer warp), after the stages' region (where paged offsets are staged without BULK).
+    const u32 bars = sK + (u32)(2 * NSTAGES * (int)STAGE > SMEM_MERGE ? 2 * NSTAGES * (int)STAGE : SMEM_MERGE);
+    auto full_bar = [&](int s) { return bars + 8u * (u32)s; };
+    auto empty_bar = [&](int s) { return bars + 8u * (u32)(NSTAGES + s); };
+    cp_async_commit();
+    cp_async_wait<0>(); // this thread's Q chunks; the block barrier below publishes them
+    if (tid == 0) {
+        for (int s = 0; s < NSTAGES; ++s) {
+            mbar_init(full_bar(s), 1);
+            mbar_init(empty_bar(s), NWARPS);
+        }
+        fence_mbar_init();
+    }
+    if (tid == NT) {
+        tma_prefetch(tk);
+        tma_prefetch(tv);
+    }
+    __syncthreads();
+    if (warp == NWARPS) {
+        // ---- the producer warp: tile j into stage (j - t_begin) % NSTAGES once the consumers
+        // released that stage's previous tile. Lane c copies chunk c of the tile: the whole
+        // tile (contiguous: box_rows = BC), or the keys of one page (paged, pages shorter than
+        // the tile), each as D / 64 boxes of K and of V. Chunks past the sequence's end are not
+        // read; rows there hold stale data, which the consumers zero in V (K's scores there
+        // are masked).
+        const int box_rows = IS_PAGED ? min(dp.map.page_size, BC) : BC;
+        const int chunks = BC / box_rows;
+        for (int j = t_begin; j < t_end; ++j) {
+            const int it = j - t_begin, st = it % NSTAGES;
+            const int key = j * BC + lane * box_rows;
+            const bool mine = lane < chunks && key < p.seqlen_k;
+            int row = key, blk = b; // contiguous: (key, sequence)
+#if IS_PAGED
+            if (mine) {
+                blk = dp.map.block_table[(i64)b * dp.map.max_blocks + key / dp.map.page_size];
+                row = key % dp.map.page_size;
+            }
+#endif
+            const u32 issued = __popc(__ballot_sync(0xffffffffu, mine));
+            if (it >= NSTAGES) mbar_wait(empty_bar(st), (u32)(it / NSTAGES - 1) & 1);
+            if (lane == 0) mbar_arrive_expect_tx(full_bar(st), issued * (u32)(box_rows * 128 * (D / 64) * 2));
+            if (mine) {
+                const u32 at = (u32)st * STAGE + (u32)(lane * box_rows) * 128;
+#pragma unroll
+                for (int h = 0; h < D / 64; ++h) {
+                    tma_load_4d(sK + at + (u32)h * (BC * 128), tk, full_bar(st), h * 64, row, hk, blk);
+                    tma_load_4d(sV + at + (u32)h * (BC * 128), tv, full_bar(st), h * 64, row, hk, blk);
+                }
+            }
+        }
+        return;
+    }
+#else
 #pragma unroll
     for (int s = 0; s < NSTAGES - 1; ++s) {
         const int j = t_begin + s;
@@ -141,7 +232,8 @@ extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, 
             load_kv(sK + s * STAGE, sV + s * STAGE, kb, vb, p.k_ss, j * BC, p.seqlen_k, direct(j * BC));
         cp_async_commit();
     }
-#if IS_PAGED
+#endif
+#if IS_PAGED && !BULK
     // Group offsets of the first tile the loop loads, staged; the loop reads the block table
     // two tiles ahead (a whole iteration for the read to land) and stores each value one
     // iteration later, into a ring of three tiles. Groups past the sequence's end are never
@@ -167,25 +259,40 @@ extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, 
 #endif
 
     for (int j = t_begin; j < t_end; ++j) {
+#if BULK
+        mbar_wait(full_bar((j - t_begin) % NSTAGES), (u32)((j - t_begin) / NSTAGES) & 1);
+        if (j * BC + warp * 16 + 16 > p.seqlen_k) {
+            // this warp's V rows past the sequence's end: zero (P is 0 there; V must be finite)
+            const u32 vbase = sV + (u32)((j - t_begin) % NSTAGES) * STAGE;
+            for (int n = lane; n < 16 * (D / 8); n += 32) {
+                const int r = warp * 16 + n / (D / 8);
+                if (j * BC + r >= p.seqlen_k)
+                    *(uint4 *)((char *)smem + (kv_at(vbase, r, n % (D / 8)) - sQ)) = make_uint4(0, 0, 0, 0);
+            }
+            __syncwarp();
+        }
+#else
         cp_async_wait<NSTAGES - 2>();
         __syncthreads(); // tile j landed; every warp is done with tile j-1's stage
         const int jn = j + NSTAGES - 1;
-#if IS_PAGED
+#endif
+#if IS_PAGED && !BULK
         const i64 *staged = sGroups + (jn % 3) * GROUPS;
         // the group offsets two tiles ahead: read now, stored after the next tile's math
         const i64 fresh_group = tid < GROUPS && jn + 2 < t_end ? group_of((jn + 2) * BC, tid) : 0;
         auto offsets = [&](int m) { return staged[m]; };
-#else
+#elif !BULK
         auto offsets = direct(jn * BC);
 #endif
+#if !BULK
         {
             const u32 st = (u32)((jn - t_begin) % NSTAGES) * STAGE;
             if (jn < t_end) load_kv(sK + st, sV + st, kb, vb, p.k_ss, jn * BC, p.seqlen_k, offsets);
             cp_async_commit();
         }
+#endif
         const u32 st = (u32)((j - t_begin) % NSTAGES) * STAGE;
-        const u32 cK = sK + st + (u32)(warp * 16 * RS) * 2; // this warp's 16 keys
-        const u32 cV = sV + st + (u32)(warp * 16 * RS) * 2;
+        const u32 cK = sK + st, cV = sV + st; // the stage; this warp's keys are rows warp * 16 + r
 #if Q_IN_REGS
         if (j == t_begin)
 #pragma unroll
@@ -209,7 +316,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, 
 #endif
             u32 b0, b1, b2, b3;
             const int r = (lane % 8) + (lane / 16) * 8, c = kk * 2 + (lane / 8) % 2;
-            ldmatrix_x4(b0, b1, b2, b3, cK + (u32)(r * RS + c * 8) * 2);
+            ldmatrix_x4(b0, b1, b2, b3, kv_at(cK, warp * 16 + r, c));
             mma(s[0], a0, a1, a2, a3, b0, b1);
             mma(s[1], a0, a1, a2, a3, b2, b3);
         }
@@ -275,21 +382,28 @@ extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, 
         for (int d2 = 0; d2 < ND / 2; ++d2) {
             const int r = (lane % 8) + ((lane / 8) % 2) * 8, c = d2 * 2 + lane / 16;
             u32 b0, b1, b2, b3;
-            ldmatrix_x4_trans(b0, b1, b2, b3, cV + (u32)(r * RS + c * 8) * 2);
+            ldmatrix_x4_trans(b0, b1, b2, b3, kv_at(cV, warp * 16 + r, c));
             mma(acc_o[2 * d2], pf[0][0], pf[0][1], pf[1][0], pf[1][1], b0, b1);
             mma(acc_o[2 * d2 + 1], pf[0][0], pf[0][1], pf[1][0], pf[1][1], b2, b3);
         }
-#if IS_PAGED
+#if BULK
+        __syncwarp(); // every lane's reads of the stage before the warp's release
+        if (lane == 0) mbar_arrive(empty_bar((j - t_begin) % NSTAGES));
+#elif IS_PAGED
         if (tid < GROUPS) sGroups[((jn + 1) % 3) * GROUPS + tid] = pending_group;
         pending_group = fresh_group;
 #endif
     }
+#if BULK
+    named_sync(1, NT); // the consumers only (the producer warp has returned); every copy landed
+#else
     cp_async_wait<0>();
     __syncthreads(); // the stages are free: they hold the warps' partial results now
+#endif
 
     // ---- merge the four warps' (max, sum, o) per row, through shared memory ----
     // sO[w][row][DP] f32 (unnormalised o), sM[w][row] (max, log2 units), sL[w][row] (sum).
-    float *sO = (float *)((char *)smem + ROWS * RS * 2);
+    float *sO = (float *)((char *)smem + (sK - sQ));
     float *sM = sO + NWARPS * ROWS * DP;
     float *sL = sM + NWARPS * ROWS;
 #pragma unroll
@@ -309,7 +423,11 @@ extern "C" __global__ void __launch_bounds__(NT) attn_decode(const Params p_in, 
             o[1] = acc_o[nd][2 * r + 1];
         }
     }
+#if BULK
+    named_sync(1, NT);
+#else
     __syncthreads();
+#endif
     const bool partial = dp.num_splits > 1;
     const i64 rows_all = (i64)p.batch * p.heads_q * p.seqlen_q;
     for (int n = tid; n < ROWS * (D / 4); n += NT) {

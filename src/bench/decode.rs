@@ -423,7 +423,7 @@ fn shape_set<T: GpuElement>(
             0,
         )?;
         let mut lines = Vec::new();
-        let stages: Vec<Option<(usize, usize)>> = if opts.decode_tiles.is_empty() {
+        let stages: Vec<Option<(usize, usize, bool)>> = if opts.decode_tiles.is_empty() {
             vec![None]
         } else {
             opts.decode_tiles.iter().copied().map(Some).collect()
@@ -451,13 +451,17 @@ fn shape_set<T: GpuElement>(
             };
             let layout = format!(
                 "{name}{}{}",
-                st.map_or(String::new(), |(w, s)| format!(" {w}x{s}")),
+                st.map_or(String::new(), |(w, s, bulk)| format!(
+                    " {w}x{s}{}",
+                    if bulk { "b" } else { "" }
+                )),
                 sp.map_or(String::new(), |n| format!(" x{n}"))
             );
-            let tile = st.map(|(warps, stages)| DecodeTile {
+            let tile = st.map(|(warps, stages, bulk)| DecodeTile {
                 warps,
                 stages,
                 q_in_regs: d <= 128,
+                bulk,
             });
             let plan = DecodePlan::with_tile(gpu, &p, T::DTYPE, sp, tile)?;
             let what = format!("decode {layout} b{batch} sk{seqlen_k} sq{sq}");

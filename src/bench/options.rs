@@ -146,10 +146,11 @@ pub struct BenchOptions {
         value_name = "LIST"
     )]
     pub decode_pages: Vec<usize>,
-    /// attn_decode tiles to time, `WARPSxSTAGES` (4 or 8 warps, 2 to 4 stages), each its own
-    /// line [default: the library's choice].
+    /// attn_decode tiles to time, `WARPSxSTAGES` (4 or 8 warps, 2 to 4 stages), with a `b`
+    /// suffix for bulk copies by a producer warp (sm_90; e.g. 8x3b), each its own line
+    /// [default: the library's choice].
     #[arg(long = "decode-tiles", value_delimiter = ',', value_parser = parse_decode_tile, value_name = "LIST")]
-    pub decode_tiles: Vec<(usize, usize)>,
+    pub decode_tiles: Vec<(usize, usize, bool)>,
     /// Query and key/value heads of the decode bench, `Q:KV`.
     #[arg(long = "decode-heads", default_value = "32:8", value_parser = parse_heads, value_name = "Q:KV")]
     pub decode_heads: (usize, usize),
@@ -186,9 +187,16 @@ impl Default for BenchOptions {
 }
 
 /// Parses `8x3` (warps x stages of attn_decode).
-fn parse_decode_tile(s: &str) -> std::result::Result<(usize, usize), String> {
-    let bad = || format!("'{s}' is not WARPSxSTAGES (4 or 8 warps, 2 to 4 stages; e.g. 8x3)");
-    let (w, st) = s.split_once(['x', 'X']).ok_or_else(bad)?;
+fn parse_decode_tile(s: &str) -> std::result::Result<(usize, usize, bool), String> {
+    let bad = || {
+        format!("'{s}' is not WARPSxSTAGES[b] (4 or 8 warps, 2 to 4 stages, b: bulk copies; e.g. 8x3 or 8x3b)")
+    };
+    let t = s.trim();
+    let (t, bulk) = match t.strip_suffix(['b', 'B']) {
+        Some(rest) => (rest, true),
+        None => (t, false),
+    };
+    let (w, st) = t.split_once(['x', 'X']).ok_or_else(bad)?;
     let (w, st): (usize, usize) = (
         w.trim().parse().map_err(|_| bad())?,
         st.trim().parse().map_err(|_| bad())?,
@@ -196,7 +204,7 @@ fn parse_decode_tile(s: &str) -> std::result::Result<(usize, usize), String> {
     if !matches!(w, 4 | 8) || !(2..=4).contains(&st) {
         return Err(bad());
     }
-    Ok((w, st))
+    Ok((w, st, bulk))
 }
 
 /// Parses `32:8` (query heads : key/value heads, the first a multiple of the second).

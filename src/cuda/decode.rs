@@ -34,6 +34,12 @@ pub struct DecodeTile {
     pub stages: usize,
     /// Keep Q's A fragments in registers (up to d128; d256 would spill).
     pub q_in_regs: bool,
+    /// Stream K and V with the copy engine (sm_90 and later, head_dim a multiple of 64): a
+    /// producer warp beside the `warps` consumer warps loads boxes of 64 channels x the tile's
+    /// keys (or a page's) through tensor maps over the cache (`cp.async.bulk.tensor`, PTX ISA
+    /// 9.7.9.25.5.1, 128-byte swizzle), completing on an mbarrier per stage, and the consumers
+    /// release each stage on another mbarrier instead of meeting at a block barrier every tile.
+    pub bulk: bool,
 }
 
 impl DecodeTile {
@@ -47,6 +53,7 @@ impl DecodeTile {
             warps,
             stages,
             q_in_regs,
+            bulk: false,
         };
         let mut options = vec![tile(8, 2), tile(4, 2)];
         if head_dim <= 128 {
@@ -72,6 +79,7 @@ impl DecodeTile {
             warps: 4,
             stages: 3,
             q_in_regs: head_dim <= 128,
+            bulk: false,
         };
         if splits == 1
             && blocks >= 2 * sms
@@ -95,8 +103,13 @@ impl DecodeTile {
     pub fn smem_bytes(&self, head_dim: usize) -> usize {
         let dp = head_dim.div_ceil(16) * 16;
         let row = (dp / 8 + 1) * 16;
-        let stages = 2 * self.stages * self.bc() * row;
         let merge = self.warps * DECODE_ROWS * (dp + 2) * 4;
+        if self.bulk {
+            // unpadded swizzled stages from a 1024-byte boundary, then the 2 x stages mbarriers
+            let stages = 2 * self.stages * self.bc() * head_dim * 2;
+            return DECODE_ROWS * row + 1024 + stages.max(merge) + 16 * self.stages;
+        }
+        let stages = 2 * self.stages * self.bc() * row;
         let pages = 3 * (self.bc() / 16) * 8;
         DECODE_ROWS * row + stages.max(merge) + pages
     }
@@ -118,8 +131,26 @@ impl DecodeTile {
             ("NWARPS".into(), self.warps.to_string()),
             ("NSTAGES".into(), self.stages.to_string()),
             ("Q_IN_REGS".into(), flag(self.q_in_regs)),
+            ("BULK".into(), flag(self.bulk)),
         ]
     }
+
+    /// Threads per block: the consumer warps, and the producer warp with [`Self::bulk`].
+    pub fn threads(&self) -> u32 {
+        32 * (self.warps as u32 + u32::from(self.bulk))
+    }
+}
+
+/// Environment variable that sets whether the library's decode tiles use bulk copies
+/// ([`DecodeTile::bulk`]): `1` or `0` (on a device before sm_90, never).
+pub const BULK_ENV: &str = "FLASHATTN_DECODE_BULK";
+
+/// Whether the library's own decode tile streams K/V with bulk copies on this device: only on
+/// sm_90 and later, off unless [`BULK_ENV`] is `1` (under measurement, perf-notes section 24).
+fn bulk_default(gpu: &Gpu, head_dim: usize) -> bool {
+    gpu.info().compute_capability.0 >= 9
+        && head_dim.is_multiple_of(64)
+        && std::env::var(BULK_ENV).is_ok_and(|v| v.trim() == "1")
 }
 
 /// kv_cache.cuh's `CacheMap`.
@@ -343,6 +374,19 @@ impl DecodePlan {
                 ),
             });
         }
+        if let Some(t) = tile
+            && t.bulk
+            && (gpu.info().compute_capability.0 < 9 || !p.head_dim.is_multiple_of(64))
+        {
+            return Err(AttnError::InvalidInput {
+                what: format!(
+                    "decode tile with bulk copies for head_dim {} on {} ({}): the copy engine path needs sm_90 or later and a head_dim that is a multiple of 64; use a tile without bulk",
+                    p.head_dim,
+                    gpu.info().name,
+                    gpu.info().arch
+                ),
+            });
+        }
         let env = envelope(p)?;
         // One block per SM: blocks sharing an SM share its slice of the bandwidth, so a grid
         // of 1.2 blocks per SM ends with some SMs doing twice the work (measured in run 47:
@@ -351,8 +395,10 @@ impl DecodePlan {
         let splits = splits_for(p, sms, splits)?;
         let allowed = gpu.info().smem_per_block_optin as usize;
         let blocks = row_blocks(p) * p.heads_kv * p.batch;
-        let tile =
-            tile.unwrap_or_else(|| DecodeTile::for_call(p.head_dim, allowed, splits, blocks, sms));
+        let tile = tile.unwrap_or_else(|| DecodeTile {
+            bulk: bulk_default(gpu, p.head_dim),
+            ..DecodeTile::for_call(p.head_dim, allowed, splits, blocks, sms)
+        });
         let mut kernels = PlanKernels::new(gpu, p, &env, dtype, tile)?;
         if splits > 1 {
             kernels.add_combine(gpu, p, dtype)?;
@@ -787,6 +833,32 @@ fn append(
     }
 }
 
+/// The tensor maps of the K and V caches for attn_decode's copy engine path: (head_dim,
+/// rows, heads_kv, sequences or pages) with boxes of 64 channels x the tile's `bc` keys, or a
+/// page's keys when pages are shorter than the tile.
+fn cache_maps(
+    p: &KvCacheProblem,
+    l: &Launch,
+    bc: usize,
+) -> std::result::Result<[super::tma::TmaMap; 2], String> {
+    let (rows, blocks, box_rows) = match &p.layout {
+        CacheLayout::Contiguous { seqlen_cache } => (*seqlen_cache, p.batch, bc),
+        CacheLayout::Paged {
+            num_blocks,
+            page_size,
+            ..
+        } => (*page_size, *num_blocks, (*page_size).min(bc)),
+    };
+    let dims = [p.head_dim, rows, p.heads_kv, blocks];
+    let env = l.problem;
+    let k = super::wgmma::bshd_map(l.dtype, l.k, dims, env.k_strides, box_rows as u32);
+    let v = super::wgmma::bshd_map(l.dtype, l.v, dims, env.v_strides, box_rows as u32);
+    Ok([
+        k.encode().map_err(|e| format!("k_cache: {e}"))?,
+        v.encode().map_err(|e| format!("v_cache: {e}"))?,
+    ])
+}
+
 /// Launches attn_decode: grid (row blocks x kv heads, splits, batch).
 fn decode(
     gpu: &Gpu,
@@ -804,25 +876,42 @@ fn decode(
             dp.num_splits as u32,
             p.batch as u32,
         ),
-        block_dim: (32 * ks.tile.warps as u32, 1, 1),
+        block_dim: (ks.tile.threads(), 1, 1),
         shared_mem_bytes: ks.smem as u32,
+    };
+    let maps = if ks.tile.bulk {
+        Some(cache_maps(p, l, ks.tile.bc()).map_err(|why| AttnError::InvalidInput {
+            what: format!("attn_decode with bulk copies: the copy engine cannot describe {why}; use a tile without bulk"),
+        })?)
+    } else {
+        None
     };
     let mut b = gpu.stream().launch_builder(&ks.decode.function);
     b.arg(&params);
     b.arg(&dp);
+    if let Some([tk, tv]) = &maps {
+        b.arg(tk);
+        b.arg(tv);
+    }
     // SAFETY: the parameters mirror the kernel's structs; the caller validated the problem
-    // (lengths within capacity, page indices within the pool) and every buffer's length.
+    // (lengths within capacity, page indices within the pool) and every buffer's length; the
+    // tensor maps describe exactly the two caches, and the copy engine reads nothing outside.
     unsafe { b.launch(cfg) }.map_err(cuda_err(launch_context("attn_decode", l.problem)))?;
     Ok(LaunchInfo {
         kernel: KernelKind::Mma,
         why: String::new(),
         config: Some(format!(
-            "attn_decode 16 rows x Bc{}, {} warps, {} stages{}",
+            "attn_decode 16 rows x Bc{}, {} warps, {} stages{}{}",
             ks.tile.bc(),
             ks.tile.warps,
             ks.tile.stages,
             if ks.tile.q_in_regs {
                 ", Q in registers"
+            } else {
+                ""
+            },
+            if ks.tile.bulk {
+                ", K/V by the copy engine"
             } else {
                 ""
             }
