@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run 92 (run 91 was the per-row version): attn_decode with K/V by the copy engine through tensor maps (BULK=1, `8x3b`): the kvcache check
+# Run 91: attn_decode with bulk copies by a producer warp (BULK=1, `8x3b`): the kvcache check
 # under FLASHATTN_DECODE_BULK=1 (every case, both dtypes, every split count), memcheck,
 # racecheck and synccheck on it, then the bulk tiles against the cp.async ones in the same run
 # (f16, seqlen_q 1, contiguous and paged 16, batch 1/8/64, 8k-128k keys).
