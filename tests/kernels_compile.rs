@@ -229,7 +229,12 @@ fn jobs() -> Vec<Job> {
     for &arch in CI_ARCHS.iter() {
         let limit = smem_limit(arch);
         for d in [40, 64, 128, 256] {
-            let tile = DecodeTile::for_head_dim(d, limit);
+            // the launcher's tile for this arch: with the copy engine on sm_90 (d % 64 == 0)
+            let tile = DecodeTile::for_head_dim(d, limit).with_bulk_where_it_fits(
+                parse_cc(arch),
+                d,
+                limit,
+            );
             if tile.smem_bytes(d) > limit {
                 continue;
             }
@@ -258,8 +263,9 @@ fn jobs() -> Vec<Job> {
                     functions: &["attn_decode"],
                     smem: tile.smem_bytes(d),
                     tile: format!(
-                        "decode {} stages{}{}",
+                        "decode {} stages{}{}{}",
                         tile.stages,
+                        if tile.bulk { " copy-engine" } else { "" },
                         if paged { " paged" } else { "" },
                         if all_mods { " mods" } else { "" }
                     ),

@@ -189,7 +189,9 @@ impl Default for BenchOptions {
 /// Parses `8x3` (warps x stages of attn_decode).
 fn parse_decode_tile(s: &str) -> std::result::Result<(usize, usize, bool), String> {
     let bad = || {
-        format!("'{s}' is not WARPSxSTAGES[b] (4 or 8 warps, 2 to 4 stages, b: bulk copies; e.g. 8x3 or 8x3b)")
+        format!(
+            "'{s}' is not WARPSxSTAGES[b] (4 or 8 warps, 2 to 4 stages, b: bulk copies; e.g. 8x3 or 8x3b)"
+        )
     };
     let t = s.trim();
     let (t, bulk) = match t.strip_suffix(['b', 'B']) {

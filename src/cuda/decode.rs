@@ -135,23 +135,38 @@ impl DecodeTile {
         ]
     }
 
+    /// This tile with [`Self::bulk`] where the device and head_dim allow it (Hopper, sm_90: the
+    /// only architecture it was measured on; a multiple of 64) and its shared memory fits in
+    /// `smem_limit`, unless [`BULK_ENV`] is `0`. Run 92 (H200): level with the cp.async path on
+    /// contiguous caches (0.98-1.05), 2-5 % faster on pages of 16 with 8 warps, 4-18 % with 4.
+    pub fn with_bulk_where_it_fits(
+        self,
+        compute_capability: (i32, i32),
+        head_dim: usize,
+        smem_limit: usize,
+    ) -> Self {
+        let bulk = DecodeTile { bulk: true, ..self };
+        let off = std::env::var(BULK_ENV).is_ok_and(|v| v.trim() == "0");
+        if !off
+            && compute_capability.0 == 9
+            && head_dim.is_multiple_of(64)
+            && bulk.smem_bytes(head_dim) <= smem_limit
+        {
+            bulk
+        } else {
+            self
+        }
+    }
+
     /// Threads per block: the consumer warps, and the producer warp with [`Self::bulk`].
     pub fn threads(&self) -> u32 {
         32 * (self.warps as u32 + u32::from(self.bulk))
     }
 }
 
-/// Environment variable that sets whether the library's decode tiles use bulk copies
-/// ([`DecodeTile::bulk`]): `1` or `0` (on a device before sm_90, never).
+/// Environment variable that turns the copy engine path of the library's decode tiles
+/// ([`DecodeTile::bulk`]) off: `0`.
 pub const BULK_ENV: &str = "FLASHATTN_DECODE_BULK";
-
-/// Whether the library's own decode tile streams K/V with bulk copies on this device: only on
-/// sm_90 and later, off unless [`BULK_ENV`] is `1` (under measurement, perf-notes section 24).
-fn bulk_default(gpu: &Gpu, head_dim: usize) -> bool {
-    gpu.info().compute_capability.0 >= 9
-        && head_dim.is_multiple_of(64)
-        && std::env::var(BULK_ENV).is_ok_and(|v| v.trim() == "1")
-}
 
 /// kv_cache.cuh's `CacheMap`.
 #[repr(C)]
@@ -395,10 +410,11 @@ impl DecodePlan {
         let splits = splits_for(p, sms, splits)?;
         let allowed = gpu.info().smem_per_block_optin as usize;
         let blocks = row_blocks(p) * p.heads_kv * p.batch;
-        let tile = tile.unwrap_or_else(|| DecodeTile {
-            bulk: bulk_default(gpu, p.head_dim),
-            ..DecodeTile::for_call(p.head_dim, allowed, splits, blocks, sms)
-        });
+        let tile =
+            tile.unwrap_or_else(|| {
+                DecodeTile::for_call(p.head_dim, allowed, splits, blocks, sms)
+                    .with_bulk_where_it_fits(gpu.info().compute_capability, p.head_dim, allowed)
+            });
         let mut kernels = PlanKernels::new(gpu, p, &env, dtype, tile)?;
         if splits > 1 {
             kernels.add_combine(gpu, p, dtype)?;
