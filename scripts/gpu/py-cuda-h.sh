@@ -6,11 +6,8 @@
 set -uo pipefail
 . scripts/gpu/lib.sh
 py_setup
-el pytest
-timeout 240 python3 -m pytest -q -p no:cacheprovider python/tests -ra 2>&1 | tail -6 | tee -a "$L"
-el examples
-timeout 90 python3 python/examples/torch_module.py 2>&1 | tail -2 | tee -a "$L"
-timeout 90 python3 python/examples/transformers_attention.py 2>&1 | grep -v -i warn | tail -2 | tee -a "$L"
+py_tests
+py_examples
 el "host time"
 timeout 90 python3 scripts/gpu/py-host.py 2>&1 | tee -a "$L"
 timeout 60 $B bench --kernels wgmma,mma --dtype f16 --head-dim 64 --causal off --seqlen 128 --tokens 128 --hidden 512 --no-plot --out-dir /tmp/h > /dev/null 2>&1

@@ -6,8 +6,7 @@
 set -uo pipefail
 . scripts/gpu/lib.sh
 py_setup
-el pytest
-timeout 240 python3 -m pytest -q -p no:cacheprovider python/tests -ra 2>&1 | tail -6 | tee -a "$L"
+py_tests
 el "host time"
 timeout 90 python3 scripts/gpu/py-host.py 2>&1 | tee -a "$L"
 for i in 1 2 3; do
