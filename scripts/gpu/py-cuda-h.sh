@@ -8,8 +8,7 @@ set -uo pipefail
 py_setup
 py_tests
 py_examples
-el "host time"
-timeout 90 python3 scripts/gpu/py-host.py 2>&1 | tee -a "$L"
+py_host
 timeout 60 $B bench --kernels wgmma,mma --dtype f16 --head-dim 64 --causal off --seqlen 128 --tokens 128 --hidden 512 --no-plot --out-dir /tmp/h > /dev/null 2>&1
 python3 -c "
 import json

@@ -7,8 +7,7 @@ set -uo pipefail
 . scripts/gpu/lib.sh
 py_setup
 py_tests
-el "host time"
-timeout 90 python3 scripts/gpu/py-host.py 2>&1 | tee -a "$L"
+py_host
 for i in 1 2 3; do
   el "cross-check $i"
   timeout 80 $B bench --kernels wgmma --dtype f16 --head-dim 64,128 --seqlen 1024,4096,16384 --no-plot --out-dir /tmp/xr$i > /dev/null 2>&1

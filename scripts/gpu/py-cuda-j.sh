@@ -7,8 +7,7 @@ set -uo pipefail
 py_setup
 py_tests
 py_examples
-el "host time"
-timeout 90 python3 scripts/gpu/py-host.py 2>&1 | tee -a "$L"
+py_host
 el "cross-check"
 timeout 80 $B bench --kernels wgmma --dtype f16 --head-dim 64,128 --seqlen 1024,4096,16384 --no-plot --out-dir /tmp/xr > /dev/null 2>&1
 XC_PEERS=flashattn timeout 120 python3 scripts/gpu/py-crosscheck.py /tmp/xr/bench.json /tmp/xc.json 2>&1 | tee -a "$L"
