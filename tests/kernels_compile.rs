@@ -233,6 +233,7 @@ fn jobs() -> Vec<Job> {
             let tile = DecodeTile::for_head_dim(d, limit).with_bulk_where_it_fits(
                 parse_cc(arch),
                 d,
+                None,
                 limit,
             );
             if tile.smem_bytes(d) > limit {

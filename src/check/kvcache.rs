@@ -1,6 +1,6 @@
 //! Decoding against a KV cache ([`crate::kvcache`]) on the GPU against the f64 oracle
 //! ([`crate::cuda::decode`]), with the cases the decoding issue names: cache lengths 0 and at
-//! capacity; page sizes 16, 64 and 256 with shuffled block tables; lengths that differ within
+//! capacity; page sizes 16, 64 and 256 (and 48, 144) with shuffled block tables; lengths that differ within
 //! a batch, including a sequence with fewer key blocks than splits; appended rows crossing a
 //! page boundary; seqlen_q 1, 2, 4, 16 with GQA 1, 4, 8 and MQA; every split count from 1 to
 //! past the number of key blocks (and the heuristic's pick) against the same reference;
@@ -137,6 +137,32 @@ pub fn cases() -> Vec<KvCase> {
                     poison: false,
                 });
             }
+        }
+        // Pages that neither divide the 128-key tile nor are a multiple of it (48, 144): the
+        // copy engine path refuses them (a box would straddle two pages), so these run the
+        // cp.async path on every GPU.
+        let odd = KvCacheProblem::new(
+            3,
+            1,
+            8,
+            2,
+            128,
+            CacheLayout::Contiguous { seqlen_cache: 600 },
+            vec![577, 130, 0],
+            0,
+        )
+        .expect("valid sweep call");
+        for page in [48, 144] {
+            let p = shuffled_pages(&odd, page, 7 + page as u64).expect("valid pages");
+            out.push(KvCase {
+                label: format!(
+                    "{dtype} kvcache paged{page} lens[577, 130, 0]+0 sq=1 hq=8 hkv=2 d=128 none"
+                ),
+                dtype,
+                splits: split_counts(&p),
+                problem: p,
+                poison: false,
+            });
         }
         // NaN inputs: a NaN in q row (0, 0, head 0) and in a cached key of sequence 1 (kv head
         // 1, read by query heads 4..7), contiguous and paged, several splits.
@@ -522,7 +548,7 @@ mod tests {
         assert!(cs.iter().all(|c| c.problem.validate().is_ok()));
         let has = |f: &dyn Fn(&KvCacheProblem) -> bool| cs.iter().any(|c| f(&c.problem));
         let page = |p: &KvCacheProblem, n| matches!(p.layout, CacheLayout::Paged { page_size, .. } if page_size == n);
-        for n in [16, 64, 256] {
+        for n in [16, 64, 256, 48, 144] {
             assert!(has(&|p| page(p, n)), "page size {n}");
         }
         assert!(has(&|p| p.cache_seqlens.contains(&0)));

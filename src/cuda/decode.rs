@@ -143,18 +143,50 @@ impl DecodeTile {
         self,
         compute_capability: (i32, i32),
         head_dim: usize,
+        page_size: Option<usize>,
         smem_limit: usize,
     ) -> Self {
         let bulk = DecodeTile { bulk: true, ..self };
         let off = std::env::var(BULK_ENV).is_ok_and(|v| v.trim() == "0");
         if !off
-            && compute_capability.0 == 9
-            && head_dim.is_multiple_of(64)
+            && bulk
+                .bulk_refusal(compute_capability, head_dim, page_size)
+                .is_none()
             && bulk.smem_bytes(head_dim) <= smem_limit
         {
             bulk
         } else {
             self
+        }
+    }
+
+    /// Why the copy engine path cannot serve a call with this tile's key count, or `None`:
+    /// it runs on sm_90 (where it was measured), with a head_dim that is a multiple of 64 (boxes
+    /// of 64 channels), and with pages (`page_size`, paged caches) that divide the tile's keys
+    /// or are a multiple of them, so that each box lies in one page.
+    pub fn bulk_refusal(
+        &self,
+        compute_capability: (i32, i32),
+        head_dim: usize,
+        page_size: Option<usize>,
+    ) -> Option<String> {
+        if compute_capability.0 != 9 {
+            return Some(format!(
+                "it runs on sm_90 only (measured there), not on compute capability {}.{}",
+                compute_capability.0, compute_capability.1
+            ));
+        }
+        if !head_dim.is_multiple_of(64) {
+            return Some(format!("head_dim {head_dim} is not a multiple of 64"));
+        }
+        let bc = self.bc();
+        match page_size {
+            Some(ps) if ps == 0 || !(bc.is_multiple_of(ps) || ps.is_multiple_of(bc)) => {
+                Some(format!(
+                    "pages of {ps} keys neither divide the tile's {bc} keys nor are a multiple of them"
+                ))
+            }
+            _ => None,
         }
     }
 
@@ -389,14 +421,17 @@ impl DecodePlan {
                 ),
             });
         }
+        let page_size = match &p.layout {
+            CacheLayout::Paged { page_size, .. } => Some(*page_size),
+            CacheLayout::Contiguous { .. } => None,
+        };
         if let Some(t) = tile
             && t.bulk
-            && (gpu.info().compute_capability.0 < 9 || !p.head_dim.is_multiple_of(64))
+            && let Some(why) = t.bulk_refusal(gpu.info().compute_capability, p.head_dim, page_size)
         {
             return Err(AttnError::InvalidInput {
                 what: format!(
-                    "decode tile with bulk copies for head_dim {} on {} ({}): the copy engine path needs sm_90 or later and a head_dim that is a multiple of 64; use a tile without bulk",
-                    p.head_dim,
+                    "decode tile with the copy engine on {} ({}): {why}; use a tile without it",
                     gpu.info().name,
                     gpu.info().arch
                 ),
@@ -410,11 +445,14 @@ impl DecodePlan {
         let splits = splits_for(p, sms, splits)?;
         let allowed = gpu.info().smem_per_block_optin as usize;
         let blocks = row_blocks(p) * p.heads_kv * p.batch;
-        let tile =
-            tile.unwrap_or_else(|| {
-                DecodeTile::for_call(p.head_dim, allowed, splits, blocks, sms)
-                    .with_bulk_where_it_fits(gpu.info().compute_capability, p.head_dim, allowed)
-            });
+        let tile = tile.unwrap_or_else(|| {
+            DecodeTile::for_call(p.head_dim, allowed, splits, blocks, sms).with_bulk_where_it_fits(
+                gpu.info().compute_capability,
+                p.head_dim,
+                page_size,
+                allowed,
+            )
+        });
         let mut kernels = PlanKernels::new(gpu, p, &env, dtype, tile)?;
         if splits > 1 {
             kernels.add_combine(gpu, p, dtype)?;
@@ -1067,6 +1105,34 @@ pub fn forward_host<T: GpuElement>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_copy_engine_serves_hopper_multiples_of_64_and_pages_aligned_with_the_tile() {
+        let eight = DecodeTile::for_head_dim(128, 227 * 1024); // 128 keys per tile
+        let four = DecodeTile { warps: 4, ..eight }; // 64 keys
+        let h = (9, 0);
+        assert_eq!(eight.bulk_refusal(h, 128, None), None);
+        assert_eq!(eight.bulk_refusal(h, 64, Some(16)), None);
+        for ps in [16, 32, 64, 128, 256, 512] {
+            assert_eq!(eight.bulk_refusal(h, 128, Some(ps)), None, "page {ps}");
+        }
+        // a box would straddle two pages, or not cover the tile
+        for ps in [48, 80, 96, 144, 192, 320] {
+            assert!(eight.bulk_refusal(h, 128, Some(ps)).is_some(), "page {ps}");
+        }
+        assert_eq!(four.bulk_refusal(h, 128, Some(192)), None);
+        assert!(four.bulk_refusal(h, 128, Some(96)).is_some());
+        assert!(eight.bulk_refusal(h, 96, None).is_some());
+        assert!(eight.bulk_refusal((8, 0), 128, None).is_some());
+        assert!(eight.bulk_refusal((10, 0), 128, None).is_some());
+        // the default takes it only where it is served and fits
+        let t = eight.with_bulk_where_it_fits(h, 128, Some(48), 227 * 1024);
+        assert!(!t.bulk);
+        let t = eight.with_bulk_where_it_fits(h, 128, Some(16), 227 * 1024);
+        assert!(t.bulk && t.threads() == 9 * 32);
+        let t = eight.with_bulk_where_it_fits(h, 128, None, 99 * 1024);
+        assert!(!t.bulk);
+    }
 
     #[test]
     fn tiles_fit_the_shared_memory_they_are_chosen_for() {
