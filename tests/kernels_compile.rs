@@ -6,7 +6,7 @@
 //! `FLASHATTN_REQUIRE_NVRTC=1` (CI), where it fails.
 
 use flashattn::DType;
-use flashattn::cuda::decode::DecodeTile;
+use flashattn::cuda::decode::{CacheRows, DecodeTile};
 use flashattn::cuda::nvrtc::nvrtc_present;
 use flashattn::cuda::simt::SimtTile;
 use flashattn::cuda::{
@@ -233,7 +233,7 @@ fn jobs() -> Vec<Job> {
             let tile = DecodeTile::for_head_dim(d, limit).with_bulk_where_it_fits(
                 parse_cc(arch),
                 d,
-                None,
+                CacheRows::Contiguous { seqlen_cache: 1 },
                 limit,
             );
             if tile.smem_bytes(d) > limit {

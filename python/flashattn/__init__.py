@@ -322,7 +322,8 @@ def _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
         left, right = _window(window_size)
         stream, current = _stream(q)
         _native.forward(
-            q, k, v, out, lse, None if softmax_scale is None else float(softmax_scale),
+            _dl(q), _dl(k), _dl(v), out, lse,
+            None if softmax_scale is None else float(softmax_scale),
             bool(causal), left, right, float(softcap), None, stream, current, torch=True,
         )
         return out, lse

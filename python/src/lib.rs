@@ -95,9 +95,9 @@ struct TorchTensor {
     _strides: Vec<i64>,
 }
 
-/// torch.float16, torch.bfloat16 and torch.float32, looked up once (only by callers that
-/// pass PyTorch tensors, so torch is imported).
-static TORCH_DTYPES: pyo3::sync::PyOnceLock<[Py<PyAny>; 3]> = pyo3::sync::PyOnceLock::new();
+/// torch.float16, torch.bfloat16, torch.float32 and torch.strided, looked up once (only by
+/// callers that pass PyTorch tensors, so torch is imported).
+static TORCH_DTYPES: pyo3::sync::PyOnceLock<[Py<PyAny>; 4]> = pyo3::sync::PyOnceLock::new();
 
 /// A tensor borrowed through DLPack (or read from a PyTorch tensor's attributes) for the
 /// length of one call; the producer's deleter runs on drop (the capsule is renamed
@@ -212,26 +212,32 @@ impl Borrowed {
     /// would do nothing either.
     fn take_torch(obj: &Bound<'_, PyAny>, name: &'static str) -> PyResult<Option<Self>> {
         let py = obj.py();
-        let device: i32 = obj.call_method0("get_device")?.extract()?;
-        if device < 0 {
+        // CUDA only (get_device() also numbers XPU, MPS and other backends' devices)
+        if !obj.getattr("is_cuda")?.is_truthy()? {
             return Ok(None);
         }
+        let device: i32 = obj.call_method0("get_device")?.extract()?;
         // A negated view (torch._neg_view) holds other values than its memory.
         if obj.call_method0("is_neg")?.is_truthy()? {
             return Err(FlashAttnError::new_err(format!(
                 "{name} is a negated view (its values are minus its memory); pass {name}.resolve_neg()"
             )));
         }
-        let dtypes = TORCH_DTYPES.get_or_try_init(py, || -> PyResult<[Py<PyAny>; 3]> {
+        let torch = TORCH_DTYPES.get_or_try_init(py, || -> PyResult<[Py<PyAny>; 4]> {
             let torch = py.import("torch")?;
             Ok([
                 torch.getattr("float16")?.unbind(),
                 torch.getattr("bfloat16")?.unbind(),
                 torch.getattr("float32")?.unbind(),
+                torch.getattr("strided")?.unbind(),
             ])
         })?;
+        // Sparse and nested tensors: DLPack's refusal names them.
+        if !obj.getattr("layout")?.is(&torch[3]) {
+            return Ok(None);
+        }
         let dtype = obj.getattr("dtype")?;
-        let Some(i) = dtypes.iter().position(|d| dtype.is(d)) else {
+        let Some(i) = torch[..3].iter().position(|d| dtype.is(d)) else {
             return Ok(None);
         };
         let (code, bits) = [(DL_FLOAT, 16), (DL_BFLOAT, 16), (DL_FLOAT, 32)][i];
@@ -271,7 +277,8 @@ impl Borrowed {
     }
 
     /// [`Self::take_torch`] when `torch` (the caller passed PyTorch tensors) and the call runs
-    /// on their current stream (`handshake` -1), else [`Self::take_on`].
+    /// on their current stream (`handshake` -1), else [`Self::take_on`] (the caller detaches
+    /// tensors that require grad: DLPack refuses them).
     fn take_fast(
         obj: &Bound<'_, PyAny>,
         name: &'static str,

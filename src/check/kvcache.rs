@@ -164,6 +164,28 @@ pub fn cases() -> Vec<KvCase> {
                 poison: false,
             });
         }
+        // A cache with no rows at all (capacity 0): every row sees no key (o = 0, lse = -inf);
+        // a tensor map cannot describe it, so the copy engine path refuses it.
+        let none = KvCacheProblem::new(
+            2,
+            1,
+            8,
+            2,
+            128,
+            CacheLayout::Contiguous { seqlen_cache: 0 },
+            vec![0, 0],
+            0,
+        )
+        .expect("valid sweep call");
+        out.push(KvCase {
+            label: format!(
+                "{dtype} kvcache contiguous capacity 0 lens[0, 0]+0 sq=1 hq=8 hkv=2 d=128 none"
+            ),
+            dtype,
+            splits: vec![Some(1), None],
+            problem: none,
+            poison: false,
+        });
         // NaN inputs: a NaN in q row (0, 0, head 0) and in a cached key of sequence 1 (kv head
         // 1, read by query heads 4..7), contiguous and paged, several splits.
         let nan = KvCacheProblem::new(

@@ -143,14 +143,14 @@ impl DecodeTile {
         self,
         compute_capability: (i32, i32),
         head_dim: usize,
-        page_size: Option<usize>,
+        cache: CacheRows,
         smem_limit: usize,
     ) -> Self {
         let bulk = DecodeTile { bulk: true, ..self };
         let off = std::env::var(BULK_ENV).is_ok_and(|v| v.trim() == "0");
         if !off
             && bulk
-                .bulk_refusal(compute_capability, head_dim, page_size)
+                .bulk_refusal(compute_capability, head_dim, cache)
                 .is_none()
             && bulk.smem_bytes(head_dim) <= smem_limit
         {
@@ -162,13 +162,14 @@ impl DecodeTile {
 
     /// Why the copy engine path cannot serve a call with this tile's key count, or `None`:
     /// it runs on sm_90 (where it was measured), with a head_dim that is a multiple of 64 (boxes
-    /// of 64 channels), and with pages (`page_size`, paged caches) that divide the tile's keys
-    /// or are a multiple of them, so that each box lies in one page.
+    /// of 64 channels), on a cache with rows (a tensor map has no empty dimension), and with
+    /// pages that divide the tile's keys or are a multiple of them, so that each box lies in
+    /// one page.
     pub fn bulk_refusal(
         &self,
         compute_capability: (i32, i32),
         head_dim: usize,
-        page_size: Option<usize>,
+        cache: CacheRows,
     ) -> Option<String> {
         if compute_capability.0 != 9 {
             return Some(format!(
@@ -180,10 +181,16 @@ impl DecodeTile {
             return Some(format!("head_dim {head_dim} is not a multiple of 64"));
         }
         let bc = self.bc();
-        match page_size {
-            Some(ps) if ps == 0 || !(bc.is_multiple_of(ps) || ps.is_multiple_of(bc)) => {
+        match cache {
+            CacheRows::Contiguous { seqlen_cache: 0 } | CacheRows::Paged { num_blocks: 0, .. } => {
+                Some("the cache has no rows".into())
+            }
+            CacheRows::Paged { page_size, .. }
+                if page_size == 0
+                    || !(bc.is_multiple_of(page_size) || page_size.is_multiple_of(bc)) =>
+            {
                 Some(format!(
-                    "pages of {ps} keys neither divide the tile's {bc} keys nor are a multiple of them"
+                    "pages of {page_size} keys neither divide the tile's {bc} keys nor are a multiple of them"
                 ))
             }
             _ => None,
@@ -193,6 +200,42 @@ impl DecodeTile {
     /// Threads per block: the consumer warps, and the producer warp with [`Self::bulk`].
     pub fn threads(&self) -> u32 {
         32 * (self.warps as u32 + u32::from(self.bulk))
+    }
+}
+
+/// The row dimensions of a cache, as [`DecodeTile::bulk_refusal`] needs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheRows {
+    /// `[batch, seqlen_cache, heads_kv, head_dim]`.
+    Contiguous {
+        /// Capacity per sequence.
+        seqlen_cache: usize,
+    },
+    /// `[num_blocks, page_size, heads_kv, head_dim]`.
+    Paged {
+        /// Pages in the pool.
+        num_blocks: usize,
+        /// Keys per page.
+        page_size: usize,
+    },
+}
+
+impl CacheRows {
+    /// The rows of `layout`.
+    pub fn of(layout: &CacheLayout) -> Self {
+        match layout {
+            CacheLayout::Contiguous { seqlen_cache } => CacheRows::Contiguous {
+                seqlen_cache: *seqlen_cache,
+            },
+            CacheLayout::Paged {
+                num_blocks,
+                page_size,
+                ..
+            } => CacheRows::Paged {
+                num_blocks: *num_blocks,
+                page_size: *page_size,
+            },
+        }
     }
 }
 
@@ -421,13 +464,10 @@ impl DecodePlan {
                 ),
             });
         }
-        let page_size = match &p.layout {
-            CacheLayout::Paged { page_size, .. } => Some(*page_size),
-            CacheLayout::Contiguous { .. } => None,
-        };
+        let rows = CacheRows::of(&p.layout);
         if let Some(t) = tile
             && t.bulk
-            && let Some(why) = t.bulk_refusal(gpu.info().compute_capability, p.head_dim, page_size)
+            && let Some(why) = t.bulk_refusal(gpu.info().compute_capability, p.head_dim, rows)
         {
             return Err(AttnError::InvalidInput {
                 what: format!(
@@ -449,7 +489,7 @@ impl DecodePlan {
             DecodeTile::for_call(p.head_dim, allowed, splits, blocks, sms).with_bulk_where_it_fits(
                 gpu.info().compute_capability,
                 p.head_dim,
-                page_size,
+                rows,
                 allowed,
             )
         });
@@ -1111,26 +1151,39 @@ mod tests {
         let eight = DecodeTile::for_head_dim(128, 227 * 1024); // 128 keys per tile
         let four = DecodeTile { warps: 4, ..eight }; // 64 keys
         let h = (9, 0);
-        assert_eq!(eight.bulk_refusal(h, 128, None), None);
-        assert_eq!(eight.bulk_refusal(h, 64, Some(16)), None);
+        let dense = CacheRows::Contiguous { seqlen_cache: 4096 };
+        let paged = |page_size| CacheRows::Paged {
+            num_blocks: 64,
+            page_size,
+        };
+        assert_eq!(eight.bulk_refusal(h, 128, dense), None);
+        assert_eq!(eight.bulk_refusal(h, 64, paged(16)), None);
         for ps in [16, 32, 64, 128, 256, 512] {
-            assert_eq!(eight.bulk_refusal(h, 128, Some(ps)), None, "page {ps}");
+            assert_eq!(eight.bulk_refusal(h, 128, paged(ps)), None, "page {ps}");
         }
         // a box would straddle two pages, or not cover the tile
         for ps in [48, 80, 96, 144, 192, 320] {
-            assert!(eight.bulk_refusal(h, 128, Some(ps)).is_some(), "page {ps}");
+            assert!(eight.bulk_refusal(h, 128, paged(ps)).is_some(), "page {ps}");
         }
-        assert_eq!(four.bulk_refusal(h, 128, Some(192)), None);
-        assert!(four.bulk_refusal(h, 128, Some(96)).is_some());
-        assert!(eight.bulk_refusal(h, 96, None).is_some());
-        assert!(eight.bulk_refusal((8, 0), 128, None).is_some());
-        assert!(eight.bulk_refusal((10, 0), 128, None).is_some());
+        assert_eq!(four.bulk_refusal(h, 128, paged(192)), None);
+        assert!(four.bulk_refusal(h, 128, paged(96)).is_some());
+        // no rows: a tensor map has no empty dimension
+        let empty = CacheRows::Contiguous { seqlen_cache: 0 };
+        assert!(eight.bulk_refusal(h, 128, empty).is_some());
+        let empty_pool = CacheRows::Paged {
+            num_blocks: 0,
+            page_size: 16,
+        };
+        assert!(eight.bulk_refusal(h, 128, empty_pool).is_some());
+        assert!(eight.bulk_refusal(h, 96, dense).is_some());
+        assert!(eight.bulk_refusal((8, 0), 128, dense).is_some());
+        assert!(eight.bulk_refusal((10, 0), 128, dense).is_some());
         // the default takes it only where it is served and fits
-        let t = eight.with_bulk_where_it_fits(h, 128, Some(48), 227 * 1024);
+        let t = eight.with_bulk_where_it_fits(h, 128, paged(48), 227 * 1024);
         assert!(!t.bulk);
-        let t = eight.with_bulk_where_it_fits(h, 128, Some(16), 227 * 1024);
+        let t = eight.with_bulk_where_it_fits(h, 128, paged(16), 227 * 1024);
         assert!(t.bulk && t.threads() == 9 * 32);
-        let t = eight.with_bulk_where_it_fits(h, 128, None, 99 * 1024);
+        let t = eight.with_bulk_where_it_fits(h, 128, dense, 99 * 1024);
         assert!(!t.bulk);
     }
 
