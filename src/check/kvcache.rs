@@ -141,17 +141,7 @@ pub fn cases() -> Vec<KvCase> {
         // Pages that neither divide the 128-key tile nor are a multiple of it (48, 144): the
         // copy engine path refuses them (a box would straddle two pages), so these run the
         // cp.async path on every GPU.
-        let odd = KvCacheProblem::new(
-            3,
-            1,
-            8,
-            2,
-            128,
-            CacheLayout::Contiguous { seqlen_cache: 600 },
-            vec![577, 130, 0],
-            0,
-        )
-        .expect("valid sweep call");
+        let odd = d128_call(1, 600, vec![577, 130, 0], 0);
         for page in [48, 144] {
             let p = shuffled_pages(&odd, page, 7 + page as u64).expect("valid pages");
             out.push(KvCase {
@@ -166,17 +156,7 @@ pub fn cases() -> Vec<KvCase> {
         }
         // A cache with no rows at all (capacity 0): every row sees no key (o = 0, lse = -inf);
         // a tensor map cannot describe it, so the copy engine path refuses it.
-        let none = KvCacheProblem::new(
-            2,
-            1,
-            8,
-            2,
-            128,
-            CacheLayout::Contiguous { seqlen_cache: 0 },
-            vec![0, 0],
-            0,
-        )
-        .expect("valid sweep call");
+        let none = d128_call(1, 0, vec![0, 0], 0);
         out.push(KvCase {
             label: format!(
                 "{dtype} kvcache contiguous capacity 0 lens[0, 0]+0 sq=1 hq=8 hkv=2 d=128 none"
@@ -188,18 +168,7 @@ pub fn cases() -> Vec<KvCase> {
         });
         // NaN inputs: a NaN in q row (0, 0, head 0) and in a cached key of sequence 1 (kv head
         // 1, read by query heads 4..7), contiguous and paged, several splits.
-        let nan = KvCacheProblem::new(
-            2,
-            2,
-            8,
-            2,
-            128,
-            CacheLayout::Contiguous { seqlen_cache: 512 },
-            vec![300, 50],
-            1,
-        )
-        .expect("valid sweep call")
-        .with_mask(Mask::Causal);
+        let nan = d128_call(2, 512, vec![300, 50], 1).with_mask(Mask::Causal);
         let paged = shuffled_pages(&nan, 16, 99).expect("valid pages");
         for (layout, p) in [("contiguous", nan), ("paged16", paged)] {
             out.push(KvCase {
@@ -214,6 +183,25 @@ pub fn cases() -> Vec<KvCase> {
         }
     }
     out
+}
+
+/// A call of the sweep's extra cases: `seqlen_q` rows of 8 query heads on 2 kv heads, d128,
+/// against a contiguous cache of `capacity` rows per sequence holding `lens`, `new` rows
+/// appended.
+fn d128_call(seqlen_q: usize, capacity: usize, lens: Vec<i32>, new: usize) -> KvCacheProblem {
+    KvCacheProblem::new(
+        lens.len(),
+        seqlen_q,
+        8,
+        2,
+        128,
+        CacheLayout::Contiguous {
+            seqlen_cache: capacity,
+        },
+        lens,
+        new,
+    )
+    .expect("valid sweep call")
 }
 
 /// Runs one call at every split count of the case; one result (the worst split count's
