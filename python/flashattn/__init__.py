@@ -1,7 +1,8 @@
 """flashattn: exact attention with FlashAttention-2's interface, on a Rust core.
 
-Tensors come in through DLPack (``__dlpack__``): NumPy arrays, PyTorch tensors and other
-DLPack producers are read without a copy, and the output is allocated in the caller's
+Tensors come in through DLPack (``__dlpack__``; PyTorch CUDA tensors through their own
+``data_ptr``/``shape``/``stride``, which costs less per call): NumPy arrays, PyTorch tensors and
+other DLPack producers are read without a copy, and the output is allocated in the caller's
 framework. CPU tensors run on the library's CPU backend (float16, bfloat16, float32); CUDA
 tensors (float16, bfloat16) on its GPU kernels, compiled at run time by NVRTC (from the
 ``nvidia-cuda-nvrtc`` wheel, found without ``LD_LIBRARY_PATH``), enqueued on the caller's
