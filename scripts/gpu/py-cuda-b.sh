@@ -5,12 +5,8 @@
 # (.gpu/flashattn-old, commit a7c0bab), and the Python/Rust cross-check again in the other
 # order (Python first).
 set -uo pipefail
-B=${FLASHATTN:-./.gpu/flashattn}
-L=$OUT/log.txt
-t0=$(date +%s)
-el() { echo "[t=$(( $(date +%s)-t0 ))s] $*" | tee -a $L; }
-rm -rf /tmp/pyfa && python3 -m zipfile -e .gpu/flashattn-*.whl /tmp/pyfa
-export PYTHONPATH=/tmp/pyfa
+. scripts/gpu/lib.sh
+py_setup
 el "examples/transformers_attention.py"
 for dt in float16 bfloat16; do
   timeout 120 python3 python/examples/transformers_attention.py --dtype $dt 2>&1 | grep -v -i warn | tail -4 | tee -a $L

@@ -2,9 +2,8 @@
 # Issue 15, third call: the Python tests again (CuPy added), which NVRTC the package loaded,
 # and the host cost of one call (a tiny problem, so that the GPU waits on the host).
 set -uo pipefail
-L=$OUT/log.txt
-rm -rf /tmp/pyfa && python3 -m zipfile -e .gpu/flashattn-*.whl /tmp/pyfa
-export PYTHONPATH=/tmp/pyfa
+. scripts/gpu/lib.sh
+py_setup
 timeout 200 python3 -m pytest -q -p no:cacheprovider python/tests -ra 2>&1 | tail -6 | tee -a $L
 timeout 120 python3 - <<'P' 2>&1 | tee -a $L
 import time, torch, flashattn

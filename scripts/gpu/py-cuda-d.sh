@@ -3,12 +3,8 @@
 # current stream), the CUDA tests again, the host cost of a call broken down, and the
 # Python/Rust cross-check in both orders.
 set -uo pipefail
-B=${FLASHATTN:-./.gpu/flashattn}
-L=$OUT/log.txt
-t0=$(date +%s)
-el() { echo "[t=$(( $(date +%s)-t0 ))s] $*" | tee -a $L; }
-rm -rf /tmp/pyfa && python3 -m zipfile -e .gpu/flashattn-*.whl /tmp/pyfa
-export PYTHONPATH=/tmp/pyfa
+. scripts/gpu/lib.sh
+py_setup
 timeout 200 python3 -m pytest -q -p no:cacheprovider python/tests/test_cuda.py -ra 2>&1 | tail -4 | tee -a $L
 timeout 120 python3 - <<'P' 2>&1 | tee -a $L
 import time, torch, flashattn

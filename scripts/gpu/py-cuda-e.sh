@@ -2,9 +2,8 @@
 # Issue 15, fifth call: after the cheaper current-stream lookup and detach only when needed,
 # the CUDA tests and the host cost of a call again.
 set -uo pipefail
-L=$OUT/log.txt
-rm -rf /tmp/pyfa && python3 -m zipfile -e .gpu/flashattn-*.whl /tmp/pyfa
-export PYTHONPATH=/tmp/pyfa
+. scripts/gpu/lib.sh
+py_setup
 timeout 200 python3 -m pytest -q -p no:cacheprovider python/tests -ra 2>&1 | tail -4 | tee -a $L
 timeout 120 python3 - <<'P' 2>&1 | tee -a $L
 import time, torch, flashattn

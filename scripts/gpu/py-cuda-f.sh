@@ -5,12 +5,8 @@
 # varlen/kvcache on CUDA: the Python tests, the examples, and the cross-check three times
 # interleaved (Rust bench, then peers.py's flashattn on its cases), medians of the three.
 set -uo pipefail
-B=${FLASHATTN:-./.gpu/flashattn}
-L=$OUT/log.txt
-t0=$(date +%s)
-el() { echo "[t=$(( $(date +%s)-t0 ))s] $*" | tee -a $L; }
-rm -rf /tmp/pyfa && python3 -m zipfile -e .gpu/flashattn-*.whl /tmp/pyfa
-export PYTHONPATH=/tmp/pyfa
+. scripts/gpu/lib.sh
+py_setup
 el pytest
 timeout 240 python3 -m pytest -q -p no:cacheprovider python/tests -ra 2>&1 | tail -8 | tee -a $L
 el examples

@@ -4,10 +4,8 @@
 # launches): if the difference is per-launch (host or gaps between launches), it shrinks at
 # 64k. Rust bench, then peers.py (flashattn, cudnn) on its cases, then the Rust bench again.
 set -uo pipefail
-B=${FLASHATTN:-./.gpu/flashattn}
-L=$OUT/log.txt
-rm -rf /tmp/pyfa && python3 -m zipfile -e .gpu/flashattn-*.whl /tmp/pyfa
-export PYTHONPATH=/tmp/pyfa
+. scripts/gpu/lib.sh
+py_setup
 for t in 16384 65536; do
   timeout 40 $B bench --kernels wgmma --dtype f16 --head-dim 64,128 --seqlen 1024 --tokens $t --no-plot --out-dir /tmp/r1_$t > /dev/null 2>&1
 done

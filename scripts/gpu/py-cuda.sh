@@ -4,12 +4,8 @@
 # streams), the two examples (a transformers model against its own SDPA; a module trained one
 # step), and the same-process timing cross-check against the Rust bench.
 set -uo pipefail
-B=${FLASHATTN:-./.gpu/flashattn}
-L=$OUT/log.txt
-t0=$(date +%s)
-el() { echo "[t=$(( $(date +%s)-t0 ))s] $*" | tee -a $L; }
-rm -rf /tmp/pyfa && python3 -m zipfile -e .gpu/flashattn-*.whl /tmp/pyfa
-export PYTHONPATH=/tmp/pyfa
+. scripts/gpu/lib.sh
+py_setup
 python3 -c "import flashattn, torch, transformers; print('flashattn', flashattn.__file__, 'torch', torch.__version__, 'transformers', transformers.__version__)" 2>&1 | tee -a $L
 el "pytest python/tests (CUDA and CPU)"
 timeout 300 python3 -m pytest -q -p no:cacheprovider python/tests -x -ra 2>&1 | tail -25 | tee -a $L
