@@ -514,6 +514,16 @@ fn handshake(stream: Option<usize>, current: bool) -> Option<i64> {
     })
 }
 
+/// Each named tensor of a call taken with [`Borrowed::take_fast`], in argument order (the
+/// caller reports the first failure).
+fn take_all<const N: usize>(
+    named: [(&Bound<'_, PyAny>, &'static str); N],
+    handshake: Option<i64>,
+    torch: bool,
+) -> [PyResult<Borrowed>; N] {
+    named.map(|(x, name)| Borrowed::take_fast(x, name, handshake, torch))
+}
+
 /// Where a call runs: every tensor on the CPU (`None`) or every one on one CUDA device.
 fn placement(ts: &[&Borrowed]) -> PyResult<Option<i32>> {
     let first = ts[0].place()?;
@@ -668,11 +678,12 @@ fn forward(
     torch: bool,
 ) -> PyResult<String> {
     let hs = handshake(stream, current);
-    let tq = Borrowed::take_fast(q, "q", hs, torch)?;
-    let tk = Borrowed::take_fast(k, "k", hs, torch)?;
-    let tv = Borrowed::take_fast(v, "v", hs, torch)?;
-    let to = Borrowed::take_fast(out, "out", hs, torch)?;
-    let tl = Borrowed::take_fast(lse, "lse", hs, torch)?;
+    let [tq, tk, tv, to, tl] = take_all(
+        [(q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse")],
+        hs,
+        torch,
+    );
+    let (tq, tk, tv, to, tl) = (tq?, tk?, tv?, to?, tl?);
     let place = placement(&[&tq, &tk, &tv, &to, &tl])?;
     let dtype = tq.dtype()?;
     same_dtype(dtype, &[&tk, &tv, &to], &tl)?;
@@ -781,18 +792,21 @@ fn backward(
     torch: bool,
 ) -> PyResult<String> {
     let hs = handshake(stream, current);
-    let [tq, tk, tv, to, tl, tdo, tdq, tdk, tdv] = [
-        (q, "q"),
-        (k, "k"),
-        (v, "v"),
-        (out, "out"),
-        (lse, "lse"),
-        (dout, "dout"),
-        (dq, "dq"),
-        (dk, "dk"),
-        (dv, "dv"),
-    ]
-    .map(|(x, name)| Borrowed::take_fast(x, name, hs, torch));
+    let [tq, tk, tv, to, tl, tdo, tdq, tdk, tdv] = take_all(
+        [
+            (q, "q"),
+            (k, "k"),
+            (v, "v"),
+            (out, "out"),
+            (lse, "lse"),
+            (dout, "dout"),
+            (dq, "dq"),
+            (dk, "dk"),
+            (dv, "dv"),
+        ],
+        hs,
+        torch,
+    );
     let (tq, tk, tv, to, tl, tdo) = (tq?, tk?, tv?, to?, tl?, tdo?);
     let (tdq, tdk, tdv) = (tdq?, tdk?, tdv?);
     let place = placement(&[&tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv])?;
@@ -1005,11 +1019,12 @@ fn varlen_forward(
     torch: bool,
 ) -> PyResult<String> {
     let hs = handshake(stream, current);
-    let tq = Borrowed::take_fast(q, "q", hs, torch)?;
-    let tk = Borrowed::take_fast(k, "k", hs, torch)?;
-    let tv = Borrowed::take_fast(v, "v", hs, torch)?;
-    let to = Borrowed::take_fast(out, "out", hs, torch)?;
-    let tl = Borrowed::take_fast(lse, "lse", hs, torch)?;
+    let [tq, tk, tv, to, tl] = take_all(
+        [(q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse")],
+        hs,
+        torch,
+    );
+    let (tq, tk, tv, to, tl) = (tq?, tk?, tv?, to?, tl?);
     let place = placement(&[&tq, &tk, &tv, &to, &tl])?;
     let packed = "[total, heads, head_dim]";
     let qs = compact(&tq, 3, packed)?;
