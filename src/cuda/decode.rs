@@ -34,7 +34,8 @@ pub struct DecodeTile {
     pub stages: usize,
     /// Keep Q's A fragments in registers (up to d128; d256 would spill).
     pub q_in_regs: bool,
-    /// Stream K and V with the copy engine (sm_90 and later, head_dim a multiple of 64): a
+    /// Stream K and V with the copy engine (sm_90, head_dim a multiple of 64; see
+    /// [`DecodeTile::bulk_refusal`]): a
     /// producer warp beside the `warps` consumer warps loads boxes of 64 channels x the tile's
     /// keys (or a page's) through tensor maps over the cache (`cp.async.bulk.tensor`, PTX ISA
     /// 9.7.9.25.5.1, 128-byte swizzle), completing on an mbarrier per stage, and the consumers
@@ -975,7 +976,7 @@ fn decode(
     };
     let maps = if ks.tile.bulk {
         Some(cache_maps(p, l, ks.tile.bc()).map_err(|why| AttnError::InvalidInput {
-            what: format!("attn_decode with bulk copies: the copy engine cannot describe {why}; use a tile without bulk"),
+            what: format!("attn_decode with the copy engine: it cannot describe {why}; pass a tile without it, or set {BULK_ENV}=0"),
         })?)
     } else {
         None
