@@ -76,6 +76,9 @@ static_assert(!IS_VARLEN, "packed variable-length batches run on attn_mma (TMA b
 #ifndef CONSUMERS
 #define CONSUMERS 2
 #endif
+#ifndef TRACE
+#define TRACE 0
+#endif
 
 // ---- geometry -------------------------------------------------------------------------------
 constexpr int DP = D;                    // padded head_dim (HEAD_DIM)
@@ -163,8 +166,37 @@ struct WgmmaParams {
     // the first grid, and the blocks done drawing (the last block zeroes both, so the next
     // launch on the stream starts from zero; a pair per stream: src/cuda/device.rs).
     u32 *tile_counter;
-    u32 pad_[2];
+    // TRACE: the timeline buffer (below), else null.
+    u32 *trace;
 };
+
+// The diagnostics build (TRACE=1; `trace` in FLASHATTN_WGMMA_TILE, read back by
+// src/cuda/wgmma_trace.rs): thread 0 of each warpgroup writes the SM clock at fixed points of
+// its block's first TRACE_ROUNDS tiles, TRACE_SLOTS u32 per (block, round, warpgroup; the
+// producer is warpgroup 0). Slots: 0 the tile (consumers: 1 its key tiles), 2-3 the global
+// timer at the hand-off (ns), 4.. the clock at the round's points, and from TRACE_ITER0 six
+// per key tile for the first TRACE_ITERS key tiles. Stores only: the default build has none.
+constexpr int TRACE_ROUNDS = 8, TRACE_ITERS = 16, TRACE_ITER0 = 16;
+constexpr int TRACE_SLOTS = TRACE_ITER0 + 6 * TRACE_ITERS;
+FA_DEVICE u32 *trace_row(u32 *base, u32 round, int role) {
+    if (!TRACE || base == nullptr || round >= (u32)TRACE_ROUNDS) return nullptr;
+    return base + ((blockIdx.x * TRACE_ROUNDS + round) * (NCONS + 1) + (u32)role) * TRACE_SLOTS;
+}
+FA_DEVICE void trace_put(u32 *tr, int slot, u32 v) {
+    if (TRACE && tr != nullptr) tr[slot] = v;
+}
+FA_DEVICE void trace_clock(u32 *tr, int slot) { trace_put(tr, slot, TRACE ? clock_lo() : 0u); }
+FA_DEVICE void trace_iter(u32 *tr, int n, int e) {
+    if (n < TRACE_ITERS) trace_clock(tr, TRACE_ITER0 + 6 * n + e);
+}
+FA_DEVICE void trace_start(u32 *tr, int tile) {
+    trace_put(tr, 0, (u32)tile);
+    if (TRACE && tr != nullptr) {
+        const unsigned long long ns = global_ns();
+        tr[2] = (u32)ns;
+        tr[3] = (u32)(ns >> 32);
+    }
+}
 
 // Descriptors of this kernel's operands (hopper.cuh; the layouts the wgmma probe proves).
 // Q (A, K-major): the consumer's 64 rows, k-step kk = 16 channels.
@@ -229,6 +261,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                 // The previous round's consumers are done with the Q tile (and have read the
                 // tile slot of two rounds ago).
                 if (round > 0) mbar_wait(sm.q_empty(), (round - 1) & 1);
+                u32 *tr = trace_row(w.trace, round, 0);
+                trace_start(tr, tile);
+                trace_clock(tr, 4);
                 st_shared_u32(sm.tile_slot(round), tile < tiles ? (u32)tile : 0xFFFFFFFFu);
 #pragma unroll
                 for (int c = 0; c < NCONS; ++c) named_arrive_unaligned(BAR_TILE + c, TILE_HANDOFF_THREADS);
@@ -238,6 +273,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                 mbar_arrive_expect_tx(sm.q_full(), Q_BYTES);
 #pragma unroll
                 for (int j = 0; j < NSUB; ++j) tma_load_4d(sm.q + j * SUB_Q, w.tq, sm.q_full(), 64 * j, row0, bc.h, bc.b);
+                trace_clock(tr, 5);
                 const KeyTiles kt = key_tiles(p, row0);
                 for (int n = kt.begin; n < kt.end; ++n) {
                     // This use of the stage waits for the consumers' release of the previous one
@@ -247,17 +283,20 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
 #pragma unroll
                     for (int j = 0; j < NSUB; ++j)
                         tma_load_4d(sm.k_stage(stage) + j * SUB_KV, w.tk, sm.k_full(stage), 64 * j, n * BC, bc.hk, bc.b);
+                    trace_iter(tr, n - kt.begin, 0);
                     if (wrapped) mbar_wait(sm.v_empty(stage), use_parity ^ 1);
                     mbar_arrive_expect_tx(sm.v_full(stage), KV_BYTES);
 #pragma unroll
                     for (int j = 0; j < NSUB; ++j)
                         tma_load_4d(sm.v_stage(stage) + j * SUB_KV, w.tv, sm.v_full(stage), 64 * j, n * BC, bc.hk, bc.b);
+                    trace_iter(tr, n - kt.begin, 1);
                     if (++stage == STAGES) {
                         stage = 0;
                         use_parity ^= 1;
                         wrapped = true;
                     }
                 }
+                trace_clock(tr, 6);
 #if DYNAMIC
                 // (Without a counter, as in a CUDA graph's capture, the static order.)
                 tile = w.tile_counter ? (int)gridDim.x + (int)atomicAdd(w.tile_counter, 1u) : tile + (int)gridDim.x;
@@ -314,13 +353,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
 #endif
             break;
         }
+        u32 *tr = ctid == 0 ? trace_row(w.trace, round, cons + 1) : nullptr;
+        trace_start(tr, tile);
+        trace_clock(tr, 4);
         mbar_wait(sm.q_full(), round & 1);
+        trace_clock(tr, 5);
         const BlockCoords tc = block_coords(p, (unsigned)tile);
         const int row0 = tc.m_block * BR;
         const float coef = alibi_coef(p, tc.b, tc.h);
         const KeyTiles kt = key_tiles(p, row0);
         // Tiles run: n_blocks of them from kt.begin (relative index n below, tile nb + n).
         const int nb = kt.begin, n_blocks = kt.end - kt.begin;
+        trace_put(tr, 1, (u32)n_blocks);
         // The first row of this lane's accumulator rows (g and g + 8 follow).
         const int wrow = row0 + cons * 64 + warp * 16 + g;
 
@@ -445,33 +489,45 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         if (n_blocks > 0) {
             // ---- prologue: S_0 and its softmax
             mbar_wait(sm.k_full(stage_of(0)), parity_of(0));
+            trace_iter(tr, 0, 0);
             turn_wait();
+            trace_iter(tr, 0, 1);
             gemm_s(stage_of(0));
             turn_pass();
+            trace_iter(tr, 0, 2);
             wgmma_wait<0>();
             fence_regs(s);
+            trace_iter(tr, 0, 3);
             release(sm.k_empty(stage_of(0)));
             softmax(nb);
             pack_p();
+            trace_iter(tr, 0, 4);
             // ---- main loop: S_n with P_{n-1} V_{n-1} in flight
             for (int n = 1; n < n_blocks; ++n) {
                 mbar_wait(sm.k_full(stage_of(n)), parity_of(n));
+                trace_iter(tr, n, 0);
                 turn_wait();
+                trace_iter(tr, n, 1);
                 gemm_s(stage_of(n));
                 rescale_o(); // by the factor of tile n-1, while S_n runs
                 mbar_wait(sm.v_full(stage_of(n - 1)), parity_of(n - 1));
                 gemm_pv(stage_of(n - 1));
                 turn_pass();
+                trace_iter(tr, n, 2);
                 wgmma_wait<1>(); // S_n done
                 fence_regs(s);
+                trace_iter(tr, n, 3);
                 release(sm.k_empty(stage_of(n)));
                 softmax(nb + n);
+                trace_iter(tr, n, 4);
                 wgmma_wait<0>(); // P_{n-1} V_{n-1} done
                 fence_regs(o);
+                trace_iter(tr, n, 5);
                 release(sm.v_empty(stage_of(n - 1)));
                 pack_p();
             }
         }
+        trace_clock(tr, 6);
         // Every S = Q K^T of this tile is complete: with its own O buffer, the Q tile is free.
         if (O_OWN) release(sm.q_empty());
         if (n_blocks > 0) {
@@ -483,6 +539,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             fence_regs(o);
             release(sm.v_empty(stage_of(n_blocks - 1)));
         }
+        trace_clock(tr, 7);
         it += n_blocks;
 
         // ---- epilogue: O / row_sum staged as TMA expects (128-byte swizzle), TMA store.
@@ -525,6 +582,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
 #pragma unroll
             for (int j = 0; j < NSUB; ++j) tma_store_4d(w.to, so_rows + j * SUB_Q, 64 * j, row0 + cons * 64, bc.h, bc.b);
             bulk_commit();
+            trace_clock(tr, 8);
             if (!O_OWN) {
                 // O sits in the Q tile: free it for the next tile's Q once the store has read it.
                 bulk_wait_read0();

@@ -197,6 +197,18 @@ FA_DEVICE unsigned fresh_tid_x() {
     asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(r));
     return r;
 }
+// The SM's cycle counter and the global nanosecond timer (PTX ISA chapter 10, Special
+// Registers: %clock, %globaltimer), for the diagnostics build of attn_wgmma (TRACE).
+FA_DEVICE u32 clock_lo() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%clock;\n" : "=r"(r));
+    return r;
+}
+FA_DEVICE unsigned long long global_ns() {
+    unsigned long long r;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(r));
+    return r;
+}
 FA_DEVICE unsigned fresh_ctaid_x() {
     unsigned r;
     asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(r));

@@ -32,6 +32,7 @@ pub mod simt;
 pub mod tma;
 pub mod varlen;
 pub mod wgmma;
+pub mod wgmma_trace;
 
 pub use attention::{HostRun, forward_device, forward_host};
 pub use launch::{GpuElement, KernelKind, LaunchInfo, score_defines};

@@ -14,7 +14,7 @@ use super::tma::{TiledMap, TmaMap};
 use crate::dtype::DType;
 use crate::error::{AttnError, Result};
 use crate::shape::{AttnProblem, Strides};
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use serde::Serialize;
 use std::fmt;
 
@@ -63,6 +63,8 @@ pub struct WgmmaTile {
     /// Persistent grid size cap (0: one block per SM). A knob for tests: with a few blocks,
     /// every block runs many tiles, so small problems exercise the tile hand-offs.
     pub max_blocks: u32,
+    /// The diagnostics build that records a timeline ([`super::wgmma_trace`]).
+    pub trace: bool,
 }
 
 impl WgmmaTile {
@@ -109,6 +111,7 @@ impl WgmmaTile {
             consumers: if three { 3 } else { 2 },
             causal_l2_mb: CAUSAL_L2_MB,
             max_blocks: 0,
+            trace: false,
         })
     }
 
@@ -135,9 +138,10 @@ impl WgmmaTile {
         }
     }
 
-    /// Applies a `[bc,stages,][nopp][,nohm][,np][,static][,wg3][,l2=MiB][,grid=N]`
+    /// Applies a `[bc,stages,][nopp][,nohm][,np][,static][,wg3][,trace][,l2=MiB][,grid=N]`
     /// override (see [`TILE_ENV`]): no pingpong, no head-major order, not persistent, no tile
-    /// counter, three consumers, the causal order's L2 budget (0: off), at most N persistent
+    /// counter, three consumers, the timeline build ([`super::wgmma_trace`]), the causal
+    /// order's L2 budget (0: off), at most N persistent
     /// blocks (so that small problems run many tiles per block: a test knob). With
     /// `bc,stages` the tile is two consumers with pingpong unless the flags say otherwise; without them (a spec of flags only) the default tile of each call keeps
     /// its Bc, stages, consumers and pingpong, and only the flags change it.
@@ -147,7 +151,7 @@ impl WgmmaTile {
     pub fn with_spec(self, spec: &str) -> Result<Self> {
         let bad = || AttnError::InvalidInput {
             what: format!(
-                "wgmma tile '{spec}': expected [bc,stages,]flags with flags from nopp, nohm, np, static, wg3, l2=MiB, grid=N; bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128, MiB in 0..=1024 and N in 1..=4096"
+                "wgmma tile '{spec}': expected [bc,stages,]flags with flags from nopp, nohm, np, static, wg3, trace, l2=MiB, grid=N; bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128, MiB in 0..=1024 and N in 1..=4096"
             ),
         };
         let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
@@ -184,9 +188,10 @@ impl WgmmaTile {
             consumers: if has("wg3") { 3 } else { consumers },
             causal_l2_mb: l2.unwrap_or(self.causal_l2_mb),
             max_blocks: grid.unwrap_or(0),
+            trace: has("trace"),
             ..self
         };
-        const SWITCHES: [&str; 5] = ["nopp", "nohm", "np", "static", "wg3"];
+        const SWITCHES: [&str; 6] = ["nopp", "nohm", "np", "static", "wg3", "trace"];
         const VALUED: [&str; 2] = ["l2=", "grid="];
         if flags
             .iter()
@@ -246,7 +251,7 @@ impl WgmmaTile {
     /// NVRTC defines for this tile.
     pub fn defines(&self, dtype: DType, causal: bool) -> Vec<(String, String)> {
         let b = |x: bool| u8::from(x).to_string();
-        vec![
+        let mut d = vec![
             ("HEAD_DIM".into(), self.head_dim.to_string()),
             ("BC".into(), self.bc.to_string()),
             ("STAGES".into(), self.stages.to_string()),
@@ -260,7 +265,12 @@ impl WgmmaTile {
             ("SMEM_LIMIT".into(), SMEM_LIMIT.to_string()),
             ("DYNAMIC".into(), b(self.dynamic)),
             ("CAUSAL_L2_MB".into(), self.causal_l2_mb.to_string()),
-        ]
+        ];
+        // Only when asked: the default defines (and module cache keys) stay as they were.
+        if self.trace {
+            d.push(("TRACE".into(), "1".into()));
+        }
+        d
     }
 }
 
@@ -341,7 +351,7 @@ struct WgmmaParams {
     to: TmaMap,
     p: FlashParams,
     tile_counter: u64,
-    pad: [u32; 2],
+    trace: u64,
 }
 // SAFETY: plain old data with C layout, mirrored by the kernel's struct.
 unsafe impl DeviceRepr for WgmmaParams {}
@@ -465,6 +475,18 @@ pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
         block_dim: (tile.threads(), 1, 1),
         shared_mem_bytes: smem as u32,
     };
+    let stream = gpu.stream();
+    let trace_buf = if tile.trace {
+        let n = super::wgmma_trace::buffer_len(&tile, blocks);
+        Some(
+            stream
+                .alloc_zeros::<u32>(n)
+                .map_err(cuda_err(ctx.clone()))?,
+        )
+    } else {
+        None
+    };
+    let trace_ptr = trace_buf.as_ref().map(|t| t.device_ptr(stream));
     let params = WgmmaParams {
         tq,
         tk,
@@ -472,15 +494,21 @@ pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
         to,
         p: fp,
         tile_counter: tile_counter.unwrap_or(0),
-        pad: [0; 2],
+        trace: trace_ptr.as_ref().map_or(0, |(ptr, _)| *ptr),
     };
-    let mut b = gpu.stream().launch_builder(&k.function);
+    let mut b = stream.launch_builder(&k.function);
     b.arg(&params);
     // SAFETY: the parameters mirror the kernel's struct; forward_device checked every buffer
     // against the shape and strides; the tensor maps describe exactly those buffers, and the
     // copy engine neither reads nor writes outside them; with DYNAMIC the counter is this
-    // stream's live pair of u32 (zero: every launch before it on the stream zeroed it).
+    // stream's live pair of u32 (zero: every launch before it on the stream zeroed it); the
+    // trace buffer, when there is one, holds buffer_len elements, the kernel's extent.
     unsafe { b.launch(cfg) }.map_err(cuda_err(ctx.clone()))?;
+    drop(trace_ptr);
+    if let Some(buf) = trace_buf {
+        let data = stream.clone_dtoh(&buf).map_err(cuda_err(ctx.clone()))?;
+        super::wgmma_trace::write(&tile, blocks, &data)?;
+    }
     Ok(LaunchInfo {
         kernel: KernelKind::Wgmma,
         why: "asked for (sm_90)".into(),
@@ -599,6 +627,19 @@ mod tests {
         assert!(t64.with_spec("128,2,l2=2000").is_err());
         // Flags alone keep each call's default shape.
         let w3d = WgmmaTile::default_for(64, 4096, false).unwrap();
+        // The timeline build: one define more, and only when asked for.
+        let traced = w3d.with_spec("trace").unwrap();
+        assert_eq!(traced, WgmmaTile { trace: true, ..w3d });
+        let has_trace = |t: &WgmmaTile| {
+            t.defines(DType::F16, false)
+                .iter()
+                .any(|(k, _)| k == "TRACE")
+        };
+        assert!(has_trace(&traced) && !has_trace(&w3d));
+        assert_eq!(
+            super::super::wgmma_trace::buffer_len(&traced, 132),
+            132 * 8 * 4 * super::super::wgmma_trace::SLOTS
+        );
         assert_eq!(
             w3d.with_spec("grid=2").unwrap(),
             WgmmaTile {
