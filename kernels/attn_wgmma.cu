@@ -435,49 +435,72 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                         score_row<BC / 8, false>(p, at, lo, hi, center, coef);
                 }
             }
+            // Both accumulator rows at once, so that ptxas can interleave their dependency
+            // chains: the row maxima as trees, their quad shuffles side by side, and one
+            // branch (for huge logits) around both rows' exponentials. (Row by row, with a
+            // branch per row, the softmax ran as one serial chain: sections 33-34.)
+            float mx[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float v[BC / 8];
+#pragma unroll
+                for (int nt = 0; nt < BC / 8; ++nt) v[nt] = fmaxf(s[4 * nt + 2 * h], s[4 * nt + 2 * h + 1]);
+#pragma unroll
+                for (int w = 1; w < BC / 8; w *= 2)
+#pragma unroll
+                    for (int i = 0; i + w < BC / 8; i += 2 * w) v[i] = fmaxf(v[i], v[i + w]);
+                mx[h] = v[0];
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], shfl_xor(mx[h], 1));
+#pragma unroll
+            for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], shfl_xor(mx[h], 2));
+            float m_use[2];
             moved = false;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                float mx = neg_inf();
-#pragma unroll
-                for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * h], s[4 * nt + 2 * h + 1]));
-                mx = fmaxf(mx, shfl_xor(mx, 1));
-                mx = fmaxf(mx, shfl_xor(mx, 2));
                 const float m_old = row_max[h];
-                const float m_cand = fmul_rn(mx, p.scale_log2);
+                const float m_cand = fmul_rn(mx[h], p.scale_log2);
                 const float m_new = m_cand > m_old + (float)RESCALE_SLACK ? m_cand : m_old;
                 // A row that has seen only masked keys keeps max -inf: subtract 0 instead.
-                const float m_use = m_new == neg_inf() ? 0.f : m_new;
-                alpha[h] = ex2(m_old - m_use);
+                m_use[h] = m_new == neg_inf() ? 0.f : m_new;
+                alpha[h] = ex2(m_old - m_use[h]);
                 moved |= m_new != m_old;
                 row_max[h] = m_new;
-                float sum = 0.f;
-                // p = 2^(s*scale - m) in one FFMA per element. For the row's largest s this
-                // leaves the rounding error of round(s_max*scale) = m (at most half an ulp of
-                // m: below 1 while |m| < 2^22, so p <= 2^0.5; the lazy rescale already allows
-                // 2^8). Larger |m| (logits near 1e7 and beyond) take the exact two-step path,
-                // whose max element gives exactly 2^0.
-                if (fabsf(m_use) < 4194304.f) {
-#pragma unroll
-                    for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int i = 4 * nt + 2 * h + e;
-                            s[i] = ex2(fmaf(s[i], p.scale_log2, -m_use));
-                            sum += s[i];
-                        }
-                } else {
-#pragma unroll
-                    for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int i = 4 * nt + 2 * h + e;
-                            s[i] = ex2(fmul_rn(s[i], p.scale_log2) - m_use);
-                            sum += s[i];
-                        }
-                }
-                row_sum[h] = row_sum[h] * alpha[h] + sum; // per-lane partial; the quad sums it at the end
             }
+            // Two partial sums per row: shorter FADD chains.
+            float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+            // p = 2^(s*scale - m) in one FFMA per element. For the row's largest s this
+            // leaves the rounding error of round(s_max*scale) = m (at most half an ulp of
+            // m: below 1 while |m| < 2^22, so p <= 2^0.5; the lazy rescale already allows
+            // 2^8), a factor common to the whole row. Larger |m| (logits near 1e7 and beyond)
+            // take the exact two-step path, whose max element gives exactly 2^0.
+            if (fabsf(m_use[0]) < 4194304.f && fabsf(m_use[1]) < 4194304.f) {
+#pragma unroll
+                for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int i = 4 * nt + 2 * h + e;
+                            s[i] = ex2(fmaf(s[i], p.scale_log2, -m_use[h]));
+                            sum[h][e] += s[i];
+                        }
+            } else {
+#pragma unroll
+                for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int i = 4 * nt + 2 * h + e;
+                            s[i] = ex2(fmul_rn(s[i], p.scale_log2) - m_use[h]);
+                            sum[h][e] += s[i];
+                        }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                row_sum[h] = row_sum[h] * alpha[h] + (sum[h][0] + sum[h][1]); // per-lane partial; the quad sums it at the end
         };
         auto pack_p = [&]() {
 #pragma unroll
@@ -545,17 +568,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         // ---- epilogue: O / row_sum staged as TMA expects (128-byte swizzle), TMA store.
         // The tile's coordinates are recomputed here rather than held through the loop.
         const BlockCoords bc = block_coords(p, (unsigned)tile);
-        float inv[2];
-        float *lse = p.lse + lse_offset(p, bc.b, bc.h, 0);
+        float inv[2], l[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) l[h] = row_sum[h] + shfl_xor(row_sum[h], 1);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            float l = row_sum[h];
-            l += shfl_xor(l, 1);
-            l += shfl_xor(l, 2);
+            l[h] += shfl_xor(l[h], 2);
             // A row that saw no key: o = 0 and lse = -inf (never NaN).
-            inv[h] = l > 0.f ? 1.f / l : 0.f;
-            const int row = wrow + 8 * h;
-            if (t == 0 && row < p.seqlen_q) lse[row] = l > 0.f ? (row_max[h] + lg2(l)) * LN2 : neg_inf();
+            inv[h] = l[h] > 0.f ? 1.f / l[h] : 0.f;
         }
         if (O_OWN) {
             // The previous tile's store must have read the staging tile before it is rewritten.
@@ -588,6 +608,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                 bulk_wait_read0();
                 mbar_arrive(sm.q_empty());
             }
+        }
+        // lse after the store is issued: its global writes then do not sit in front of the
+        // proxy fence above (which waits for this thread's outstanding memory operations).
+        float *lse = p.lse + lse_offset(p, bc.b, bc.h, 0);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = wrow + 8 * h;
+            if (t == 0 && row < p.seqlen_q) lse[row] = l[h] > 0.f ? (row_max[h] + lg2(l[h])) * LN2 : neg_inf();
         }
     }
     if (ctid == 0) bulk_wait_read0(); // the last store has read shared memory before exit
