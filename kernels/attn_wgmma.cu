@@ -586,13 +586,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             // Lane coordinates re-read from %tid: the compiler would otherwise hoist the NO/2
             // staging addresses out of the tile loop and keep them live (spilled at d256).
             const int etid = (int)fresh_tid_x() % 128, ew = etid / 32, eg = (etid % 32) / 4, et = etid % 4;
+            // Accumulator i sits at row r = 16 ew + eg + 8h (h = (i/2) % 2) and channels
+            // c = 8j + 2et, 8j + 2et + 1 (j = i/4): sub-tile j/8, 16-byte chunk j%8, bytes 4et
+            // into it. The swizzle XORs the chunk with r % 8, which is eg for both rows, so the
+            // address is a per-lane base, a per-chunk XOR and a constant (folded into the
+            // store's offset): a few integer operations for all NO/2 stores.
+            const u32 base = so_rows + (u32)(ew * 16 + eg) * 128 + (u32)et * 4;
+            const u32 swz = (u32)eg * 16;
 #pragma unroll
             for (int i = 0; i < NO; i += 2) {
-                const int h = (i / 2) % 2;
-                const int r = ew * 16 + eg + 8 * h; // row within this consumer's 64
-                const int c = 8 * (i / 4) + 2 * et; // channel
-                const int chunk = (c % 64) / 8;
-                const u32 addr = so_rows + (u32)(c / 64) * SUB_Q + (u32)r * 128 + (u32)((chunk ^ (r % 8)) * 16) + (u32)(c % 8) * 2;
+                const int h = (i / 2) % 2, j = i / 4;
+                const u32 addr = base + (((u32)(j % 8) * 16) ^ swz) + (u32)(h * 8 * 128) + (u32)(j / 8) * SUB_Q;
                 st_shared_u32(addr, pack2(o[i] * inv[h], o[i + 1] * inv[h]));
             }
         }
