@@ -274,14 +274,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
 #pragma unroll
                 for (int j = 0; j < NSUB; ++j) tma_load_4d(sm.q + j * SUB_Q, w.tq, sm.q_full(), 64 * j, row0, bc.h, bc.b);
                 trace_clock(tr, 5);
-                // The next tile is drawn now, so that the counter's latency hides under this
-                // tile's loads (its Q and first K/V boxes are prefetched after them, below).
-#if DYNAMIC
-                // (Without a counter, as in a CUDA graph's capture, the static order.)
-                const int next = w.tile_counter ? (int)gridDim.x + (int)atomicAdd(w.tile_counter, 1u) : tile + (int)gridDim.x;
-#else
-                const int next = tile + (int)gridDim.x;
-#endif
                 const KeyTiles kt = key_tiles(p, row0);
                 for (int n = kt.begin; n < kt.end; ++n) {
                     // This use of the stage waits for the consumers' release of the previous one
@@ -305,24 +297,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                     }
                 }
                 trace_clock(tr, 6);
-                // The next tile's Q and first two K/V tiles into L2 while this tile's last key
-                // tiles and epilogue run (thousands of cycles): its Q comes from HBM otherwise,
-                // and arrived after the consumers were ready for it (docs/perf-notes.md, 33).
-                // Placed here, not at the round's start, for the producer's 32-40 registers.
-                if (next < tiles) {
-                    const BlockCoords nc = block_coords(p, (unsigned)next);
-                    const int nrow0 = nc.m_block * BR;
-#pragma unroll
-                    for (int j = 0; j < NSUB; ++j) tma_prefetch_l2_4d(w.tq, 64 * j, nrow0, nc.h, nc.b);
-                    const KeyTiles nkt = key_tiles(p, nrow0);
-                    for (int n = nkt.begin; n < nkt.end && n < nkt.begin + 2; ++n)
-#pragma unroll
-                        for (int j = 0; j < NSUB; ++j) {
-                            tma_prefetch_l2_4d(w.tk, 64 * j, n * BC, nc.hk, nc.b);
-                            tma_prefetch_l2_4d(w.tv, 64 * j, n * BC, nc.hk, nc.b);
-                        }
-                }
-                tile = next;
+#if DYNAMIC
+                // (Without a counter, as in a CUDA graph's capture, the static order.)
+                tile = w.tile_counter ? (int)gridDim.x + (int)atomicAdd(w.tile_counter, 1u) : tile + (int)gridDim.x;
+#else
+                tile += gridDim.x;
+#endif
             }
 #if DYNAMIC
             // This block's draws (its last one failed) are ordered before its count; the last

@@ -50,12 +50,6 @@ FA_DEVICE void tma_load_4d(u32 dst, const TmaMap &map, u32 bar, int c0, int c1, 
                  " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst), "l"(tma_addr(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
                  : "memory");
 }
-// A box of a 4-D map fetched into L2 only (PTX ISA 9.7.9.25, cp.async.bulk.prefetch.tensor): no
-// shared memory, no barrier; a later tma_load_4d of the same box then reads L2, not HBM.
-FA_DEVICE void tma_prefetch_l2_4d(const TmaMap &map, int c0, int c1, int c2, int c3) {
-    asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(tma_addr(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-                 : "memory");
-}
 FA_DEVICE void tma_load_2d(u32 dst, const TmaMap &map, u32 bar, int c0, int c1) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                  " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst), "l"(tma_addr(map)), "r"(c0), "r"(c1), "r"(bar)
