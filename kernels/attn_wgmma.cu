@@ -438,7 +438,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             // Both accumulator rows at once, so that ptxas can interleave their dependency
             // chains: the row maxima as trees, their quad shuffles side by side, and one
             // branch (for huge logits) around both rows' exponentials. (Row by row, with a
-            // branch per row, the softmax ran as one serial chain: sections 33-34.)
+            // branch per row, the softmax ran as one serial chain: docs/perf-notes.md 33-34.)
             float mx[2];
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -522,6 +522,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             fence_regs(s);
             trace_iter(tr, 0, 3);
             release(sm.k_empty(stage_of(0)));
+            // The tile's last S = Q K^T is complete: with its own O buffer, the Q tile is
+            // free, and the next tile's Q loads under this softmax, the last P V and the
+            // epilogue (released after them, it arrived late at 1k: docs/perf-notes.md 34).
+            if (O_OWN && n_blocks == 1) release(sm.q_empty());
             softmax(nb);
             pack_p();
             trace_iter(tr, 0, 4);
@@ -541,6 +545,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                 fence_regs(s);
                 trace_iter(tr, n, 3);
                 release(sm.k_empty(stage_of(n)));
+                if (O_OWN && n == n_blocks - 1) release(sm.q_empty());
                 softmax(nb + n);
                 trace_iter(tr, n, 4);
                 wgmma_wait<0>(); // P_{n-1} V_{n-1} done
@@ -551,8 +556,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             }
         }
         trace_clock(tr, 6);
-        // Every S = Q K^T of this tile is complete: with its own O buffer, the Q tile is free.
-        if (O_OWN) release(sm.q_empty());
+        // A tile without key tiles frees its Q tile here.
+        if (O_OWN && n_blocks == 0) release(sm.q_empty());
         if (n_blocks > 0) {
             // ---- tail: the last P V
             rescale_o();
