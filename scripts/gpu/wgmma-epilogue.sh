@@ -9,26 +9,7 @@ set -uo pipefail
 el "check --quick --kernel wgmma (D)"
 timeout 100 ./.gpu/flashattn-d check --quick --kernel wgmma > $OUT/check-quick-d.txt 2>&1; echo "check exit $?" | tee -a "$L"
 tail -1 $OUT/check-quick-d.txt | tee -a "$L"; grep -v "^\[PASS\]" $OUT/check-quick-d.txt | head -8 | cut -c1-300 | tee -a "$L"
-for round in 1 2; do
-  for v in a d; do
-    bin=./.gpu/flashattn; [ $v != a ] && bin=./.gpu/flashattn-$v
-    el "bench $v round $round"
-    timeout 150 $bin bench --kernels wgmma --dtype f16 --head-dim 64,128,256 --seqlen 1k,2k,4k,16k --causal both --warmup-ms 300 --iters 20 --no-plot --out-dir /tmp/b-$v-$round > /tmp/b.log 2>&1; echo "bench exit $?" | tee -a "$L"
-    grep -E "^f16" /tmp/b-$v-$round/bench.txt | awk -v v=$v -v r=$round '{print v, r, $0}' >> $OUT/ab.txt
-  done
-done
-python3 - <<'PY' | tee -a "$L"
-import collections, os
-rows = collections.defaultdict(list)
-for line in open(os.environ["OUT"] + "/ab.txt"):
-    f = line.split()
-    rows[(" ".join(f[2:6]), f[0])].append(float(f[6]))
-keys = sorted({k for k, _ in rows}, key=lambda k: (int(k.split()[1]), k.split()[2], int(k.split()[3])))
-print("case (f16, d, causal, seqlen)      A (HEAD)   D      D/A   (rounds A | D)")
-for k in keys:
-    a, d = rows[(k, "a")], rows[(k, "d")]
-    print(f"{k:32s} {sum(a)/len(a):8.1f} {sum(d)/len(d):8.1f}  {sum(d)/len(d)/(sum(a)/len(a)):.3f}   {' '.join(f'{x:.0f}' for x in a)} | {' '.join(f'{x:.0f}' for x in d)}")
-PY
+ab_rounds 2 "a=./.gpu/flashattn d=./.gpu/flashattn-d" --dtype f16 --head-dim 64,128,256 --seqlen 1k,2k,4k,16k --causal both --warmup-ms 300 --iters 20
 el "trace D d128 1k"
 FLASHATTN_WGMMA_TILE=trace FLASHATTN_WGMMA_TRACE=/tmp/tr.json timeout 90 ./.gpu/flashattn-d bench --kernels wgmma --dtype f16 --head-dim 128 --seqlen 1024 --causal off --warmup 2 --warmup-ms 300 --iters 20 --no-plot --out-dir /tmp/bt > /tmp/bt.log 2>&1; echo "bench exit $?" | tee -a "$L"
 python3 scripts/gpu/wgmma-trace.py /tmp/tr.json > $OUT/trace-d.txt 2>&1

@@ -8,26 +8,7 @@ set -uo pipefail
 el "check --quick --kernel wgmma (E)"
 timeout 60 ./.gpu/flashattn-e check --quick --kernel wgmma > $OUT/check-quick-e.txt 2>&1; echo "check exit $?" | tee -a "$L"
 grep -c "^\[PASS\]" $OUT/check-quick-e.txt | tee -a "$L"; grep -v "^\[PASS\]" $OUT/check-quick-e.txt | head -8 | cut -c1-300 | tee -a "$L"
-for round in 1 2; do
-  for v in a d e; do
-    bin=./.gpu/flashattn; [ $v != a ] && bin=./.gpu/flashattn-$v
-    el "bench $v round $round"
-    timeout 150 $bin bench --kernels wgmma --dtype f16 --head-dim 64,128 --seqlen 1k,2k,4k,16k --causal both --warmup-ms 300 --iters 20 --no-plot --out-dir /tmp/b-$v-$round > /tmp/b.log 2>&1; echo "bench exit $?" | tee -a "$L"
-    grep -E "^f16" /tmp/b-$v-$round/bench.txt | awk -v v=$v -v r=$round '{print v, r, $0}' >> $OUT/ab.txt
-  done
-done
-python3 - <<'PY' | tee -a "$L"
-import collections, os
-rows = collections.defaultdict(list)
-for line in open(os.environ["OUT"] + "/ab.txt"):
-    f = line.split()
-    rows[(" ".join(f[2:6]), f[0])].append(float(f[6]))
-keys = sorted({k for k, _ in rows}, key=lambda k: (int(k.split()[1]), k.split()[2], int(k.split()[3])))
-m = lambda k, v: sum(rows[(k, v)]) / len(rows[(k, v)])
-print("case (f16, d, causal, seqlen)      A (HEAD)      D      E    D/A   E/A   E/D")
-for k in keys:
-    print(f"{k:32s} {m(k,'a'):8.1f} {m(k,'d'):8.1f} {m(k,'e'):8.1f}  {m(k,'d')/m(k,'a'):.3f} {m(k,'e')/m(k,'a'):.3f} {m(k,'e')/m(k,'d'):.3f}")
-PY
+ab_rounds 2 "a=./.gpu/flashattn d=./.gpu/flashattn-d e=./.gpu/flashattn-e" --dtype f16 --head-dim 64,128 --seqlen 1k,2k,4k,16k --causal both --warmup-ms 300 --iters 20
 el "trace E d128 1k"
 FLASHATTN_WGMMA_TILE=trace FLASHATTN_WGMMA_TRACE=/tmp/tr.json timeout 90 ./.gpu/flashattn-e bench --kernels wgmma --dtype f16 --head-dim 128 --seqlen 1024 --causal off --warmup 2 --warmup-ms 300 --iters 20 --no-plot --out-dir /tmp/bt > /tmp/bt.log 2>&1; echo "bench exit $?" | tee -a "$L"
 python3 scripts/gpu/wgmma-trace.py /tmp/tr.json > $OUT/trace-e.txt 2>&1
