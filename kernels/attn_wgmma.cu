@@ -185,7 +185,9 @@ FA_DEVICE u32 *trace_row(u32 *base, u32 round, int role) {
 FA_DEVICE void trace_put(u32 *tr, int slot, u32 v) {
     if (TRACE && tr != nullptr) tr[slot] = v;
 }
-FA_DEVICE void trace_clock(u32 *tr, int slot) { trace_put(tr, slot, TRACE ? clock_lo() : 0u); }
+FA_DEVICE void trace_clock(u32 *tr, int slot) {
+    if (TRACE && tr != nullptr) tr[slot] = clock_lo(); // only the tracing thread reads the clock
+}
 FA_DEVICE void trace_iter(u32 *tr, int n, int e) {
     if (n < TRACE_ITERS) trace_clock(tr, TRACE_ITER0 + 6 * n + e);
 }
@@ -446,9 +448,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
 #pragma unroll
                 for (int nt = 0; nt < BC / 8; ++nt) v[nt] = fmaxf(s[4 * nt + 2 * h], s[4 * nt + 2 * h + 1]);
 #pragma unroll
-                for (int w = 1; w < BC / 8; w *= 2)
+                for (int step = 1; step < BC / 8; step *= 2)
 #pragma unroll
-                    for (int i = 0; i + w < BC / 8; i += 2 * w) v[i] = fmaxf(v[i], v[i + w]);
+                    for (int i = 0; i + step < BC / 8; i += 2 * step) v[i] = fmaxf(v[i], v[i + step]);
                 mx[h] = v[0];
             }
 #pragma unroll
@@ -618,8 +620,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                 mbar_arrive(sm.q_empty());
             }
         }
-        // lse after the store is issued: its global writes then do not sit in front of the
-        // proxy fence above (which waits for this thread's outstanding memory operations).
+        // lse after the store is issued, so that its global writes are not outstanding at the
+        // proxy fence above (compiled to MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S; measured level).
         float *lse = p.lse + lse_offset(p, bc.b, bc.h, 0);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
