@@ -365,6 +365,26 @@ fn jobs() -> Vec<Job> {
             }
         }
     }
+    // The timeline build (`trace`, a diagnostics knob): d64 causal at 4k (three consumers, the
+    // producer at 32 registers) and d256 causal, so that it keeps compiling without spills.
+    for (d, sk) in [(64, 4096), (256, 1024)] {
+        let t = WgmmaTile {
+            trace: true,
+            ..WgmmaTile::default_for(d, sk, true).expect("served head_dim")
+        };
+        out.push(Job {
+            source: KernelSource::AttnWgmma,
+            arch: "sm_90a",
+            d,
+            dtype: DType::F16,
+            causal: true,
+            defines: t.defines(DType::F16, true),
+            functions: &["attn_wgmma"],
+            smem: t.smem_bytes(),
+            tile: format!("Br{}xBc{} trace", t.br(), t.bc),
+            roles: Some((t.registers().1, t.registers().0)),
+        });
+    }
     // The score modifiers (window, softcap, ALiBi), one at a time, window with softcap, and all three, on
     // the kernels that claim them, for sm_90 (mma) and sm_90a (wgmma), f16: the launchers'
     // choices (mma at most two blocks per SM and Bc 32 with ALiBi above d64, wgmma two
