@@ -51,6 +51,14 @@ pub fn buffer_len(tile: &WgmmaTile, blocks: u32) -> usize {
 /// [`AttnError::Io`] when the file cannot be written.
 pub fn write(tile: &WgmmaTile, blocks: u32, data: &[u32]) -> Result<()> {
     let path = std::env::var(TRACE_ENV).unwrap_or_else(|_| "wgmma-trace.json".into());
+    write_to(&path, tile, blocks, data)
+}
+
+/// Writes a traced launch's buffer as JSON to `path`.
+///
+/// # Errors
+/// [`AttnError::Io`] when the file cannot be written.
+pub fn write_to(path: &str, tile: &WgmmaTile, blocks: u32, data: &[u32]) -> Result<()> {
     let file = TraceFile {
         config: tile.to_string(),
         blocks,
@@ -63,5 +71,45 @@ pub fn write(tile: &WgmmaTile, blocks: u32, data: &[u32]) -> Result<()> {
     let json = serde_json::to_vec(&file).map_err(|e| AttnError::InvalidInput {
         what: format!("wgmma trace: {e}"),
     })?;
-    std::fs::write(&path, json).map_err(|source| AttnError::Io { path, source })
+    std::fs::write(path, json).map_err(|source| AttnError::Io {
+        path: path.into(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_says_its_layout_and_holds_the_buffer() {
+        let tile = WgmmaTile {
+            trace: true,
+            ..WgmmaTile::default_for(128, 1024, false).unwrap()
+        };
+        let n = buffer_len(&tile, 2);
+        assert_eq!(n, 2 * ROUNDS * 3 * SLOTS);
+        let data: Vec<u32> = (0..n as u32).collect();
+        let path =
+            std::env::temp_dir().join(format!("flashattn-trace-{}.json", std::process::id()));
+        let path = path.to_str().unwrap();
+        write_to(path, &tile, 2, &data).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        std::fs::remove_file(path).unwrap();
+        assert_eq!(v["blocks"], 2);
+        assert_eq!(v["rounds"], ROUNDS);
+        assert_eq!(v["roles"], 3);
+        assert_eq!(v["slots"], SLOTS);
+        assert_eq!(v["data"].as_array().unwrap().len(), n);
+        assert_eq!(v["data"][n - 1], n - 1);
+        // An unwritable path is a typed error naming it.
+        let bad = std::env::temp_dir()
+            .join("no-such-dir-flashattn")
+            .join("t.json");
+        match write_to(bad.to_str().unwrap(), &tile, 2, &data) {
+            Err(AttnError::Io { path, .. }) => assert!(path.ends_with("t.json")),
+            other => panic!("expected an Io error, got {other:?}"),
+        }
+    }
 }
