@@ -36,6 +36,30 @@ struct Job {
     roles: Option<(u32, u32)>,
 }
 
+/// The attn_wgmma job of a tile (sm_90a): `defines` are the tile's, with the problem's score
+/// modifiers where it has them; `label` follows the tile's Br x Bc.
+fn wgmma_job(
+    t: &WgmmaTile,
+    d: usize,
+    dtype: DType,
+    causal: bool,
+    defines: Vec<(String, String)>,
+    label: &str,
+) -> Job {
+    Job {
+        source: KernelSource::AttnWgmma,
+        arch: "sm_90a",
+        d,
+        dtype,
+        causal,
+        defines,
+        functions: &["attn_wgmma"],
+        smem: t.smem_bytes(),
+        tile: format!("Br{}xBc{} {label}", t.br(), t.bc),
+        roles: Some((t.registers().1, t.registers().0)),
+    }
+}
+
 /// (major, minor) from "sm_XY" / "sm_XYZ": the last digit is the minor version.
 fn parse_cc(arch: &str) -> (i32, i32) {
     let digits = arch.trim_start_matches("sm_").trim_end_matches('a');
@@ -350,18 +374,15 @@ fn jobs() -> Vec<Job> {
         for dtype in DTYPES {
             for causal in [false, true] {
                 let t = WgmmaTile::default_for(d, sk, causal).expect("served head_dim");
-                out.push(Job {
-                    source: KernelSource::AttnWgmma,
-                    arch: "sm_90a",
+                let label = format!("{}st", t.stages);
+                out.push(wgmma_job(
+                    &t,
                     d,
                     dtype,
                     causal,
-                    defines: t.defines(dtype, causal),
-                    functions: &["attn_wgmma"],
-                    smem: t.smem_bytes(),
-                    tile: format!("Br{}xBc{} {}st", t.br(), t.bc, t.stages),
-                    roles: Some((t.registers().1, t.registers().0)),
-                });
+                    t.defines(dtype, causal),
+                    &label,
+                ));
             }
         }
     }
@@ -372,18 +393,8 @@ fn jobs() -> Vec<Job> {
             trace: true,
             ..WgmmaTile::default_for(d, sk, true).expect("served head_dim")
         };
-        out.push(Job {
-            source: KernelSource::AttnWgmma,
-            arch: "sm_90a",
-            d,
-            dtype: DType::F16,
-            causal: true,
-            defines: t.defines(DType::F16, true),
-            functions: &["attn_wgmma"],
-            smem: t.smem_bytes(),
-            tile: format!("Br{}xBc{} trace", t.br(), t.bc),
-            roles: Some((t.registers().1, t.registers().0)),
-        });
+        let defines = t.defines(DType::F16, true);
+        out.push(wgmma_job(&t, d, DType::F16, true, defines, "trace"));
     }
     // The score modifiers (window, softcap, ALiBi), one at a time, window with softcap, and all three, on
     // the kernels that claim them, for sm_90 (mma) and sm_90a (wgmma), f16: the launchers'
@@ -424,18 +435,8 @@ fn jobs() -> Vec<Job> {
                 roles: None,
             });
             let t = flashattn::cuda::wgmma::tile_for(&p).unwrap().unwrap();
-            out.push(Job {
-                source: KernelSource::AttnWgmma,
-                arch: "sm_90a",
-                d,
-                dtype: DType::F16,
-                causal,
-                defines: t.problem_defines(DType::F16, &p),
-                functions: &["attn_wgmma"],
-                smem: t.smem_bytes(),
-                tile: format!("Br{}xBc{} {name}", t.br(), t.bc),
-                roles: Some((t.registers().1, t.registers().0)),
-            });
+            let defines = t.problem_defines(DType::F16, &p);
+            out.push(wgmma_job(&t, d, DType::F16, causal, defines, name));
         }
     }
     for dtype in DTYPES {
