@@ -79,9 +79,6 @@ static_assert(!IS_VARLEN, "packed variable-length batches run on attn_mma (TMA b
 #ifndef TRACE
 #define TRACE 0
 #endif
-#ifndef DEFER_EPI
-#define DEFER_EPI 0
-#endif
 
 // ---- geometry -------------------------------------------------------------------------------
 constexpr int DP = D;                    // padded head_dim (HEAD_DIM)
@@ -132,37 +129,21 @@ static_assert(BAR_TILE + NCONS <= 16, "named barriers 0..15");
 #ifndef SMEM_LIMIT
 #define SMEM_LIMIT (227 * 1024)
 #endif
-// DEFER_EPI: a tile's epilogue waits until the next tile's first S = Q K^T is issued, so that
-// the Tensor Cores have that S (and the other consumers' GEMMs) to run while this consumer
-// normalises and stores O. The next tile's Q must then be in shared memory before this tile's
-// O is stored: two Q buffers, used by alternate rounds, and O staged in this consumer's rows
-// of its round's Q buffer (free once its last S = Q K^T is complete). The host sets it where
-// two Q buffers and the K/V stages fit (head_dim <= 128).
-constexpr bool DEFER = DEFER_EPI;
-constexpr int QBUFS = DEFER ? 2 : 1;
-constexpr u32 CORE_BYTES = QBUFS * Q_BYTES + 2 * STAGES * KV_BYTES;
-constexpr u32 BAR_BYTES = 8 * (3 + 4 * STAGES) + (DEFER ? 24 : 0);
-constexpr bool O_OWN = !DEFER && CORE_BYTES + Q_BYTES + 1024 + BAR_BYTES <= SMEM_LIMIT;
-static_assert(!DEFER || CORE_BYTES + 1024 + BAR_BYTES <= SMEM_LIMIT, "DEFER_EPI: two Q buffers do not fit");
-// Arrivals that free a Q buffer: every consumer warp after its last S = Q K^T (O_OWN), or
-// each consumer's storing thread once its TMA store has read O out of the Q buffer.
+constexpr u32 CORE_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES;
+constexpr bool O_OWN = CORE_BYTES + Q_BYTES + 1024 + 8 * (3 + 4 * STAGES) <= SMEM_LIMIT;
+// Arrivals that free the Q tile: every consumer warp after its last S = Q K^T (O_OWN), or
+// each consumer's storing thread once its TMA store has read O out of the Q tile.
 constexpr u32 Q_EMPTY_COUNT = O_OWN ? NCONS * 4 : NCONS;
 
-// Shared memory: Q (QBUFS buffers) | K stages | V stages | [O] | mbarriers, from a 1024-byte-aligned base
+// Shared memory: Q | K stages | V stages | [O] | mbarriers, from a 1024-byte-aligned base
 // (the swizzle atoms must be 1024-byte aligned); src/cuda/wgmma.rs sizes it the same way.
 // (Two Q buffers, so that the next tile's Q loads earlier, were level twice: runs 33, 75.)
 struct Smem {
     u32 q, k, v, o, bars;
-    FA_DEVICE u32 q_buf(u32 b) const { return q + b * Q_BYTES; }
     FA_DEVICE u32 k_stage(int s) const { return k + (u32)s * KV_BYTES; }
     FA_DEVICE u32 v_stage(int s) const { return v + (u32)s * KV_BYTES; }
-    // Q buffer 0's barriers first; DEFER's buffer 1 and `taken` after the tile slots.
-    FA_DEVICE u32 q_full(u32 b = 0) const { return b ? bars + 8 * (3 + 4 * STAGES) : bars; }
-    FA_DEVICE u32 q_empty(u32 b = 0) const { return b ? bars + 8 * (4 + 4 * STAGES) : bars + 8; }
-    // DEFER: one arrival per consumer once it has passed round r's hand-off barrier. The
-    // producer waits for it before arriving for round r + 1, so that no hand-off barrier sees
-    // two rounds' arrivals (with two Q buffers, the q_empty wait is two rounds back).
-    FA_DEVICE u32 taken() const { return bars + 8 * (5 + 4 * STAGES); }
+    FA_DEVICE u32 q_full() const { return bars; }
+    FA_DEVICE u32 q_empty() const { return bars + 8; }
     FA_DEVICE u32 k_full(int s) const { return bars + 8 * (2 + s); }
     FA_DEVICE u32 v_full(int s) const { return bars + 8 * (2 + STAGES + s); }
     FA_DEVICE u32 k_empty(int s) const { return bars + 8 * (2 + 2 * STAGES + s); }
@@ -241,7 +222,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     Smem sm;
     sm.q = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    sm.k = sm.q + QBUFS * Q_BYTES;
+    sm.k = sm.q + Q_BYTES;
     sm.v = sm.k + STAGES * KV_BYTES;
     sm.o = O_OWN ? sm.v + STAGES * KV_BYTES : sm.q;
     sm.bars = sm.q + CORE_BYTES + (O_OWN ? Q_BYTES : 0);
@@ -251,12 +232,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
     const int tiles = p.num_m_blocks * p.heads_q * p.batch;
 
     if (tid == 0) {
-#pragma unroll
-        for (u32 b = 0; b < (u32)QBUFS; ++b) {
-            mbar_init(sm.q_full(b), 1);
-            mbar_init(sm.q_empty(b), Q_EMPTY_COUNT);
-        }
-        if (DEFER) mbar_init(sm.taken(), NCONS);
+        mbar_init(sm.q_full(), 1);
+        mbar_init(sm.q_empty(), Q_EMPTY_COUNT);
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(sm.k_full(s), 1);
@@ -275,54 +252,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             tma_prefetch(w.tq);
             tma_prefetch(w.tk);
             tma_prefetch(w.tv);
-            // The K ring's and the V ring's positions, each a stage index and the parity of its
-            // current use (kept incrementally: the producer has PRODUCER_REGS registers); a
-            // ring's loads wait for the stage's release once every stage has been filled once.
-            // K runs one key tile ahead of V: K_{n+1} is issued before V_n, because V_n's stage
-            // is released late (after P V_{n-2}, past a softmax) and, loaded in order behind it,
-            // K_{n+1} arrived 200-400 cycles after the consumers wanted it (run 102's timeline).
-            struct Ring {
-                int stage = 0;
-                u32 parity = 0;
-                bool wrapped = false;
-                FA_DEVICE void advance() {
-                    if (++stage == STAGES) {
-                        stage = 0;
-                        parity ^= 1;
-                        wrapped = true;
-                    }
-                }
-            } kr, vr;
+            // The K/V ring position as a stage index and the parity of its current use (kept
+            // incrementally: the producer has PRODUCER_REGS registers). `wrapped` turns on once every stage
+            // has been filled once, from then on each load waits for the stage's release.
+            int stage = 0;
+            u32 use_parity = 0;
+            bool wrapped = false;
             int tile = blockIdx.x;
-            // The tile after `cur`: from the counter (without one, as in a CUDA graph's
-            // capture, the static order), or every grid-th.
-            auto next_tile = [&](int cur) -> int {
-#if DYNAMIC
-                return w.tile_counter ? (int)gridDim.x + (int)atomicAdd(w.tile_counter, 1u) : cur + (int)gridDim.x;
-#else
-                return cur + (int)gridDim.x;
-#endif
-            };
-            auto load_q = [&](int tl, u32 qb) {
-                const BlockCoords qc = block_coords(p, (unsigned)tl);
-                mbar_arrive_expect_tx(sm.q_full(qb), Q_BYTES);
-#pragma unroll
-                for (int j = 0; j < NSUB; ++j)
-                    tma_load_4d(sm.q_buf(qb) + j * SUB_Q, w.tq, sm.q_full(qb), 64 * j, qc.m_block * BR, qc.h, qc.b);
-            };
-            // DEFER: each round's Q loads during the round before (into the other buffer), so
-            // the tile after this one is drawn a round early; the first one's Q loads here.
-            if (DEFER && tile < tiles) load_q(tile, 0);
             for (u32 round = 0;; ++round) {
-                // One buffer: the previous round's consumers are done with the Q tile (and
-                // have read the tile slot of two rounds ago). DEFER: every consumer has passed
-                // the previous round's hand-off (the slot's reuse is ordered by the q_empty
-                // wait before the Q load that precedes it).
-                if (DEFER) {
-                    if (round > 0) mbar_wait(sm.taken(), (round - 1) & 1);
-                } else if (round > 0) {
-                    mbar_wait(sm.q_empty(), (round - 1) & 1);
-                }
+                // The previous round's consumers are done with the Q tile (and have read the
+                // tile slot of two rounds ago).
+                if (round > 0) mbar_wait(sm.q_empty(), (round - 1) & 1);
                 u32 *tr = trace_row(w.trace, round, 0);
                 trace_start(tr, tile);
                 trace_clock(tr, 4);
@@ -332,52 +272,39 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                 if (tile >= tiles) break; // the consumers read -1 and stop
                 const BlockCoords bc = block_coords(p, (unsigned)tile);
                 const int row0 = bc.m_block * BR;
-                if (!DEFER) load_q(tile, 0);
+                mbar_arrive_expect_tx(sm.q_full(), Q_BYTES);
+#pragma unroll
+                for (int j = 0; j < NSUB; ++j) tma_load_4d(sm.q + j * SUB_Q, w.tq, sm.q_full(), 64 * j, row0, bc.h, bc.b);
                 trace_clock(tr, 5);
                 const KeyTiles kt = key_tiles(p, row0);
-                // DEFER: the next round's tile, and its Q load into the other buffer, issued
-                // after this round's fourth K tile and third V tile (which wait for the
-                // consumers' S_1 and first P V: they free that buffer before they issue S_1),
-                // or after the last V tile, if fewer. (After the third V tile, the Q load delayed the fourth K
-                // tile by ~800 cycles: run 102.)
-                const int next = DEFER ? next_tile(tile) : 0;
-                const int q_at = kt.begin + 3;
-                auto load_next_q = [&]() {
-                    if (next < tiles) {
-                        const u32 nb = (round + 1) & 1;
-                        if (round > 0) mbar_wait(sm.q_empty(nb), ((round - 1) >> 1) & 1);
-                        load_q(next, nb);
-                    }
-                };
-                auto load_k = [&](int n) {
+                for (int n = kt.begin; n < kt.end; ++n) {
                     // This use of the stage waits for the consumers' release of the previous one
                     // (whose phase had the other parity).
-                    if (kr.wrapped) mbar_wait(sm.k_empty(kr.stage), kr.parity ^ 1);
-                    mbar_arrive_expect_tx(sm.k_full(kr.stage), KV_BYTES);
+                    if (wrapped) mbar_wait(sm.k_empty(stage), use_parity ^ 1);
+                    mbar_arrive_expect_tx(sm.k_full(stage), KV_BYTES);
 #pragma unroll
                     for (int j = 0; j < NSUB; ++j)
-                        tma_load_4d(sm.k_stage(kr.stage) + j * SUB_KV, w.tk, sm.k_full(kr.stage), 64 * j, n * BC, bc.hk, bc.b);
+                        tma_load_4d(sm.k_stage(stage) + j * SUB_KV, w.tk, sm.k_full(stage), 64 * j, n * BC, bc.hk, bc.b);
                     trace_iter(tr, n - kt.begin, 0);
-                    kr.advance();
-                };
-                auto load_v = [&](int n) {
-                    if (vr.wrapped) mbar_wait(sm.v_empty(vr.stage), vr.parity ^ 1);
-                    mbar_arrive_expect_tx(sm.v_full(vr.stage), KV_BYTES);
+                    if (wrapped) mbar_wait(sm.v_empty(stage), use_parity ^ 1);
+                    mbar_arrive_expect_tx(sm.v_full(stage), KV_BYTES);
 #pragma unroll
                     for (int j = 0; j < NSUB; ++j)
-                        tma_load_4d(sm.v_stage(vr.stage) + j * SUB_KV, w.tv, sm.v_full(vr.stage), 64 * j, n * BC, bc.hk, bc.b);
+                        tma_load_4d(sm.v_stage(stage) + j * SUB_KV, w.tv, sm.v_full(stage), 64 * j, n * BC, bc.hk, bc.b);
                     trace_iter(tr, n - kt.begin, 1);
-                    vr.advance();
-                };
-                for (int n = kt.begin; n < kt.end; ++n) {
-                    load_k(n);
-                    if (n > kt.begin) load_v(n - 1);
-                    if (DEFER && n == q_at) load_next_q();
+                    if (++stage == STAGES) {
+                        stage = 0;
+                        use_parity ^= 1;
+                        wrapped = true;
+                    }
                 }
-                if (kt.end > kt.begin) load_v(kt.end - 1);
-                if (DEFER && kt.end <= kt.begin + 3) load_next_q();
                 trace_clock(tr, 6);
-                tile = DEFER ? next : next_tile(tile);
+#if DYNAMIC
+                // (Without a counter, as in a CUDA graph's capture, the static order.)
+                tile = w.tile_counter ? (int)gridDim.x + (int)atomicAdd(w.tile_counter, 1u) : tile + (int)gridDim.x;
+#else
+                tile += gridDim.x;
+#endif
             }
 #if DYNAMIC
             // This block's draws (its last one failed) are ordered before its count; the last
@@ -401,7 +328,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
     const int ctid = tid - 128 * wg;         // thread in the warpgroup
     const int warp = ctid / 32, lane = ctid % 32;
     const int g = lane / 4, t = lane % 4;
-    const u32 cons_rows = (u32)cons * 64 * 128; // this consumer's rows in every Q sub-tile
+    const u32 sq_rows = sm.q + (u32)cons * 64 * 128; // this consumer's rows in every Q sub-tile
+    const u32 so_rows = sm.o + (u32)cons * 64 * 128; // ... and in the O staging tile
     // seqlen_k - seqlen_q; with both below 2^30, the row limits below stay inside int.
     const int diag = p.seqlen_k - p.seqlen_q;
     // One arrival per warp on an empty barrier, after the warp's wgmma reads are complete
@@ -411,76 +339,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         if (lane == 0) mbar_arrive(bar);
     };
 
-    // The accumulators and the softmax state live across tiles: with DEFER, a tile's O, row
-    // maxima and sums wait in them for its epilogue, which runs in the next round.
-    float o[NO];
-    float row_max[2], row_sum[2], alpha[2];
-    bool moved = false;
-#pragma unroll
-    for (int i = 0; i < NO; ++i) o[i] = 0.f; // defined before the first tile's rescale
-
-    // ---- epilogue of a finished tile: O / row_sum staged as TMA expects (128-byte swizzle) at
-    // so_rows (this consumer's rows of the O tile or of a Q buffer), TMA store, lse. The tile's
-    // coordinates are recomputed here rather than held through the loop.
-    auto epilogue = [&](int tile, u32 so_rows, u32 *tr) {
-        const BlockCoords bc = block_coords(p, (unsigned)tile);
-        const int row0 = bc.m_block * BR;
-        float inv[2], l[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) l[h] = row_sum[h] + shfl_xor(row_sum[h], 1);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            l[h] += shfl_xor(l[h], 2);
-            // A row that saw no key: o = 0 and lse = -inf (never NaN).
-            inv[h] = l[h] > 0.f ? 1.f / l[h] : 0.f;
-        }
-        if (O_OWN) {
-            // The previous tile's store must have read the staging tile before it is rewritten.
-            if (ctid == 0) bulk_wait_read0();
-            named_sync(BAR_EPI + cons, 128);
-        }
-        {
-            // Lane coordinates re-read from %tid: the compiler would otherwise hoist the NO/2
-            // staging addresses out of the tile loop and keep them live (spilled at d256).
-            const int etid = (int)fresh_tid_x() % 128, ew = etid / 32, eg = (etid % 32) / 4, et = etid % 4;
-            // Accumulator i sits at row r = 16 ew + eg + 8h (h = (i/2) % 2) and channels
-            // c = 8j + 2et, 8j + 2et + 1 (j = i/4): sub-tile j/8, 16-byte chunk j%8, bytes 4et
-            // into it. The swizzle XORs the chunk with r % 8, which is eg for both rows, so the
-            // address is a per-lane base, a per-chunk XOR and a constant (folded into the
-            // store's offset): a few integer operations for all NO/2 stores.
-            const u32 base = so_rows + (u32)(ew * 16 + eg) * 128 + (u32)et * 4;
-            const u32 swz = (u32)eg * 16;
-#pragma unroll
-            for (int i = 0; i < NO; i += 2) {
-                const int h = (i / 2) % 2, j = i / 4;
-                const u32 addr = base + (((u32)(j % 8) * 16) ^ swz) + (u32)(h * 8 * 128) + (u32)(j / 8) * SUB_Q;
-                st_shared_u32(addr, pack2(o[i] * inv[h], o[i + 1] * inv[h]));
-            }
-        }
-        fence_proxy_async();
-        named_sync(BAR_EPI + cons, 128);
-        if (ctid == 0) {
-#pragma unroll
-            for (int j = 0; j < NSUB; ++j) tma_store_4d(w.to, so_rows + j * SUB_Q, 64 * j, row0 + cons * 64, bc.h, bc.b);
-            bulk_commit();
-            trace_clock(tr, 8);
-            if (!O_OWN && !DEFER) {
-                // O sits in the Q tile: free it for the next tile's Q once the store has read it.
-                bulk_wait_read0();
-                mbar_arrive(sm.q_empty());
-            }
-        }
-        // lse after the store is issued, so that its global writes are not outstanding at the
-        // proxy fence above (compiled to MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S; measured level).
-        float *lse = p.lse + lse_offset(p, bc.b, bc.h, 0);
-        const int wrow = row0 + cons * 64 + warp * 16 + g;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = wrow + 8 * h;
-            if (t == 0 && row < p.seqlen_q) lse[row] = l[h] > 0.f ? (row_max[h] + lg2(l[h])) * LN2 : neg_inf();
-        }
-    };
-
 #if PINGPONG
     // The turns run in one ring across tiles (every consumer takes the same number of turns
     // per tile: all run the tile's key tiles). Consumer 0 holds the first turn; the arrival
@@ -488,19 +346,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
     if (cons == 0) named_arrive(BAR_SCHED + 0, 256);
 #endif
     int it = 0; // K/V tiles consumed so far (all tiles)
-    // DEFER: the tile whose epilogue is pending (-1: none), its Q buffer and timeline row.
-    int prev_tile = -1;
-    u32 prev_buf = 0;
-    u32 *prev_tr = nullptr;
     for (u32 round = 0;; ++round) {
         named_sync(BAR_TILE + cons, TILE_HANDOFF_THREADS);
         const int tile = (int)ld_shared_u32(sm.tile_slot(round));
-        if (DEFER && ctid == 0) mbar_arrive(sm.taken());
         if (tile < 0) {
-            if (DEFER && prev_tile >= 0) {
-                trace_clock(prev_tr, 7);
-                epilogue(prev_tile, sm.q_buf(prev_buf) + cons_rows, prev_tr);
-            }
 #if PINGPONG
             if (cons == 0) named_sync(BAR_SCHED + 0, 256);
 #endif
@@ -509,19 +358,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         u32 *tr = ctid == 0 ? trace_row(w.trace, round, cons + 1) : nullptr;
         trace_start(tr, tile);
         trace_clock(tr, 4);
-        const u32 qb = DEFER ? round & 1 : 0;
-        // Nothing is in flight here; the no-op wait tells ptxas so (DEFER reads O while this
-        // tile's S_0 runs, and ptxas cannot follow the previous round's wait across the loop).
-        if (DEFER) wgmma_wait<0>();
-        if (!DEFER) {
-            // O starts each tile from zero (kept as constants until the first P V: carrying
-            // the last tile's O through the prologue spilled, 212 bytes at d128).
-#pragma unroll
-            for (int i = 0; i < NO; ++i) o[i] = 0.f;
-        }
-        mbar_wait(sm.q_full(qb), DEFER ? (round >> 1) & 1 : round & 1);
+        mbar_wait(sm.q_full(), round & 1);
         trace_clock(tr, 5);
-        const u32 sq_rows = sm.q_buf(qb) + cons_rows;
         const BlockCoords tc = block_coords(p, (unsigned)tile);
         const int row0 = tc.m_block * BR;
         const float coef = alibi_coef(p, tc.b, tc.h);
@@ -532,8 +370,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         // The first row of this lane's accumulator rows (g and g + 8 follow).
         const int wrow = row0 + cons * 64 + warp * 16 + g;
 
-        float s[NS];
-        u32 pf[NS / 2];
         auto turn_wait = [&]() {
 #if PINGPONG
             named_sync(BAR_SCHED + cons, 256);
@@ -545,6 +381,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
 #endif
         };
 
+        float o[NO];
+#pragma unroll
+        for (int i = 0; i < NO; ++i) o[i] = 0.f;
+        float s[NS];
+        u32 pf[NS / 2];
+        float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f}, alpha[2] = {1.f, 1.f};
+        bool moved = false;
+
         auto gemm_s = [&](int stage) {
             const u32 sk = sm.k_stage(stage);
             wgmma_fence();
@@ -552,15 +396,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             for (int kk = 0; kk < KSTEPS; ++kk) wgmma_ss<BC, 0>(s, q_desc(sq_rows, kk), k_desc(sk, kk), kk > 0);
             wgmma_commit();
         };
-        // DEFER: acc = 0 for the tile's first P V, where O starts from zero (zeroing O by
-        // ordinary instructions while S_0 runs would serialise the wgmmas: ptxas C7515).
-        // Otherwise O is zeroed at the round's start and every P V adds.
-        auto gemm_pv = [&](int stage, int acc) {
+        auto gemm_pv = [&](int stage) {
             const u32 sv = sm.v_stage(stage);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < PSTEPS; ++kk)
-                wgmma_rs<DP, 1>(o, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3], v_desc(sv, kk), kk > 0 || acc || !DEFER);
+                wgmma_rs<DP, 1>(o, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3], v_desc(sv, kk), 1);
             wgmma_commit();
         };
         auto rescale_o = [&]() {
@@ -670,38 +511,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         auto stage_of = [&](int n) { return (it + n) % STAGES; };
         auto parity_of = [&](int n) { return (u32)((it + n) / STAGES) & 1; };
 
-        // Resets the softmax state for this tile (O needs none: its first P V does not add).
-        auto reset_rows = [&]() {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                row_max[h] = neg_inf();
-                row_sum[h] = 0.f;
-                alpha[h] = 1.f;
-            }
-            moved = false;
-        };
-        // DEFER: the previous tile's O is stored (its last P V was waited for at its end).
-        auto finish_prev = [&]() {
-            if (DEFER) {
-                if (prev_tile >= 0) {
-                    trace_clock(prev_tr, 7);
-                    epilogue(prev_tile, sm.q_buf(prev_buf) + cons_rows, prev_tr);
-                }
-            }
-        };
-        // DEFER: the storing thread frees the previous tile's Q buffer once its O store has
-        // read it (late enough that the store is done, early enough for the Q two rounds on).
-        auto free_prev_q = [&]() {
-            if (DEFER && prev_tile >= 0 && ctid == 0) {
-                bulk_wait_read0();
-                mbar_arrive(sm.q_empty(prev_buf));
-            }
-        };
-
-        // (One branch on n_blocks around everything that has a wgmma in flight: ptxas pairs
-        // each wait with its wgmmas only along paths it can follow, docs/perf-notes.md 25.)
         if (n_blocks > 0) {
-            // ---- S_0 (with DEFER, issued before the previous tile's epilogue), its softmax
+            // ---- prologue: S_0 and its softmax
             mbar_wait(sm.k_full(stage_of(0)), parity_of(0));
             trace_iter(tr, 0, 0);
             turn_wait();
@@ -709,8 +520,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             gemm_s(stage_of(0));
             turn_pass();
             trace_iter(tr, 0, 2);
-            finish_prev();
-            reset_rows();
             wgmma_wait<0>();
             fence_regs(s);
             trace_iter(tr, 0, 3);
@@ -722,7 +531,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             softmax(nb);
             pack_p();
             trace_iter(tr, 0, 4);
-            free_prev_q();
             // ---- main loop: S_n with P_{n-1} V_{n-1} in flight
             for (int n = 1; n < n_blocks; ++n) {
                 mbar_wait(sm.k_full(stage_of(n)), parity_of(n));
@@ -732,7 +540,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                 gemm_s(stage_of(n));
                 rescale_o(); // by the factor of tile n-1, while S_n runs
                 mbar_wait(sm.v_full(stage_of(n - 1)), parity_of(n - 1));
-                gemm_pv(stage_of(n - 1), n > 1);
+                gemm_pv(stage_of(n - 1));
                 turn_pass();
                 trace_iter(tr, n, 2);
                 wgmma_wait<1>(); // S_n done
@@ -748,36 +556,77 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                 release(sm.v_empty(stage_of(n - 1)));
                 pack_p();
             }
-        } else {
-            finish_prev();
-            reset_rows();
-            free_prev_q();
-            // No key tile: o = 0 (no P V writes it; nothing is in flight here).
-#pragma unroll
-            for (int i = 0; i < NO; ++i) o[i] = 0.f;
         }
         trace_clock(tr, 6);
         // A tile without key tiles frees its Q tile here.
         if (O_OWN && n_blocks == 0) release(sm.q_empty());
         if (n_blocks > 0) {
-            // ---- tail: the last P V. (Left in flight into the next round, it made ptxas
-            // serialise every wgmma: C7514, reading O after a wait it did not pair.)
+            // ---- tail: the last P V
             rescale_o();
-            const int sv = stage_of(n_blocks - 1);
-            mbar_wait(sm.v_full(sv), parity_of(n_blocks - 1));
-            gemm_pv(sv, n_blocks > 1);
+            mbar_wait(sm.v_full(stage_of(n_blocks - 1)), parity_of(n_blocks - 1));
+            gemm_pv(stage_of(n_blocks - 1));
             wgmma_wait<0>();
             fence_regs(o);
-            release(sm.v_empty(sv));
+            release(sm.v_empty(stage_of(n_blocks - 1)));
         }
+        trace_clock(tr, 7);
         it += n_blocks;
-        if (DEFER) {
-            prev_tile = tile;
-            prev_buf = qb;
-            prev_tr = tr;
-        } else {
-            trace_clock(tr, 7);
-            epilogue(tile, O_OWN ? sm.o + cons_rows : sq_rows, tr);
+
+        // ---- epilogue: O / row_sum staged as TMA expects (128-byte swizzle), TMA store.
+        // The tile's coordinates are recomputed here rather than held through the loop.
+        const BlockCoords bc = block_coords(p, (unsigned)tile);
+        float inv[2], l[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) l[h] = row_sum[h] + shfl_xor(row_sum[h], 1);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            l[h] += shfl_xor(l[h], 2);
+            // A row that saw no key: o = 0 and lse = -inf (never NaN).
+            inv[h] = l[h] > 0.f ? 1.f / l[h] : 0.f;
+        }
+        if (O_OWN) {
+            // The previous tile's store must have read the staging tile before it is rewritten.
+            if (ctid == 0) bulk_wait_read0();
+            named_sync(BAR_EPI + cons, 128);
+        }
+        {
+            // Lane coordinates re-read from %tid: the compiler would otherwise hoist the NO/2
+            // staging addresses out of the tile loop and keep them live (spilled at d256).
+            const int etid = (int)fresh_tid_x() % 128, ew = etid / 32, eg = (etid % 32) / 4, et = etid % 4;
+            // Accumulator i sits at row r = 16 ew + eg + 8h (h = (i/2) % 2) and channels
+            // c = 8j + 2et, 8j + 2et + 1 (j = i/4): sub-tile j/8, 16-byte chunk j%8, bytes 4et
+            // into it. The swizzle XORs the chunk with r % 8, which is eg for both rows, so the
+            // address is a per-lane base, a per-chunk XOR and a constant (folded into the
+            // store's offset): a few integer operations for all NO/2 stores.
+            const u32 base = so_rows + (u32)(ew * 16 + eg) * 128 + (u32)et * 4;
+            const u32 swz = (u32)eg * 16;
+#pragma unroll
+            for (int i = 0; i < NO; i += 2) {
+                const int h = (i / 2) % 2, j = i / 4;
+                const u32 addr = base + (((u32)(j % 8) * 16) ^ swz) + (u32)(h * 8 * 128) + (u32)(j / 8) * SUB_Q;
+                st_shared_u32(addr, pack2(o[i] * inv[h], o[i + 1] * inv[h]));
+            }
+        }
+        fence_proxy_async();
+        named_sync(BAR_EPI + cons, 128);
+        if (ctid == 0) {
+#pragma unroll
+            for (int j = 0; j < NSUB; ++j) tma_store_4d(w.to, so_rows + j * SUB_Q, 64 * j, row0 + cons * 64, bc.h, bc.b);
+            bulk_commit();
+            trace_clock(tr, 8);
+            if (!O_OWN) {
+                // O sits in the Q tile: free it for the next tile's Q once the store has read it.
+                bulk_wait_read0();
+                mbar_arrive(sm.q_empty());
+            }
+        }
+        // lse after the store is issued, so that its global writes are not outstanding at the
+        // proxy fence above (compiled to MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S; measured level).
+        float *lse = p.lse + lse_offset(p, bc.b, bc.h, 0);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = wrow + 8 * h;
+            if (t == 0 && row < p.seqlen_q) lse[row] = l[h] > 0.f ? (row_max[h] + lg2(l[h])) * LN2 : neg_inf();
         }
     }
     if (ctid == 0) bulk_wait_read0(); // the last store has read shared memory before exit

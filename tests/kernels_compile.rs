@@ -386,18 +386,6 @@ fn jobs() -> Vec<Job> {
             }
         }
     }
-    // The epilogue before the next tile (`nodefer`, the A/B knob; O in its own tile): d64
-    // three consumers and d128, non-causal and causal.
-    for (d, sk) in [(64, 4096), (128, 1024)] {
-        for causal in [false, true] {
-            let t = WgmmaTile::default_for(d, sk, causal)
-                .expect("served head_dim")
-                .with_spec("nodefer")
-                .expect("valid spec");
-            let defines = t.defines(DType::F16, causal);
-            out.push(wgmma_job(&t, d, DType::F16, causal, defines, "nodefer"));
-        }
-    }
     // The timeline build (`trace`, a diagnostics knob): d64 causal at 4k (three consumers, the
     // producer at 32 registers) and d256 causal, so that it keeps compiling without spills.
     for (d, sk) in [(64, 4096), (256, 1024)] {

@@ -65,11 +65,6 @@ pub struct WgmmaTile {
     pub max_blocks: u32,
     /// The diagnostics build that records a timeline ([`super::wgmma_trace`]).
     pub trace: bool,
-    /// A tile's epilogue (normalise, stage and store O, lse) runs after the next tile's first
-    /// S = Q K^T is issued, so that the Tensor Cores have work while it runs; needs two Q
-    /// buffers, so it applies only where they fit beside the K/V stages (see
-    /// [`Self::defer_epilogue`]; attn_wgmma.cu `DEFER_EPI`).
-    pub defer: bool,
 }
 
 impl WgmmaTile {
@@ -117,7 +112,6 @@ impl WgmmaTile {
             causal_l2_mb: CAUSAL_L2_MB,
             max_blocks: 0,
             trace: false,
-            defer: true,
         })
     }
 
@@ -144,10 +138,9 @@ impl WgmmaTile {
         }
     }
 
-    /// Applies a `[bc,stages,][nopp][,nohm][,np][,static][,wg3][,trace][,nodefer][,l2=MiB][,grid=N]`
+    /// Applies a `[bc,stages,][nopp][,nohm][,np][,static][,wg3][,trace][,l2=MiB][,grid=N]`
     /// override (see [`TILE_ENV`]): no pingpong, no head-major order, not persistent, no tile
-    /// counter, three consumers, the timeline build ([`super::wgmma_trace`]), each tile's
-    /// epilogue before the next tile starts (see [`Self::defer`]), the causal
+    /// counter, three consumers, the timeline build ([`super::wgmma_trace`]), the causal
     /// order's L2 budget (0: off), at most N persistent
     /// blocks (so that small problems run many tiles per block: a test knob). With
     /// `bc,stages` the tile is two consumers with pingpong unless the flags say otherwise; without them (a spec of flags only) the default tile of each call keeps
@@ -158,7 +151,7 @@ impl WgmmaTile {
     pub fn with_spec(self, spec: &str) -> Result<Self> {
         let bad = || AttnError::InvalidInput {
             what: format!(
-                "wgmma tile '{spec}': expected [bc,stages,]flags with flags from nopp, nohm, np, static, wg3, trace, nodefer, l2=MiB, grid=N; bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128, MiB in 0..=1024 and N in 1..=4096"
+                "wgmma tile '{spec}': expected [bc,stages,]flags with flags from nopp, nohm, np, static, wg3, trace, l2=MiB, grid=N; bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128, MiB in 0..=1024 and N in 1..=4096"
             ),
         };
         let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
@@ -196,10 +189,9 @@ impl WgmmaTile {
             causal_l2_mb: l2.unwrap_or(self.causal_l2_mb),
             max_blocks: grid.unwrap_or(0),
             trace: has("trace"),
-            defer: !has("nodefer"),
             ..self
         };
-        const SWITCHES: [&str; 7] = ["nopp", "nohm", "np", "static", "wg3", "trace", "nodefer"];
+        const SWITCHES: [&str; 6] = ["nopp", "nohm", "np", "static", "wg3", "trace"];
         const VALUED: [&str; 2] = ["l2=", "grid="];
         if flags
             .iter()
@@ -222,46 +214,30 @@ impl WgmmaTile {
         self.head_dim.div_ceil(64) as usize
     }
 
-    /// Q (two buffers with [`Self::defer_epilogue`]), the K and V stages, the O staging tile
-    /// when it has its own (see [`Self::o_own`]), 1 KB of alignment slack (the swizzle atoms
-    /// are 1024-byte aligned) and the mbarriers: the dynamic shared memory attn_wgmma.cu lays
-    /// out.
+    /// Q, the K and V stages, the O staging tile when it fits (see [`Self::o_own`]), 1 KB of
+    /// alignment slack (the swizzle atoms are 1024-byte aligned) and the mbarriers: the
+    /// dynamic shared memory attn_wgmma.cu lays out.
     pub fn smem_bytes(&self) -> usize {
-        let defer = self.defer_epilogue();
-        self.q_bytes() * if defer { 2 } else { 1 }
-            + self.kv_bytes()
-            + if self.o_own() { self.q_bytes() } else { 0 }
-            + self.slack_bytes(defer)
+        self.core_bytes() + if self.o_own() { self.q_bytes() } else { 0 } + self.slack_bytes()
     }
 
     fn q_bytes(&self) -> usize {
         self.br() as usize * self.subtiles() * 128
     }
 
-    /// The K and V stages.
-    fn kv_bytes(&self) -> usize {
-        2 * self.stages as usize * self.bc as usize * self.subtiles() * 128
+    fn core_bytes(&self) -> usize {
+        self.q_bytes() + 2 * self.stages as usize * self.bc as usize * self.subtiles() * 128
     }
 
-    /// Alignment slack and the mbarriers (q full/empty, 4 per stage) with the tile slot; with
-    /// the deferred epilogue, the second Q buffer's two mbarriers and `taken`.
-    fn slack_bytes(&self, defer: bool) -> usize {
-        1024 + 8 * (3 + 4 * self.stages as usize) + if defer { 24 } else { 0 }
-    }
-
-    /// The deferred epilogue ([`Self::defer`]) applies: asked for, and two Q buffers fit beside
-    /// the K/V stages (head_dim <= 128 at the default tiles; O is then staged in the finished
-    /// tile's Q buffer). attn_wgmma.cu `DEFER_EPI`.
-    pub fn defer_epilogue(&self) -> bool {
-        self.defer && 2 * self.q_bytes() + self.kv_bytes() + self.slack_bytes(true) <= SMEM_LIMIT
+    /// Alignment slack and the mbarriers (q full/empty, 4 per stage) with the tile slot.
+    fn slack_bytes(&self) -> usize {
+        1024 + 8 * (3 + 4 * self.stages as usize)
     }
 
     /// O is staged in a buffer of its own (so the next tile's Q loads during this tile's end)
-    /// when the epilogue is not deferred and that fits in [`SMEM_LIMIT`]; else in the Q tile
-    /// (attn_wgmma.cu `O_OWN`).
+    /// when that fits in [`SMEM_LIMIT`]; else in the Q tile (attn_wgmma.cu `O_OWN`).
     pub fn o_own(&self) -> bool {
-        !self.defer_epilogue()
-            && 2 * self.q_bytes() + self.kv_bytes() + self.slack_bytes(false) <= SMEM_LIMIT
+        self.core_bytes() + self.q_bytes() + self.slack_bytes() <= SMEM_LIMIT
     }
 
     /// NVRTC defines for this tile on a problem: [`Self::defines`] and the problem's score
@@ -289,7 +265,6 @@ impl WgmmaTile {
             ("SMEM_LIMIT".into(), SMEM_LIMIT.to_string()),
             ("DYNAMIC".into(), b(self.dynamic)),
             ("CAUSAL_L2_MB".into(), self.causal_l2_mb.to_string()),
-            ("DEFER_EPI".into(), b(self.defer_epilogue())),
         ];
         // Only when asked: the default defines (and module cache keys) stay as they were.
         if self.trace {
@@ -303,17 +278,12 @@ impl fmt::Display for WgmmaTile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "Br{}xBc{} d{} ({} stages{}{}{})",
+            "Br{}xBc{} d{} ({} stages{}{})",
             self.br(),
             self.bc,
             self.head_dim,
             self.stages,
             if self.pingpong { ", pingpong" } else { "" },
-            if self.defer_epilogue() {
-                ", deferred epilogue"
-            } else {
-                ""
-            },
             if self.head_major {
                 ", head-major grid"
             } else {
@@ -622,26 +592,15 @@ mod tests {
         assert_eq!(d64(2047, true), (2, 128, true));
         assert_eq!(d64(2048, true), (3, 128, false));
         let t = WgmmaTile::default_for(128, 4096, false).unwrap();
-        // Two Q buffers + 2 stages of K and V + slack and 13 mbarriers with the tile slot.
-        assert!(t.defer_epilogue() && !t.o_own());
-        assert_eq!(t.smem_bytes(), 2 * 32768 + 4 * 32768 + 1024 + 88 + 24);
-        // Without it: Q + the stages + its own O tile + slack and 10 mbarriers.
-        let nd = t.with_spec("nodefer").unwrap();
-        assert!(!nd.defer_epilogue() && nd.o_own());
-        assert_eq!(nd.smem_bytes(), 32768 + 4 * 32768 + 32768 + 1024 + 88);
-        let has_defer = |t: &WgmmaTile| {
-            t.defines(DType::F16, false)
-                .iter()
-                .any(|(k, v)| k == "DEFER_EPI" && v == "1")
-        };
-        assert!(has_defer(&t) && !has_defer(&nd));
+        // Q + 2 stages of K and V + its own O tile + slack and 10 mbarriers.
+        assert!(t.o_own());
+        assert_eq!(t.smem_bytes(), 32768 + 4 * 32768 + 32768 + 1024 + 88);
         let g = t.with_spec("128,2,grid=3").unwrap();
         assert_eq!((g.max_blocks, g.smem_bytes()), (3, t.smem_bytes()));
         assert!(t.with_spec("128,2,grid=0").is_err() && t.with_spec("128,2,grid=x").is_err());
-        // d256: O goes through the Q tile (64 KB more would not fit), and the epilogue is not
-        // deferred (a second Q buffer would not fit either).
+        // d256: O goes through the Q tile (64 KB more would not fit).
         let t256 = WgmmaTile::default_for(256, 4096, false).unwrap();
-        assert!(!t256.o_own() && !t256.defer_epilogue());
+        assert!(!t256.o_own());
         assert_eq!(t256.smem_bytes(), 65536 + 4 * 32768 + 1024 + 88);
         let o = t.with_spec("176,2,nopp,np,static").unwrap();
         assert_eq!(
