@@ -396,16 +396,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             for (int kk = 0; kk < KSTEPS; ++kk) wgmma_ss<BC, 0>(s, q_desc(sq_rows, kk), k_desc(sk, kk), kk > 0);
             wgmma_commit();
         };
-        // Two commit groups, keys 0..BC/2-1 then the rest, so that the next softmax can pack
-        // the first half of P into pf as soon as the first group has read it.
         auto gemm_pv = [&](int stage) {
             const u32 sv = sm.v_stage(stage);
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < PSTEPS; ++kk) {
+            for (int kk = 0; kk < PSTEPS; ++kk)
                 wgmma_rs<DP, 1>(o, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3], v_desc(sv, kk), 1);
-                if (kk == PSTEPS / 2 - 1 || kk == PSTEPS - 1) wgmma_commit();
-            }
+            wgmma_commit();
         };
         auto rescale_o = [&]() {
             if (vote_any(moved)) {
@@ -480,25 +477,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             // m: below 1 while |m| < 2^22, so p <= 2^0.5; the lazy rescale already allows
             // 2^8), a factor common to the whole row. Larger |m| (logits near 1e7 and beyond)
             // take the exact two-step path, whose max element gives exactly 2^0.
-            // P is packed into pf inside the softmax, half by half: the first half once the
-            // previous P V's first commit group has read it (wait_group 1; the exponentials
-            // of the second half run meanwhile), the second once the whole P V has (wait_group
-            // 0). Nothing is in flight in the prologue, where both waits return at once.
-            auto pack_half = [&](int half) {
-                if (half == 0)
-                    wgmma_wait<1>();
-                else
-                    wgmma_wait<0>();
-#pragma unroll
-                for (int r = 0; r < NS / 4; ++r) {
-                    const int q = half * (NS / 4) + r;
-                    pf[q] = pack2(s[2 * q], s[2 * q + 1]);
-                }
-            };
             if (fabsf(m_use[0]) < 4194304.f && fabsf(m_use[1]) < 4194304.f) {
 #pragma unroll
-                for (int nt = 0; nt < BC / 8; ++nt) {
-                    if (nt == BC / 16) pack_half(0);
+                for (int nt = 0; nt < BC / 8; ++nt)
 #pragma unroll
                     for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -507,11 +488,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                             s[i] = ex2(fmaf(s[i], p.scale_log2, -m_use[h]));
                             sum[h][e] += s[i];
                         }
-                }
             } else {
 #pragma unroll
-                for (int nt = 0; nt < BC / 8; ++nt) {
-                    if (nt == BC / 16) pack_half(0);
+                for (int nt = 0; nt < BC / 8; ++nt)
 #pragma unroll
                     for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -520,12 +499,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                             s[i] = ex2(fmul_rn(s[i], p.scale_log2) - m_use[h]);
                             sum[h][e] += s[i];
                         }
-                }
             }
-            pack_half(1);
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 row_sum[h] = row_sum[h] * alpha[h] + (sum[h][0] + sum[h][1]); // per-lane partial; the quad sums it at the end
+        };
+        auto pack_p = [&]() {
+#pragma unroll
+            for (int r = 0; r < NS / 2; ++r) pf[r] = pack2(s[2 * r], s[2 * r + 1]);
         };
         auto stage_of = [&](int n) { return (it + n) % STAGES; };
         auto parity_of = [&](int n) { return (u32)((it + n) / STAGES) & 1; };
@@ -547,7 +528,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             // free, and the next tile's Q loads under this softmax, the last P V and the
             // epilogue (released after them, it arrived late at 1k: docs/perf-notes.md 34).
             if (O_OWN && n_blocks == 1) release(sm.q_empty());
-            softmax(nb); // packs P
+            softmax(nb);
+            pack_p();
             trace_iter(tr, 0, 4);
             // ---- main loop: S_n with P_{n-1} V_{n-1} in flight
             for (int n = 1; n < n_blocks; ++n) {
@@ -561,17 +543,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                 gemm_pv(stage_of(n - 1));
                 turn_pass();
                 trace_iter(tr, n, 2);
-                wgmma_wait<2>(); // S_n done (P V_{n-1} is two groups)
+                wgmma_wait<1>(); // S_n done
                 fence_regs(s);
                 trace_iter(tr, n, 3);
                 release(sm.k_empty(stage_of(n)));
                 if (O_OWN && n == n_blocks - 1) release(sm.q_empty());
-                softmax(nb + n); // waits for P_{n-1} V_{n-1} as it packs P_n
+                softmax(nb + n);
                 trace_iter(tr, n, 4);
-                wgmma_wait<0>(); // (done already)
+                wgmma_wait<0>(); // P_{n-1} V_{n-1} done
                 fence_regs(o);
                 trace_iter(tr, n, 5);
                 release(sm.v_empty(stage_of(n - 1)));
+                pack_p();
             }
         }
         trace_clock(tr, 6);
