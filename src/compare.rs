@@ -28,8 +28,12 @@ pub struct Diff {
     /// `||out - ref||_2 / ||ref||_2` over finite pairs (0 when both are all zero, +inf when
     /// only the reference is all zero).
     pub rel_l2: f64,
-    /// Largest `|out - ref|` over finite pairs; +inf when an infinity is on one side only.
+    /// Largest `|out - ref|` over finite pairs, less each element's allowance (see
+    /// [`diff_within`]); +inf when an infinity is on one side only.
     pub max_abs: f64,
+    /// Largest `|out - ref|` over finite pairs before any allowance (equal to `max_abs` when
+    /// no allowance applies).
+    pub raw_max_abs: f64,
     /// Index of the element with the largest error, if any pair differs.
     pub worst: Option<usize>,
     /// Largest `|ref|` over finite reference elements (the scale for [`Tolerance`]'s max-abs).
@@ -64,6 +68,15 @@ impl fmt::Display for Diff {
         )?;
         if let Some(w) = self.worst {
             write!(f, " (at {w})")?;
+        }
+        // With allowances the two figures above are what is left beyond them: say so, and
+        // give the raw error too.
+        if self.raw_max_abs > self.max_abs {
+            write!(
+                f,
+                " beyond the f32 allowance (raw max-abs {:.3e})",
+                self.raw_max_abs
+            )?;
         }
         if self.nan_mismatch > 0 {
             write!(f, ", {} NaN mismatches", self.nan_mismatch)?;
@@ -121,10 +134,12 @@ where
             if o != r {
                 d.inf_mismatch += 1;
                 d.max_abs = f64::INFINITY;
+                d.raw_max_abs = f64::INFINITY;
                 d.worst = Some(i);
             }
             continue;
         }
+        d.raw_max_abs = d.raw_max_abs.max((o - r).abs());
         let e = ((o - r).abs() - allowed).max(0.0);
         if row_scale > 0.0 {
             d.max_row_rel = Some(d.max_row_rel.unwrap_or(0.0).max(e / row_scale));
@@ -199,20 +214,32 @@ pub fn dense_o<T: Element>(p: &AttnProblem, o: &[T]) -> Result<Vec<f64>> {
 /// ~ -5e4, two f32 steps of lse), the CPU's f32 `o` 2.5 steps at logits ~150. 4 covers both.
 pub const PRECISION_STEPS: f64 = 4.0;
 
+/// The f32 error bound of a score whose terms sum to `logits` in size:
+/// `PRECISION_STEPS * 2^-24 * logits` (natural-log units).
+pub fn score_error(logits: f64) -> f64 {
+    PRECISION_STEPS * (f64::from(f32::EPSILON) / 2.0) * logits
+}
+
 /// What f32 arithmetic cannot avoid in one row (see [`RowPrecision`]): the allowance of each
 /// of its `o` elements and of its `lse`. With `u = 2^-24` and `e = PRECISION_STEPS * u *
 /// logits` (the error of a score, hence the relative error of its probability): `o` moves by
-/// at most `e * |v_j - o|` summed with weights `p_j`, so `2 e v_max`; `lse` moves by `e` and
-/// is itself an f32 of size `|lse|` (`PRECISION_STEPS * u * |lse|`).
+/// at most `e * |v_j - o|` summed with weights `p_j`, so `2 e v_max`, and never further than
+/// the spread of the keys f32 cannot tell from the maximum
+/// ([`RowPrecision::candidate_spread`]: at logits near 1e8 and beyond `2 e v_max` exceeds
+/// any error, and a check with it alone would pass any answer); `lse` moves by `e` and is
+/// itself an f32 of size `|lse|` (`PRECISION_STEPS * u * |lse|`).
 pub fn allowances(pr: &RowPrecision, lse_ref: f64) -> (f64, f64) {
     let u = f64::from(f32::EPSILON) / 2.0;
-    let e = PRECISION_STEPS * u * pr.logits;
+    let e = score_error(pr.logits);
     let lse_size = if lse_ref.is_finite() {
         lse_ref.abs()
     } else {
         0.0
     };
-    (2.0 * e * pr.v_max, e + PRECISION_STEPS * u * lse_size)
+    (
+        (2.0 * e * pr.v_max).min(pr.candidate_spread),
+        e + PRECISION_STEPS * u * lse_size,
+    )
 }
 
 /// Diffs of `o` (dense `[batch, seqlen_q, heads_q, head_dim]`) and `lse` (`[batch, heads_q,
@@ -486,10 +513,12 @@ mod tests {
         let big = RowPrecision {
             logits: 7.7e4,
             v_max: 3.0,
+            candidate_spread: f64::INFINITY,
         };
         let small = RowPrecision {
             logits: 4.0,
             v_max: 3.0,
+            candidate_spread: f64::INFINITY,
         };
         let exact_lse = -50_000.123_456_789_f64;
         let r = Reference {
@@ -522,6 +551,7 @@ mod tests {
             &RowPrecision {
                 logits: 10.0,
                 v_max: 3.0,
+                candidate_spread: f64::INFINITY,
             },
             2.0,
         );
@@ -544,6 +574,33 @@ mod tests {
             allowances(&small, f64::NEG_INFINITY).1,
             allowances(&small, 0.0).1
         );
+    }
+
+    /// Review report: at logits near 1e8 and beyond, `2 e v_max` exceeds any error, so the
+    /// check passed an all-zero o. The candidate spread caps it: the zero o fails at every
+    /// scale, and the CPU backend's real f32 answer still passes.
+    #[test]
+    fn huge_logits_still_judge_o() {
+        for scale in [0.25f32, 1e3, 1e5, 1e8, 1e30] {
+            let p = crate::AttnProblem::new(crate::AttnShape::new(1, 16, 2, 16))
+                .unwrap()
+                .with_scale(scale)
+                .unwrap();
+            let (q, k, v) = random_inputs::<f32>(&p, 7);
+            let r = crate::reference::attention(&p, &q, &k, &v).unwrap();
+            let tol = Tolerance::for_dtype(DType::F32);
+            let zeros = vec![0.0f64; r.o.len()];
+            let (od, ld) = diff_reference(&p, zeros, r.lse.clone(), &r);
+            assert!(tol.check("zeros", &od, &ld).is_err(), "scale {scale}: {od}");
+            let mut o = vec![0.0f32; q.len()];
+            let mut lse = vec![0.0f32; r.lse.len()];
+            crate::cpu::forward(&p, &q, &k, &v, &mut o, &mut lse).unwrap();
+            let (od, ld) = diff_reference(&p, widen(&o), widen(&lse), &r);
+            assert!(
+                tol.check("cpu", &od, &ld).is_ok(),
+                "scale {scale}: {od}; {ld}"
+            );
+        }
     }
 
     #[test]

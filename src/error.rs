@@ -103,7 +103,7 @@ pub enum AttnError {
     },
 
     /// A command-line option or input file that does not parse.
-    #[error("invalid {what}")]
+    #[error("invalid input: {what}")]
     InvalidInput {
         /// What was given, what was expected, and what to do.
         what: String,

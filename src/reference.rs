@@ -43,6 +43,23 @@ pub struct RowPrecision {
     pub logits: f64,
     /// `max |v_jc|` over the keys the row sees (finite values; 0 when it sees none).
     pub v_max: f64,
+    /// The widest channel range `max_c (max_j v_jc - min_j v_jc)` over the row's candidate
+    /// keys: those whose score is within [`candidate_margin`] of the row's largest, i.e. every
+    /// key that f32 rounding of the scores could give a weight that matters. Any answer f32
+    /// arithmetic can produce is (up to negligible weights) a convex combination of their v
+    /// rows, so it lies within this of the exact `o` in every channel: the cap on the
+    /// row's allowance where the logits are so large that the per-score bound says nothing
+    /// ([`crate::compare::allowances`]). +inf when the row's scores are not all finite; 0 for
+    /// a row that sees no key, or a row whose precision was not measured (no allowance).
+    pub candidate_spread: f64,
+}
+
+/// How far below the row's largest score a key's exact score may sit and still be a
+/// candidate: twice its f32 error bound `e` either way (the key's and the maximum's), plus
+/// `ln(keys) + 12`, below which the keys' weights, even raised by the error, sum to less than
+/// `exp(-12)` of the maximum's (6e-6, under every tolerance).
+pub fn candidate_margin(score_error: f64, keys: usize) -> f64 {
+    4.0 * score_error + (keys.max(1) as f64).ln() + 12.0
 }
 
 /// Exact attention in f64 on `q`, `k`, `v` laid out by `p`'s strides.
@@ -248,6 +265,7 @@ fn row(
     }));
     let finite_max = |acc: f64, x: f64| if x.is_finite() { acc.max(x) } else { acc };
     let precision = RowPrecision {
+        candidate_spread: 0.0, // set below, once the scores are known
         logits: keys
             .clone()
             .map(|j| {
@@ -269,6 +287,37 @@ fn row(
     };
     // f64::max skips NaN, but a NaN score still turns exp(s - m) into NaN below.
     let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let mut precision = precision;
+    precision.candidate_spread = if m.is_finite() && scores.iter().all(|x| x.is_finite()) {
+        let floor =
+            m - candidate_margin(crate::compare::score_error(precision.logits), scores.len());
+        let mut lo = vec![f64::INFINITY; d];
+        let mut hi = vec![f64::NEG_INFINITY; d];
+        for (&sc, vr) in scores
+            .iter()
+            .zip(vf[keys.start * d..keys.end * d].chunks_exact(d))
+        {
+            if sc >= floor {
+                for ((l, h), &x) in lo.iter_mut().zip(hi.iter_mut()).zip(vr) {
+                    *l = l.min(x);
+                    *h = h.max(x);
+                }
+            }
+        }
+        // A non-finite v value leaves its channel unbounded (NaN rows are judged by position).
+        lo.iter()
+            .zip(&hi)
+            .map(|(l, h)| {
+                if l.is_finite() && h.is_finite() {
+                    h - l
+                } else {
+                    f64::INFINITY
+                }
+            })
+            .fold(0.0, f64::max)
+    } else {
+        f64::INFINITY
+    };
     let mut sum = 0.0f64;
     for sc in scores.iter_mut() {
         *sc = (*sc - m).exp();

@@ -305,6 +305,8 @@ fn cli_run_score_modifiers() {
         &["--window", "16,0"][..],
         &["--window", "-1,3", "--causal"],
         &["--softcap", "30", "--alibi", "--dtype", "bf16"],
+        // Another scale than the file's: its stored references do not apply (review report).
+        &["--scale", "0.5"],
     ] {
         let mut args = vec!["run", "--backend", "cpu", "--prefix", "layer1"];
         args.extend_from_slice(extra);
@@ -318,6 +320,7 @@ fn cli_run_score_modifiers() {
         (&["--window", "-2,0"][..], "window left = -2"),
         (&["--window", "7"], "expected LEFT,RIGHT"),
         (&["--softcap", "-1"], "softcap = -1"),
+        (&["--threads", "100000"], "1..=1024"),
         (
             &["--alibi", "--out", "/tmp/flashattn-never.safetensors"],
             "--out with",

@@ -114,6 +114,10 @@ def _empty_like(x, shape, float32=False):
 
 
 def _unsupported(dropout_p, return_attn_probs):
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not (
+        0.0 <= dropout_p <= 1.0
+    ):
+        raise ValueError(f"dropout_p={dropout_p!r}: expected a probability in [0, 1]")
     if dropout_p != 0.0:
         raise NotImplementedError(
             f"dropout_p={dropout_p}: flashattn computes exact attention without dropout; "
@@ -210,6 +214,14 @@ def _no_grad(fn, *tensors):
             )
 
 
+def _required(**named):
+    missing = [name for name, x in named.items() if x is None]
+    if missing:
+        raise FlashAttnError(
+            f"{', '.join(missing)} is None: q, k and v are required tensors"
+        )
+
+
 def _tensors(**named):
     for name, x in named.items():
         if x is not None and not hasattr(x, "__dlpack__"):
@@ -232,9 +244,17 @@ def _int(name, x, lo, hi):
 
 
 def _window(window_size):
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise FlashAttnError(
+            f"window_size = {window_size!r}: expected a pair (left, right) of key counts, "
+            "-1 for unbounded: (-1, -1) is no window"
+        )
     left, right = window_size
     limit = 2**62
-    return _int("window_size[0]", left, -1, limit), _int("window_size[1]", right, -1, limit)
+    return (
+        _int("window_size[0] (-1 = unbounded)", left, -1, limit),
+        _int("window_size[1] (-1 = unbounded)", right, -1, limit),
+    )
 
 
 def _run_forward(q, k, v, scale, causal, window, softcap, slopes):
@@ -328,6 +348,7 @@ def _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
             bool(causal), left, right, float(softcap), None, stream, current, torch=True,
         )
         return out, lse
+    _required(q=q, k=k, v=v)
     _tensors(q=q, k=k, v=v)
     if len(q.shape) != 4:
         raise FlashAttnError(

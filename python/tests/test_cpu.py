@@ -119,8 +119,14 @@ def test_unsupported_and_invalid_calls_raise():
         flashattn.flash_attn_func(q, k.astype(np.float32), v)
     with pytest.raises(flashattn.FlashAttnError, match="shapes disagree"):
         flashattn.flash_attn_func(q, k[..., :8], v)
-    with pytest.raises(flashattn.FlashAttnError, match="window"):
+    with pytest.raises(flashattn.FlashAttnError, match="window.*unbounded"):
         flashattn.flash_attn_func(q, k, v, window_size=(-2, 0))
+    with pytest.raises(flashattn.FlashAttnError, match="window_size = None: expected a pair"):
+        flashattn.flash_attn_func(q, k, v, window_size=None)
+    with pytest.raises(ValueError, match=r"probability in \[0, 1\]"):
+        flashattn.flash_attn_func(q, k, v, dropout_p=-0.1)
+    with pytest.raises(flashattn.FlashAttnError, match="q is None"):
+        flashattn.flash_attn_func(None, k, v)
     with pytest.raises(flashattn.FlashAttnError, match="softcap"):
         flashattn.flash_attn_func(q, k, v, softcap=-1.0)
     with pytest.raises(flashattn.FlashAttnError, match="alibi_slopes"):

@@ -15,9 +15,10 @@ use std::process::ExitCode;
 #[derive(Debug, Parser)]
 #[command(name = "flashattn", version, about)]
 pub struct Cli {
-    /// Worker threads for the CPU backend (rayon); default: one per logical CPU.
+    /// Worker threads for the CPU backend (rayon), 1 to 1024; default: one per logical CPU.
+    /// (Each is an OS thread started at once: tens of thousands took minutes to start.)
     #[arg(long, global = true, value_name = "N",
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub threads: Option<usize>,
     /// What to do.
     #[command(subcommand)]
@@ -38,7 +39,9 @@ pub enum Command {
     BenchPlot(flashattn::bench::PlotOptions),
     /// Print what this machine offers (CPU threads, GPU).
     Info,
-    /// The single-warp fragment-layout experiment (mma.m16n8k16, ldmatrix, S->P hand-off).
+    /// The fragment-layout experiments: one warp (mma.m16n8k16, ldmatrix, the S->P hand-off)
+    /// and one warpgroup (wgmma accumulators, swizzled shared-memory descriptors, P as the
+    /// register A operand), each cell checked against the CPU model.
     Probe(ProbeArgs),
     /// Ring attention (one sequence over N ranks, partials merged through lse), simulated on
     /// the CPU; checked against one device and the f64 oracle; exit 1 on a mismatch.

@@ -46,8 +46,10 @@ pub struct RingArgs {
     /// Element type.
     #[arg(long, default_value = "f16", value_parser = ["f16", "bf16", "f32"])]
     pub dtype: String,
-    /// Query rows (all heads) compared with the f64 oracle, spread over the sequence.
-    #[arg(long = "sample-rows", default_value_t = 16, value_name = "N")]
+    /// Query rows (all heads) compared with the f64 oracle, spread over the sequence: at
+    /// least 1 (at most seqlen_q are used).
+    #[arg(long = "sample-rows", default_value_t = 16, value_name = "N",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub sample_rows: usize,
     /// Where the ranks run: `cpu` (simulated); `cuda` (NCCL over GPUs) is not in yet.
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
@@ -63,7 +65,8 @@ pub fn run(a: &RingArgs) -> Result<u8> {
         return Err(AttnError::UnsupportedFeature {
             feature: "ring attention on GPUs (NCCL)".into(),
             backend: "this build".into(),
-            hint: "run --backend cpu for the simulated ring; the NCCL path is not in yet".into(),
+            hint: "use `ring --backend cpu` for the simulated ring; the NCCL path is not in yet"
+                .into(),
         });
     }
     if a.ranks.is_empty() || a.ranks.contains(&0) {

@@ -75,7 +75,8 @@ pub struct RunArgs {
     /// Also check against the f64 oracle when the file holds no references.
     #[arg(long)]
     pub check: bool,
-    /// Also run the backward pass (on the CPU: the GPU backward kernels are not in yet) with
+    /// Also run the backward pass (on the CPU; `check --kernel all` checks the GPU backward
+    /// kernels) with
     /// a seeded random output gradient dO (the seed is printed; FLASHATTN_SEED replays it),
     /// and check dq, dk, dv against the exact f64 gradients.
     #[arg(long)]
@@ -543,6 +544,13 @@ impl Ctx<'_> {
         let qkv = self.file.qkv::<T>(prefix)?;
         let s = qkv.shape;
         let mut p = AttnProblem::new(s)?.with_mask(self.mask);
+        // The scale the stored references were computed with: the file's metadata, else the
+        // default 1/sqrt(head_dim); unknown (None) when --scale overrides bad metadata.
+        let file_scale = match self.file.scale() {
+            Ok(s) => Some(s.unwrap_or(p.softmax_scale)),
+            Err(_) if self.a.scale.is_some() => None,
+            Err(e) => return Err(e),
+        };
         // --scale replaces the file's metadata, which is otherwise read and refused when bad.
         if let Some(scale) = self.scale()? {
             p = p.with_scale(scale)?;
@@ -573,8 +581,9 @@ impl Ctx<'_> {
             p.flops() / fw.seconds.max(1e-12) / 1e9
         );
         let tol = Tolerance::for_dtype(T::DTYPE);
-        // Stored references hold plain attention: with a score modifier the oracle judges.
-        let modified = !p.scores.is_plain();
+        // Stored references hold plain attention at the file's scale: with a score modifier
+        // or another --scale, the oracle judges.
+        let modified = !p.scores.is_plain() || file_scale != Some(p.softmax_scale);
         let stored = if modified {
             None
         } else {
