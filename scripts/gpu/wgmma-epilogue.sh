@@ -6,13 +6,9 @@
 # per SASS instruction for D at d128 4k (to read the softmax's stalls).
 set -uo pipefail
 . scripts/gpu/lib.sh
-el "check --quick --kernel wgmma (D)"
-timeout 100 ./.gpu/flashattn-d check --quick --kernel wgmma > $OUT/check-quick-d.txt 2>&1; echo "check exit $?" | tee -a "$L"
-tail -1 $OUT/check-quick-d.txt | tee -a "$L"; grep -v "^\[PASS\]" $OUT/check-quick-d.txt | head -8 | cut -c1-300 | tee -a "$L"
+check_wgmma 100 $OUT/check-quick-d.txt ./.gpu/flashattn-d "" --quick
 ab_rounds 2 "a=./.gpu/flashattn d=./.gpu/flashattn-d" --dtype f16 --head-dim 64,128,256 --seqlen 1k,2k,4k,16k --causal both --warmup-ms 300 --iters 20
-el "trace D d128 1k"
-FLASHATTN_WGMMA_TILE=trace FLASHATTN_WGMMA_TRACE=/tmp/tr.json timeout 90 ./.gpu/flashattn-d bench --kernels wgmma --dtype f16 --head-dim 128 --seqlen 1024 --causal off --warmup 2 --warmup-ms 300 --iters 20 --no-plot --out-dir /tmp/bt > /tmp/bt.log 2>&1; echo "bench exit $?" | tee -a "$L"
-python3 scripts/gpu/wgmma-trace.py /tmp/tr.json > $OUT/trace-d.txt 2>&1
+timeline ./.gpu/flashattn-d trace 128 1024 off $OUT/trace-d.txt
 el "ncu stalls per instruction, D d128 4k"
 timeout 150 ncu --clock-control none --kernel-name attn_wgmma --launch-skip 3 --launch-count 1 --section WarpStateStats --section SourceCounters -o /tmp/rep \
   ./.gpu/flashattn-d bench --kernels wgmma --dtype f16 --head-dim 128 --seqlen 4096 --causal off --warmup-ms 0 --warmup 1 --iters 20 --no-plot --out-dir /tmp/bn > $OUT/ncu-run.txt 2>&1; echo "ncu exit $?" | tee -a $L

@@ -5,7 +5,5 @@
 set -uo pipefail
 . scripts/gpu/lib.sh
 ab_rounds 2 "head=./.gpu/flashattn-head split=$B" --dtype f16 --head-dim 64,128 --seqlen 1k,2k,4k,16k --causal both --warmup-ms 300 --iters 20
-el "check --kernel wgmma"
-timeout 165 $B check --kernel wgmma > $OUT/check-wgmma.txt 2>&1; echo "check exit $?" | tee -a "$L"
-tail -1 $OUT/check-wgmma.txt | tee -a "$L"; grep -c "^\[PASS\]" $OUT/check-wgmma.txt | tee -a "$L"; grep -v "^\[PASS\]" $OUT/check-wgmma.txt | head -8 | cut -c1-300 | tee -a "$L"
+check_wgmma 165 $OUT/check-wgmma.txt "$B" ""
 el done
