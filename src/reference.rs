@@ -264,73 +264,69 @@ fn row(
         rule.score(rule.scaled(dot(qrow, kr)), j)
     }));
     let finite_max = |acc: f64, x: f64| if x.is_finite() { acc.max(x) } else { acc };
-    let precision = RowPrecision {
-        candidate_spread: 0.0, // set below, once the scores are known
-        logits: keys
-            .clone()
-            .map(|j| {
-                let kr = &kf[j * d..(j + 1) * d];
-                let a: f64 = qrow
-                    .iter()
-                    .zip(kr)
-                    .map(|(x, y)| (x * y).abs())
-                    .filter(|x| x.is_finite())
-                    .sum();
-                // Plus the ALiBi bias (score of 0): a kernel rounds their sum in f32.
-                rule.scaled(a) + rule.score(0.0, j).abs()
-            })
-            .fold(0.0, finite_max),
-        v_max: vf[keys.start * d..keys.end * d]
-            .iter()
-            .map(|x| x.abs())
-            .fold(0.0, finite_max),
-    };
     // f64::max skips NaN, but a NaN score still turns exp(s - m) into NaN below.
     let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let mut precision = precision;
-    precision.candidate_spread = if m.is_finite() && scores.iter().all(|x| x.is_finite()) {
-        let floor =
-            m - candidate_margin(crate::compare::score_error(precision.logits), scores.len());
-        let mut lo = vec![f64::INFINITY; d];
-        let mut hi = vec![f64::NEG_INFINITY; d];
-        for (&sc, vr) in scores
-            .iter()
-            .zip(vf[keys.start * d..keys.end * d].chunks_exact(d))
-        {
-            if sc >= floor {
-                for ((l, h), &x) in lo.iter_mut().zip(hi.iter_mut()).zip(vr) {
-                    *l = l.min(x);
-                    *h = h.max(x);
-                }
-            }
-        }
-        // A non-finite v value leaves its channel unbounded (NaN rows are judged by position).
-        lo.iter()
-            .zip(&hi)
-            .map(|(l, h)| {
-                if l.is_finite() && h.is_finite() {
-                    h - l
-                } else {
-                    f64::INFINITY
-                }
-            })
-            .fold(0.0, f64::max)
-    } else {
-        f64::INFINITY
+    let logits = keys
+        .clone()
+        .map(|j| {
+            let kr = &kf[j * d..(j + 1) * d];
+            let a: f64 = qrow
+                .iter()
+                .zip(kr)
+                .map(|(x, y)| (x * y).abs())
+                .filter(|x| x.is_finite())
+                .sum();
+            // Plus the ALiBi bias (score of 0): a kernel rounds their sum in f32.
+            rule.scaled(a) + rule.score(0.0, j).abs()
+        })
+        .fold(0.0, finite_max);
+    let v_rows = &vf[keys.start * d..keys.end * d];
+    let precision = RowPrecision {
+        logits,
+        v_max: v_rows.iter().map(|x| x.abs()).fold(0.0, finite_max),
+        candidate_spread: candidate_spread(scores, m, v_rows, d, logits),
     };
     let mut sum = 0.0f64;
     for sc in scores.iter_mut() {
         *sc = (*sc - m).exp();
         sum += *sc;
     }
-    for (&pj, vr) in scores
-        .iter()
-        .zip(vf[keys.start * d..keys.end * d].chunks_exact(d))
-    {
+    for (&pj, vr) in scores.iter().zip(v_rows.chunks_exact(d)) {
         out.iter_mut().zip(vr).for_each(|(acc, x)| *acc += pj * x);
     }
     out.iter_mut().for_each(|x| *x /= sum);
     (m + sum.ln(), precision)
+}
+
+/// [`RowPrecision::candidate_spread`] of a row: its `scores` (max `m`) against the keys' `v`
+/// rows (`d` values each), for the row's `logits` size.
+fn candidate_spread(scores: &[f64], m: f64, v: &[f64], d: usize, logits: f64) -> f64 {
+    if !m.is_finite() || !scores.iter().all(|x| x.is_finite()) {
+        return f64::INFINITY;
+    }
+    let floor = m - candidate_margin(crate::compare::score_error(logits), scores.len());
+    let mut lo = vec![f64::INFINITY; d];
+    let mut hi = vec![f64::NEG_INFINITY; d];
+    for (&sc, vr) in scores.iter().zip(v.chunks_exact(d)) {
+        if sc >= floor {
+            for ((l, h), &x) in lo.iter_mut().zip(hi.iter_mut()).zip(vr) {
+                *l = l.min(x);
+                *h = h.max(x);
+            }
+        }
+    }
+    // An infinite v value leaves its channel unbounded (NaN values, which min and max skip,
+    // are judged by position).
+    lo.iter()
+        .zip(&hi)
+        .map(|(l, h)| {
+            if l.is_finite() && h.is_finite() {
+                h - l
+            } else {
+                f64::INFINITY
+            }
+        })
+        .fold(0.0, f64::max)
 }
 
 /// Dot product with four independent partial sums (vectorises).
