@@ -174,7 +174,14 @@ FA_DEVICE float lg2(float x) {
     return y;
 }
 
-// ---- warp shuffles (9.7.9.9 shfl.sync): butterfly exchange inside the quad that owns a row.
+// ---- warp shuffles (9.7.9.9 shfl.sync): lane 0's value to the whole warp (a value ptxas can
+// tell is warp-uniform).
+FA_DEVICE int shfl_lane0(int x) {
+    int y;
+    asm volatile("shfl.sync.idx.b32 %0, %1, 0, 0x1f, 0xffffffff;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+// Butterfly exchange inside the quad that owns a row.
 FA_DEVICE float shfl_xor(float x, int mask) {
     float y;
     asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;\n" : "=f"(y) : "f"(x), "r"(mask));
