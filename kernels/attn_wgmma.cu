@@ -39,9 +39,8 @@
 // 256; channels past the real head_dim are zero-filled by TMA and never stored), BC (keys per
 // tile, a multiple of 16), STAGES (K/V ring depth), PINGPONG, RESCALE_SLACK (as attn_mma),
 // IS_BF16, IS_CAUSAL, HEAD_MAJOR, DYNAMIC, SMEM_LIMIT (decides where O is staged), CONSUMERS
-// (consumer warpgroups), CONSUMER_REGS / PRODUCER_REGS (setmaxnreg targets), ROWSUM_MMA and
-// PACK_SPLIT (below), and the score modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP,
-// HAS_ALIBI).
+// (consumer warpgroups), CONSUMER_REGS / PRODUCER_REGS (setmaxnreg targets), PACK_SPLIT (below),
+// and the score modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP, HAS_ALIBI).
 #include "ptx.cuh"
 #include "attn_common.cuh"
 #include "hopper.cuh"
@@ -80,14 +79,8 @@ static_assert(!IS_VARLEN, "packed variable-length batches run on attn_mma (TMA b
 #ifndef TRACE
 #define TRACE 0
 #endif
-// The row sums of P on the Tensor Cores: each P V also multiplies P by a 16 x 8 block of ones
-// in shared memory (wgmma m64n8k16 into 4 more accumulators), so the softmax issues no FADD
-// per score, and the sum is of the same 16-bit P that multiplies V.
-#ifndef ROWSUM_MMA
-#define ROWSUM_MMA 1
-#endif
-// P packed into the A-operand registers inside the softmax, half by half (the P V issued as
-// two commit groups), instead of after it.
+// P packed into the A-operand registers inside the softmax, half by half, the P V issued as two
+// commit groups (docs/perf-notes.md 36-37); 0: packed after the softmax, one group.
 #ifndef PACK_SPLIT
 #define PACK_SPLIT 1
 #endif
@@ -142,12 +135,7 @@ static_assert(BAR_TILE + NCONS <= 16, "named barriers 0..15");
 #define SMEM_LIMIT (227 * 1024)
 #endif
 constexpr u32 CORE_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES;
-// After the tiles: the mbarriers and tile slots, then (ROWSUM_MMA) the block of ones, 128-byte
-// aligned; 1024 bytes of slack align the base.
-constexpr u32 BAR_BYTES = (8 * (3 + 4 * STAGES) + 127) / 128 * 128;
-constexpr u32 ONES_BYTES = ROWSUM_MMA ? 256 : 0;
-constexpr u32 TAIL_BYTES = 1024 + BAR_BYTES + ONES_BYTES;
-constexpr bool O_OWN = CORE_BYTES + Q_BYTES + TAIL_BYTES <= SMEM_LIMIT;
+constexpr bool O_OWN = CORE_BYTES + Q_BYTES + 1024 + 8 * (3 + 4 * STAGES) <= SMEM_LIMIT;
 // Arrivals that free the Q tile: every consumer warp after its last S = Q K^T (O_OWN), or
 // each consumer's storing thread once its TMA store has read O out of the Q tile.
 constexpr u32 Q_EMPTY_COUNT = O_OWN ? NCONS * 4 : NCONS;
@@ -156,7 +144,7 @@ constexpr u32 Q_EMPTY_COUNT = O_OWN ? NCONS * 4 : NCONS;
 // (the swizzle atoms must be 1024-byte aligned); src/cuda/wgmma.rs sizes it the same way.
 // (Two Q buffers, so that the next tile's Q loads earlier, were level twice: runs 33, 75.)
 struct Smem {
-    u32 q, k, v, o, bars, ones;
+    u32 q, k, v, o, bars;
     FA_DEVICE u32 k_stage(int s) const { return k + (u32)s * KV_BYTES; }
     FA_DEVICE u32 v_stage(int s) const { return v + (u32)s * KV_BYTES; }
     FA_DEVICE u32 q_full() const { return bars; }
@@ -172,17 +160,6 @@ struct Smem {
     // racecheck, which does not model mbarriers, reports this WAR when a block runs 3+ tiles).
     FA_DEVICE u32 tile_slot(u32 round) const { return bars + 8 * (2 + 4 * STAGES) + 4 * (round & 1); }
 };
-// The ones block of the row sums: B of wgmma m64n8k16 (16 keys x 8 columns), K-major without
-// swizzle (9.7.15.5.1: two 8 x 16-byte core matrices, LBO and SBO apart). Every byte it can
-// read is a 16-bit 1.0, so the layout cannot matter as long as the reads stay in the block:
-// LBO = SBO = 128 keeps them in its first 256 bytes.
-constexpr int SWIZZLE_NONE = 0;
-FA_DEVICE u64 ones_desc(u32 ones) { return make_desc(ones, 128, 128, SWIZZLE_NONE); }
-#if IS_BF16
-constexpr u32 ONE_PAIR = 0x3F803F80u; // bf16 1.0, twice
-#else
-constexpr u32 ONE_PAIR = 0x3C003C00u; // f16 1.0, twice
-#endif
 
 struct WgmmaParams {
     TmaMap tq;  // q: dims (head_dim, seqlen_q, heads_q, batch), box (64, BR, 1, 1)
@@ -254,7 +231,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
     sm.v = sm.k + STAGES * KV_BYTES;
     sm.o = O_OWN ? sm.v + STAGES * KV_BYTES : sm.q;
     sm.bars = sm.q + CORE_BYTES + (O_OWN ? Q_BYTES : 0);
-    sm.ones = sm.bars + BAR_BYTES;
 
     const Params &p = w.p;
     const int tid = threadIdx.x, wg = tid / 128;
@@ -271,10 +247,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             mbar_init(sm.v_empty(s), NCONS * 4);
         }
         fence_mbar_init();
-    }
-    if (ROWSUM_MMA && tid < (int)(ONES_BYTES / 4)) {
-        st_shared_u32(sm.ones + 4 * (u32)tid, ONE_PAIR);
-        fence_proxy_async(); // written by the generic proxy, read by wgmma (the async proxy)
     }
     __syncthreads();
 
@@ -358,8 +330,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
     // ================================ consumers ================================================
     setmaxnreg_inc<CONSUMER_REGS>();
     // Rows 64*cons .. 64*cons+63 of the block. Broadcast from lane 0, so that ptxas knows it
-    // is warp-uniform (as CUTLASS's canonical_warp_group_idx): without it, the d64 causal
-    // three-consumer kernel with the row sums on the Tensor Cores spilled 4 bytes.
+    // is warp-uniform (as CUTLASS's canonical_warp_group_idx): without it, the d64
+    // three-consumer kernels spilled 8-16 bytes with PACK_SPLIT.
     const int cons = shfl_lane0(wg) - 1;
     const int ctid = tid - 128 * wg;         // thread in the warpgroup
     const int warp = ctid / 32, lane = ctid % 32;
@@ -423,10 +395,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         float s[NS];
         u32 pf[NS / 2];
         float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f}, alpha[2] = {1.f, 1.f};
-        // ROWSUM_MMA: P times ones; accumulator i holds row g + 8 ((i/2) % 2), every column the
-        // row's sum over all keys so far (the quad's lanes hold the same sums).
-        float lsum[4] = {0.f, 0.f, 0.f, 0.f};
-        const u64 ones = ones_desc(sm.ones);
         bool moved = false;
 
         auto gemm_s = [&](int stage) {
@@ -444,22 +412,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
 #pragma unroll
             for (int kk = 0; kk < PSTEPS; ++kk) {
                 wgmma_rs<DP, 1>(o, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3], v_desc(sv, kk), 1);
-                if (ROWSUM_MMA) wgmma_rs<8, 0>(lsum, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3], ones, 1);
                 if ((PACK_SPLIT && kk == PSTEPS / 2 - 1) || kk == PSTEPS - 1) wgmma_commit();
             }
-        };
-        auto fence_pv = [&]() {
-            fence_regs(o);
-            if (ROWSUM_MMA) fence_regs(lsum);
         };
         auto rescale_o = [&]() {
             if (vote_any(moved)) {
 #pragma unroll
                 for (int i = 0; i < NO; ++i) o[i] *= alpha[(i / 2) % 2];
-                if (ROWSUM_MMA) {
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) lsum[i] *= alpha[(i / 2) % 2];
-                }
             }
         };
         // Score modifiers, mask and online softmax of key tile n (absolute index) in s[];
@@ -522,54 +481,68 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                 moved |= m_new != m_old;
                 row_max[h] = m_new;
             }
-            // Two partial sums per row (without ROWSUM_MMA): shorter FADD chains.
+            // Two partial sums per row: shorter FADD chains.
             float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-            // PACK_SPLIT: P is packed into pf inside the softmax, half by half: the first half
-            // once the previous P V's first commit group has read it (wait_group 1; the
-            // exponentials of the second half run meanwhile), the second once the whole P V
-            // has (wait_group 0). Nothing is in flight in the prologue: both waits return.
-            auto pack_half = [&](int half) {
-                if (half == 0)
-                    wgmma_wait<1>();
-                else
-                    wgmma_wait<0>();
-#pragma unroll
-                for (int r = 0; r < NS / 4; ++r) {
-                    const int q = half * (NS / 4) + r;
-                    pf[q] = pack2(s[2 * q], s[2 * q + 1]);
-                }
-            };
             // p = 2^(s*scale - m) in one FFMA per element. For the row's largest s this
             // leaves the rounding error of round(s_max*scale) = m (at most half an ulp of
             // m: below 1 while |m| < 2^22, so p <= 2^0.5; the lazy rescale already allows
             // 2^8), a factor common to the whole row. Larger |m| (logits near 1e7 and beyond)
-            // take the exact two-step path, whose max element gives exactly 2^0.
+            // take the exact two-step path, whose max element gives exactly 2^0. The choice is
+            // per thread (its two rows), so the branch can diverge.
             const bool fused = fabsf(m_use[0]) < 4194304.f && fabsf(m_use[1]) < 4194304.f;
-            auto exps = [&](auto exp_of) {
+            // The exponentials of column groups nt0 <= nt < nt1.
+            auto exps = [&](int nt0, int nt1) {
+                if (fused) {
 #pragma unroll
-                for (int nt = 0; nt < BC / 8; ++nt) {
-                    if (PACK_SPLIT && nt == BC / 16) pack_half(0);
+                    for (int nt = nt0; nt < nt1; ++nt)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h)
+                        for (int h = 0; h < 2; ++h)
 #pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int i = 4 * nt + 2 * h + e;
-                            s[i] = exp_of(s[i], m_use[h]);
-                            if (!ROWSUM_MMA) sum[h][e] += s[i];
-                        }
+                            for (int e = 0; e < 2; ++e) {
+                                const int i = 4 * nt + 2 * h + e;
+                                s[i] = ex2(fmaf(s[i], p.scale_log2, -m_use[h]));
+                                sum[h][e] += s[i];
+                            }
+                } else {
+#pragma unroll
+                    for (int nt = nt0; nt < nt1; ++nt)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h)
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) {
+                                const int i = 4 * nt + 2 * h + e;
+                                s[i] = ex2(fmul_rn(s[i], p.scale_log2) - m_use[h]);
+                                sum[h][e] += s[i];
+                            }
                 }
             };
-            if (fused)
-                exps([&](float x, float m) { return ex2(fmaf(x, p.scale_log2, -m)); });
-            else
-                exps([&](float x, float m) { return ex2(fmul_rn(x, p.scale_log2) - m); });
-            if (PACK_SPLIT) pack_half(1);
-            if (!ROWSUM_MMA) {
+            // P into pf, registers r0 <= r < r1.
+            auto pack = [&](int r0, int r1) {
 #pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    row_sum[h] = row_sum[h] * alpha[h] + (sum[h][0] + sum[h][1]); // per-lane partial; the quad sums it at the end
+                for (int r = r0; r < r1; ++r) pf[r] = pack2(s[2 * r], s[2 * r + 1]);
+            };
+            if (PACK_SPLIT) {
+                // Half by half: the first half of P once the previous P V's first commit group
+                // has read it (wait_group 1), while the second half's exponentials are in
+                // flight; the second once the whole P V has (wait_group 0). Nothing is in
+                // flight in the prologue: both waits return at once. The waits stand outside
+                // the divergent branch of exps: wgmma.wait_group is .aligned (PTX ISA 9.7.15.6:
+                // every thread of the warpgroup executes the same one), and inside it a warp
+                // whose rows took both paths hung (run 106).
+                exps(0, BC / 16);
+                wgmma_wait<1>();
+                pack(0, NS / 4);
+                exps(BC / 16, BC / 8);
+                wgmma_wait<0>();
+                pack(NS / 4, NS / 2);
+            } else {
+                exps(0, BC / 8);
             }
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                row_sum[h] = row_sum[h] * alpha[h] + (sum[h][0] + sum[h][1]); // per-lane partial; the quad sums it at the end
         };
+        // Without PACK_SPLIT, P into pf after the softmax (with it, softmax() has done this).
         auto pack_p = [&]() {
             if (!PACK_SPLIT) {
 #pragma unroll
@@ -619,7 +592,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                 softmax(nb + n); // PACK_SPLIT: waits for P_{n-1} V_{n-1} as it packs P_n
                 trace_iter(tr, n, 4);
                 wgmma_wait<0>(); // P_{n-1} V_{n-1} done
-                fence_pv();
+                fence_regs(o);
                 trace_iter(tr, n, 5);
                 release(sm.v_empty(stage_of(n - 1)));
                 pack_p();
@@ -634,7 +607,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             mbar_wait(sm.v_full(stage_of(n_blocks - 1)), parity_of(n_blocks - 1));
             gemm_pv(stage_of(n_blocks - 1));
             wgmma_wait<0>();
-            fence_pv();
+            fence_regs(o);
             release(sm.v_empty(stage_of(n_blocks - 1)));
         }
         trace_clock(tr, 7);
@@ -644,17 +617,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         // The tile's coordinates are recomputed here rather than held through the loop.
         const BlockCoords bc = block_coords(p, (unsigned)tile);
         float inv[2], l[2];
-        if (ROWSUM_MMA) {
-            l[0] = lsum[0];
-            l[1] = lsum[2];
-        } else {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) l[h] = row_sum[h] + shfl_xor(row_sum[h], 1);
+        for (int h = 0; h < 2; ++h) l[h] = row_sum[h] + shfl_xor(row_sum[h], 1);
 #pragma unroll
-            for (int h = 0; h < 2; ++h) l[h] += shfl_xor(l[h], 2);
+        for (int h = 0; h < 2; ++h) {
+            l[h] += shfl_xor(l[h], 2);
+            // A row that saw no key: o = 0 and lse = -inf (never NaN).
+            inv[h] = l[h] > 0.f ? 1.f / l[h] : 0.f;
         }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) inv[h] = l[h] > 0.f ? 1.f / l[h] : 0.f; // a row that saw no key: o = 0, lse = -inf
         if (O_OWN) {
             // The previous tile's store must have read the staging tile before it is rewritten.
             if (ctid == 0) bulk_wait_read0();

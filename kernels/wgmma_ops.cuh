@@ -7,22 +7,6 @@
 // 16*warp + lane/4 + 8*((i/2)%2), column 8*(i/4) + 2*(lane%4) + i%2 (the register-fragment figures of 9.7.15.5.1).
 #pragma once
 
-template <int TRANS_B> FA_DEVICE void wgmma_ss_n8(float (&d)[4], u64 desc_a, u64 desc_b, int scale_d) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %6, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n8k16.f32." WG_AB "." WG_AB " "
-                 "{%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, %7;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
-}
-
-template <int TRANS_B> FA_DEVICE void wgmma_rs_n8(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc_b, int scale_d) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %9, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n8k16.f32." WG_AB "." WG_AB " "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, %10;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
-}
-
 template <int TRANS_B> FA_DEVICE void wgmma_ss_n16(float (&d)[8], u64 desc_a, u64 desc_b, int scale_d) {
     asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %10, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n16k16.f32." WG_AB "." WG_AB " "
@@ -281,8 +265,7 @@ template <int TRANS_B> FA_DEVICE void wgmma_rs_n256(float (&d)[128], u32 a0, u32
 
 // Dispatch on N at compile time: wgmma_ss<N, TRANS_B>(d, ...) and wgmma_rs<N, TRANS_B>(d, ...).
 template <int N, int TRANS_B> FA_DEVICE void wgmma_ss(float (&d)[N / 2], u64 desc_a, u64 desc_b, int scale_d) {
-    if constexpr (N == 8) wgmma_ss_n8<TRANS_B>(d, desc_a, desc_b, scale_d);
-    else if constexpr (N == 16) wgmma_ss_n16<TRANS_B>(d, desc_a, desc_b, scale_d);
+    if constexpr (N == 16) wgmma_ss_n16<TRANS_B>(d, desc_a, desc_b, scale_d);
     else if constexpr (N == 32) wgmma_ss_n32<TRANS_B>(d, desc_a, desc_b, scale_d);
     else if constexpr (N == 48) wgmma_ss_n48<TRANS_B>(d, desc_a, desc_b, scale_d);
     else if constexpr (N == 64) wgmma_ss_n64<TRANS_B>(d, desc_a, desc_b, scale_d);
@@ -301,8 +284,7 @@ template <int N, int TRANS_B> FA_DEVICE void wgmma_ss(float (&d)[N / 2], u64 des
 }
 template <int N, int TRANS_B>
 FA_DEVICE void wgmma_rs(float (&d)[N / 2], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc_b, int scale_d) {
-    if constexpr (N == 8) wgmma_rs_n8<TRANS_B>(d, a0, a1, a2, a3, desc_b, scale_d);
-    else if constexpr (N == 16) wgmma_rs_n16<TRANS_B>(d, a0, a1, a2, a3, desc_b, scale_d);
+    if constexpr (N == 16) wgmma_rs_n16<TRANS_B>(d, a0, a1, a2, a3, desc_b, scale_d);
     else if constexpr (N == 32) wgmma_rs_n32<TRANS_B>(d, a0, a1, a2, a3, desc_b, scale_d);
     else if constexpr (N == 48) wgmma_rs_n48<TRANS_B>(d, a0, a1, a2, a3, desc_b, scale_d);
     else if constexpr (N == 64) wgmma_rs_n64<TRANS_B>(d, a0, a1, a2, a3, desc_b, scale_d);

@@ -18,9 +18,7 @@ macro WG_AB ("f16" or "bf16") that the including file defines. PTX ISA 9.0, 9.7.
 
 import sys
 
-# every N the kernels may ask for: the multiples of 16, and 8 (attn_wgmma's row sums: P times a
-# column block of ones)
-NS = [8] + list(range(16, 257, 16))
+NS = list(range(16, 257, 16))  # every N the kernels may ask for (multiples of 16)
 
 
 def regs(count, first=0):

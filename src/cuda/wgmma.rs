@@ -65,9 +65,6 @@ pub struct WgmmaTile {
     pub max_blocks: u32,
     /// The diagnostics build that records a timeline ([`super::wgmma_trace`]).
     pub trace: bool,
-    /// The row sums of P on the Tensor Cores (each P V also multiplies P by a block of ones:
-    /// no FADD per score in the softmax) rather than summed by the softmax (flag `fsum`).
-    pub rowsum_mma: bool,
     /// P packed into the P V operand registers inside the softmax, half by half (the P V in
     /// two commit groups) rather than after it (flag `nosplit`).
     pub pack_split: bool,
@@ -118,7 +115,6 @@ impl WgmmaTile {
             causal_l2_mb: CAUSAL_L2_MB,
             max_blocks: 0,
             trace: false,
-            rowsum_mma: true,
             pack_split: true,
         })
     }
@@ -147,10 +143,10 @@ impl WgmmaTile {
     }
 
     /// Applies a
-    /// `[bc,stages,][nopp][,nohm][,np][,static][,wg3][,trace][,fsum][,nosplit][,l2=MiB][,grid=N]`
+    /// `[bc,stages,][nopp][,nohm][,np][,static][,wg3][,trace][,nosplit][,l2=MiB][,grid=N]`
     /// override (see [`TILE_ENV`]): no pingpong, no head-major order, not persistent, no tile
-    /// counter, three consumers, the timeline build ([`super::wgmma_trace`]), row sums by the
-    /// softmax's FADDs, P packed after the softmax, the causal
+    /// counter, three consumers, the timeline build ([`super::wgmma_trace`]), P packed after the
+    /// softmax (as before run 107), the causal
     /// order's L2 budget (0: off), at most N persistent
     /// blocks (so that small problems run many tiles per block: a test knob). With
     /// `bc,stages` the tile is two consumers with pingpong unless the flags say otherwise; without them (a spec of flags only) the default tile of each call keeps
@@ -161,7 +157,7 @@ impl WgmmaTile {
     pub fn with_spec(self, spec: &str) -> Result<Self> {
         let bad = || AttnError::InvalidInput {
             what: format!(
-                "wgmma tile '{spec}': expected [bc,stages,]flags with flags from nopp, nohm, np, static, wg3, trace, fsum, nosplit, l2=MiB, grid=N; bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128 or head_dim 96-128 with bc <= 64, MiB in 0..=1024 and N in 1..=4096"
+                "wgmma tile '{spec}': expected [bc,stages,]flags with flags from nopp, nohm, np, static, wg3, trace, nosplit, l2=MiB, grid=N; bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128 or head_dim 96-128 with bc <= 64, MiB in 0..=1024 and N in 1..=4096"
             ),
         };
         let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
@@ -199,13 +195,10 @@ impl WgmmaTile {
             causal_l2_mb: l2.unwrap_or(self.causal_l2_mb),
             max_blocks: grid.unwrap_or(0),
             trace: has("trace"),
-            rowsum_mma: !has("fsum"),
             pack_split: !has("nosplit"),
             ..self
         };
-        const SWITCHES: [&str; 8] = [
-            "nopp", "nohm", "np", "static", "wg3", "trace", "fsum", "nosplit",
-        ];
+        const SWITCHES: [&str; 7] = ["nopp", "nohm", "np", "static", "wg3", "trace", "nosplit"];
         const VALUED: [&str; 2] = ["l2=", "grid="];
         if flags
             .iter()
@@ -250,11 +243,9 @@ impl WgmmaTile {
         self.q_bytes() + 2 * self.stages as usize * self.bc as usize * self.subtiles() * 128
     }
 
-    /// Alignment slack, the mbarriers (q full/empty, 4 per stage) with the tile slots, 128-byte
-    /// aligned, and the 256-byte block of ones of the row sums (attn_wgmma.cu `TAIL_BYTES`).
+    /// Alignment slack and the mbarriers (q full/empty, 4 per stage) with the tile slot.
     fn slack_bytes(&self) -> usize {
-        let bars = (8 * (3 + 4 * self.stages as usize)).div_ceil(128) * 128;
-        1024 + bars + if self.rowsum_mma { 256 } else { 0 }
+        1024 + 8 * (3 + 4 * self.stages as usize)
     }
 
     /// O is staged in a buffer of its own (so the next tile's Q loads during this tile's end)
@@ -292,9 +283,6 @@ impl WgmmaTile {
         // Only when asked: the default defines (and module cache keys) stay as they were.
         if self.trace {
             d.push(("TRACE".into(), "1".into()));
-        }
-        if !self.rowsum_mma {
-            d.push(("ROWSUM_MMA".into(), "0".into()));
         }
         if !self.pack_split {
             d.push(("PACK_SPLIT".into(), "0".into()));
@@ -621,19 +609,16 @@ mod tests {
         assert_eq!(d64(2047, true), (2, 128, true));
         assert_eq!(d64(2048, true), (3, 128, false));
         let t = WgmmaTile::default_for(128, 4096, false).unwrap();
-        // Q + 2 stages of K and V + its own O tile + slack, 10 mbarriers and the tile slots
-        // (88 bytes, 128 aligned) and the ones of the row sums.
+        // Q + 2 stages of K and V + its own O tile + slack and 10 mbarriers.
         assert!(t.o_own());
-        assert_eq!(t.smem_bytes(), 32768 + 4 * 32768 + 32768 + 1024 + 128 + 256);
-        let fsum = t.with_spec("fsum").unwrap();
-        assert_eq!(fsum.smem_bytes(), t.smem_bytes() - 256);
+        assert_eq!(t.smem_bytes(), 32768 + 4 * 32768 + 32768 + 1024 + 88);
         let g = t.with_spec("128,2,grid=3").unwrap();
         assert_eq!((g.max_blocks, g.smem_bytes()), (3, t.smem_bytes()));
         assert!(t.with_spec("128,2,grid=0").is_err() && t.with_spec("128,2,grid=x").is_err());
         // d256: O goes through the Q tile (64 KB more would not fit).
         let t256 = WgmmaTile::default_for(256, 4096, false).unwrap();
         assert!(!t256.o_own());
-        assert_eq!(t256.smem_bytes(), 65536 + 4 * 32768 + 1024 + 128 + 256);
+        assert_eq!(t256.smem_bytes(), 65536 + 4 * 32768 + 1024 + 88);
         let o = t.with_spec("176,2,nopp,np,static").unwrap();
         assert_eq!(
             (
@@ -670,12 +655,11 @@ mod tests {
                 .any(|(k, _)| k == "TRACE")
         };
         assert!(has_trace(&traced) && !has_trace(&w3d));
-        // The softmax variants: one define each, and only when turned off.
-        let old = w3d.with_spec("fsum,nosplit").unwrap();
+        // The packing before run 107: one define more, and only when asked for.
+        let old = w3d.with_spec("nosplit").unwrap();
         assert_eq!(
             old,
             WgmmaTile {
-                rowsum_mma: false,
                 pack_split: false,
                 ..w3d
             }
@@ -686,9 +670,8 @@ mod tests {
                 .find(|(k, _)| k == key)
                 .map(|(_, v)| v.clone())
         };
-        assert_eq!(define(&old, "ROWSUM_MMA").as_deref(), Some("0"));
         assert_eq!(define(&old, "PACK_SPLIT").as_deref(), Some("0"));
-        assert_eq!(define(&w3d, "ROWSUM_MMA"), None);
+        assert_eq!(define(&w3d, "PACK_SPLIT"), None);
         assert_eq!(
             super::super::wgmma_trace::buffer_len(&traced, 132),
             132 * 8 * 4 * super::super::wgmma_trace::SLOTS
