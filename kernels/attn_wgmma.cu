@@ -79,10 +79,17 @@ static_assert(!IS_VARLEN, "packed variable-length batches run on attn_mma (TMA b
 #ifndef TRACE
 #define TRACE 0
 #endif
-// P packed into the A-operand registers inside the softmax, half by half, the P V issued as two
-// commit groups (docs/perf-notes.md 36-37); 0: packed after the softmax, one group.
+// 1: P packed into the A-operand registers inside the softmax, half by half, the P V issued as
+// two commit groups (J, docs/perf-notes.md 36-37; a knob); 0: packed after the softmax.
 #ifndef PACK_SPLIT
-#define PACK_SPLIT 1
+#define PACK_SPLIT 0
+#endif
+// The row sums of P on the Tensor Cores, at no cost in instructions: each V stage carries one
+// more 64-column sub-tile, all ones, so P V (N = head_dim + 8) also writes P's row sums into 4
+// more accumulators and the softmax issues no FADD per score (docs/perf-notes.md 37). 0 (the
+// launcher's choice at d256, where N would exceed 256): the softmax sums them.
+#ifndef ROWSUM_V
+#define ROWSUM_V 1
 #endif
 
 // ---- geometry -------------------------------------------------------------------------------
@@ -99,6 +106,9 @@ constexpr int KSTEPS = DP / 16;          // k16 steps of S = Q K^T
 constexpr int PSTEPS = BC / 16;          // k16 steps of O += P V
 constexpr int NS = BC / 2;               // S accumulators per thread
 constexpr int NO = DP / 2;               // O accumulators per thread
+constexpr int NPV = DP + (ROWSUM_V ? 8 : 0); // N of P V: with ROWSUM_V, 8 columns of row sums
+constexpr u32 V_STAGE_BYTES = (NSUB + (ROWSUM_V ? 1 : 0)) * SUB_KV; // V sub-tiles, then the ones
+static_assert(NPV <= 256, "ROWSUM_V needs head_dim <= 248 (wgmma N <= 256)");
 static_assert(DP % 16 == 0 && DP >= 64 && DP <= 256, "HEAD_DIM (padded) must be a multiple of 16 in 64..256");
 static_assert(BC % 16 == 0 && BC >= 16 && BC <= 256, "BC must be a multiple of 16 up to 256");
 static_assert(STAGES >= 2 && STAGES <= 8, "STAGES in 2..8");
@@ -134,7 +144,7 @@ static_assert(BAR_TILE + NCONS <= 16, "named barriers 0..15");
 #ifndef SMEM_LIMIT
 #define SMEM_LIMIT (227 * 1024)
 #endif
-constexpr u32 CORE_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES;
+constexpr u32 CORE_BYTES = Q_BYTES + STAGES * (KV_BYTES + V_STAGE_BYTES);
 constexpr bool O_OWN = CORE_BYTES + Q_BYTES + 1024 + 8 * (3 + 4 * STAGES) <= SMEM_LIMIT;
 // Arrivals that free the Q tile: every consumer warp after its last S = Q K^T (O_OWN), or
 // each consumer's storing thread once its TMA store has read O out of the Q tile.
@@ -146,7 +156,7 @@ constexpr u32 Q_EMPTY_COUNT = O_OWN ? NCONS * 4 : NCONS;
 struct Smem {
     u32 q, k, v, o, bars;
     FA_DEVICE u32 k_stage(int s) const { return k + (u32)s * KV_BYTES; }
-    FA_DEVICE u32 v_stage(int s) const { return v + (u32)s * KV_BYTES; }
+    FA_DEVICE u32 v_stage(int s) const { return v + (u32)s * V_STAGE_BYTES; }
     FA_DEVICE u32 q_full() const { return bars; }
     FA_DEVICE u32 q_empty() const { return bars + 8; }
     FA_DEVICE u32 k_full(int s) const { return bars + 8 * (2 + s); }
@@ -229,7 +239,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
     sm.q = (smem_u32(smem_raw) + 1023u) & ~1023u;
     sm.k = sm.q + Q_BYTES;
     sm.v = sm.k + STAGES * KV_BYTES;
-    sm.o = O_OWN ? sm.v + STAGES * KV_BYTES : sm.q;
+    sm.o = O_OWN ? sm.v + STAGES * V_STAGE_BYTES : sm.q;
     sm.bars = sm.q + CORE_BYTES + (O_OWN ? Q_BYTES : 0);
 
     const Params &p = w.p;
@@ -247,6 +257,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             mbar_init(sm.v_empty(s), NCONS * 4);
         }
         fence_mbar_init();
+    }
+    if (ROWSUM_V && tid >= 128) {
+        // The ones sub-tile of every V stage (TMA never writes it), by the consumers.
+#if IS_BF16
+        constexpr u32 ONE_PAIR = 0x3F803F80u; // bf16 1.0, twice
+#else
+        constexpr u32 ONE_PAIR = 0x3C003C00u; // f16 1.0, twice
+#endif
+        for (u32 i = 4 * (u32)(tid - 128); i < STAGES * SUB_KV; i += 4 * (NT - 128))
+            st_shared_u32(sm.v + (i / SUB_KV) * V_STAGE_BYTES + NSUB * SUB_KV + i % SUB_KV, ONE_PAIR);
+        fence_proxy_async(); // written by the generic proxy, read by wgmma (the async proxy)
     }
     __syncthreads();
 
@@ -389,9 +410,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
 #endif
         };
 
-        float o[NO];
+        // O, then (ROWSUM_V) o[NO..NO+3]: every column of rows g and g + 8 the row's sum of P.
+        float o[NPV / 2];
 #pragma unroll
-        for (int i = 0; i < NO; ++i) o[i] = 0.f;
+        for (int i = 0; i < NPV / 2; ++i) o[i] = 0.f;
         float s[NS];
         u32 pf[NS / 2];
         float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f}, alpha[2] = {1.f, 1.f};
@@ -411,14 +433,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < PSTEPS; ++kk) {
-                wgmma_rs<DP, 1>(o, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3], v_desc(sv, kk), 1);
+                wgmma_rs<NPV, 1>(o, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3], v_desc(sv, kk), 1);
                 if ((PACK_SPLIT && kk == PSTEPS / 2 - 1) || kk == PSTEPS - 1) wgmma_commit();
             }
         };
         auto rescale_o = [&]() {
             if (vote_any(moved)) {
 #pragma unroll
-                for (int i = 0; i < NO; ++i) o[i] *= alpha[(i / 2) % 2];
+                for (int i = 0; i < NPV / 2; ++i) o[i] *= alpha[(i / 2) % 2];
             }
         };
         // Score modifiers, mask and online softmax of key tile n (absolute index) in s[];
@@ -501,7 +523,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                             for (int e = 0; e < 2; ++e) {
                                 const int i = 4 * nt + 2 * h + e;
                                 s[i] = ex2(fmaf(s[i], p.scale_log2, -m_use[h]));
-                                sum[h][e] += s[i];
+                                if (!ROWSUM_V) sum[h][e] += s[i];
                             }
                 } else {
 #pragma unroll
@@ -512,7 +534,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                             for (int e = 0; e < 2; ++e) {
                                 const int i = 4 * nt + 2 * h + e;
                                 s[i] = ex2(fmul_rn(s[i], p.scale_log2) - m_use[h]);
-                                sum[h][e] += s[i];
+                                if (!ROWSUM_V) sum[h][e] += s[i];
                             }
                 }
             };
@@ -538,9 +560,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             } else {
                 exps(0, BC / 8);
             }
+            if (!ROWSUM_V) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-                row_sum[h] = row_sum[h] * alpha[h] + (sum[h][0] + sum[h][1]); // per-lane partial; the quad sums it at the end
+                for (int h = 0; h < 2; ++h)
+                    row_sum[h] = row_sum[h] * alpha[h] + (sum[h][0] + sum[h][1]); // per-lane partial; the quad sums it at the end
+            }
         };
         // Without PACK_SPLIT, P into pf after the softmax (with it, softmax() has done this).
         auto pack_p = [&]() {
@@ -617,14 +641,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         // The tile's coordinates are recomputed here rather than held through the loop.
         const BlockCoords bc = block_coords(p, (unsigned)tile);
         float inv[2], l[2];
+        if (ROWSUM_V) {
+            // The sums of the same 16-bit P that multiplied V, over every key.
+            l[0] = o[NO];
+            l[1] = o[NO + 2];
+        } else {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) l[h] = row_sum[h] + shfl_xor(row_sum[h], 1);
+            for (int h = 0; h < 2; ++h) l[h] = row_sum[h] + shfl_xor(row_sum[h], 1);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            l[h] += shfl_xor(l[h], 2);
-            // A row that saw no key: o = 0 and lse = -inf (never NaN).
-            inv[h] = l[h] > 0.f ? 1.f / l[h] : 0.f;
+            for (int h = 0; h < 2; ++h) l[h] += shfl_xor(l[h], 2);
         }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) inv[h] = l[h] > 0.f ? 1.f / l[h] : 0.f; // a row that saw no key: o = 0, lse = -inf
         if (O_OWN) {
             // The previous tile's store must have read the staging tile before it is rewritten.
             if (ctid == 0) bulk_wait_read0();

@@ -373,8 +373,14 @@ fn jobs() -> Vec<Job> {
     ] {
         for dtype in DTYPES {
             for causal in [false, true] {
-                let t = WgmmaTile::default_for(d, sk, causal).expect("served head_dim");
-                let label = format!("{}st", t.stages);
+                let t = WgmmaTile::default_for(d, sk, causal)
+                    .expect("served head_dim")
+                    .for_dtype(dtype);
+                let label = format!(
+                    "{}st{}",
+                    t.stages,
+                    if t.row_sums_in_pv() { " vsum" } else { "" }
+                );
                 out.push(wgmma_job(
                     &t,
                     d,
@@ -444,7 +450,9 @@ fn jobs() -> Vec<Job> {
                 tile: format!("{mt} {name}"),
                 roles: None,
             });
-            let t = flashattn::cuda::wgmma::tile_for(&p).unwrap().unwrap();
+            let t = flashattn::cuda::wgmma::tile_for(&p, DType::F16)
+                .unwrap()
+                .unwrap();
             let defines = t.problem_defines(DType::F16, &p);
             out.push(wgmma_job(&t, d, DType::F16, causal, defines, name));
         }

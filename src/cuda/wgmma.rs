@@ -66,8 +66,13 @@ pub struct WgmmaTile {
     /// The diagnostics build that records a timeline ([`super::wgmma_trace`]).
     pub trace: bool,
     /// P packed into the P V operand registers inside the softmax, half by half (the P V in
-    /// two commit groups) rather than after it (flag `nosplit`).
+    /// two commit groups) rather than after it (flag `split`; off by default: with the row
+    /// sums in P V it measured 0-2 % slower, run 108).
     pub pack_split: bool,
+    /// The row sums of P on the Tensor Cores where they fit ([`Self::row_sums_in_pv`]): each V
+    /// stage carries a sub-tile of ones, so P V (N = head_dim + 8) also sums P's rows and the
+    /// softmax issues no FADD per score (flag `fsum`: summed by the softmax instead).
+    pub rowsum_v: bool,
 }
 
 impl WgmmaTile {
@@ -115,7 +120,8 @@ impl WgmmaTile {
             causal_l2_mb: CAUSAL_L2_MB,
             max_blocks: 0,
             trace: false,
-            pack_split: true,
+            pack_split: false,
+            rowsum_v: true,
         })
     }
 
@@ -143,10 +149,10 @@ impl WgmmaTile {
     }
 
     /// Applies a
-    /// `[bc,stages,][nopp][,nohm][,np][,static][,wg3][,trace][,nosplit][,l2=MiB][,grid=N]`
+    /// `[bc,stages,][nopp][,nohm][,np][,static][,wg3][,trace][,split][,fsum][,l2=MiB][,grid=N]`
     /// override (see [`TILE_ENV`]): no pingpong, no head-major order, not persistent, no tile
-    /// counter, three consumers, the timeline build ([`super::wgmma_trace`]), P packed after the
-    /// softmax (as before run 107), the causal
+    /// counter, three consumers, the timeline build ([`super::wgmma_trace`]), P packed inside the
+    /// softmax (J, runs 105-108), the row sums by the softmax (as before run 108), the causal
     /// order's L2 budget (0: off), at most N persistent
     /// blocks (so that small problems run many tiles per block: a test knob). With
     /// `bc,stages` the tile is two consumers with pingpong unless the flags say otherwise; without them (a spec of flags only) the default tile of each call keeps
@@ -157,7 +163,7 @@ impl WgmmaTile {
     pub fn with_spec(self, spec: &str) -> Result<Self> {
         let bad = || AttnError::InvalidInput {
             what: format!(
-                "wgmma tile '{spec}': expected [bc,stages,]flags with flags from nopp, nohm, np, static, wg3, trace, nosplit, l2=MiB, grid=N; bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128 or head_dim 96-128 with bc <= 64, MiB in 0..=1024 and N in 1..=4096"
+                "wgmma tile '{spec}': expected [bc,stages,]flags with flags from nopp, nohm, np, static, wg3, trace, split, fsum, l2=MiB, grid=N; bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128 or head_dim 96-128 with bc <= 64, MiB in 0..=1024 and N in 1..=4096"
             ),
         };
         let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
@@ -195,10 +201,13 @@ impl WgmmaTile {
             causal_l2_mb: l2.unwrap_or(self.causal_l2_mb),
             max_blocks: grid.unwrap_or(0),
             trace: has("trace"),
-            pack_split: !has("nosplit"),
+            pack_split: self.pack_split || has("split"),
+            rowsum_v: self.rowsum_v && !has("fsum"),
             ..self
         };
-        const SWITCHES: [&str; 7] = ["nopp", "nohm", "np", "static", "wg3", "trace", "nosplit"];
+        const SWITCHES: [&str; 8] = [
+            "nopp", "nohm", "np", "static", "wg3", "trace", "split", "fsum",
+        ];
         const VALUED: [&str; 2] = ["l2=", "grid="];
         if flags
             .iter()
@@ -239,8 +248,42 @@ impl WgmmaTile {
         self.br() as usize * self.subtiles() * 128
     }
 
+    /// Q, then the K and V stages (a V stage one sub-tile longer with the row sums in P V).
     fn core_bytes(&self) -> usize {
-        self.q_bytes() + 2 * self.stages as usize * self.bc as usize * self.subtiles() * 128
+        self.core_bytes_with(self.row_sums_in_pv())
+    }
+
+    fn core_bytes_with(&self, row_sums: bool) -> usize {
+        let sub = self.bc as usize * 128;
+        let v_subs = self.subtiles() + usize::from(row_sums);
+        self.q_bytes() + self.stages as usize * sub * (self.subtiles() + v_subs)
+    }
+
+    /// The row sums run in P V ([`Self::rowsum_v`]) where the padded head_dim is a multiple of
+    /// 64 (the ones sub-tile then starts at column head_dim: at d96 column 96 lies inside V's
+    /// second TMA box, which TMA zero-fills; run 108), wgmma's N (head_dim + 8) is at most 256,
+    /// and the ones sub-tiles neither push the O tile out of its own buffer nor the block past
+    /// [`SMEM_LIMIT`]: d64, d128 and d192 with the default tiles.
+    pub fn row_sums_in_pv(&self) -> bool {
+        let fits = |rs: bool| self.core_bytes_with(rs) + self.slack_bytes() <= SMEM_LIMIT;
+        let own =
+            |rs: bool| self.core_bytes_with(rs) + self.q_bytes() + self.slack_bytes() <= SMEM_LIMIT;
+        self.rowsum_v
+            && self.head_dim.is_multiple_of(64)
+            && self.head_dim <= 192
+            && fits(true)
+            && own(true) == own(false)
+    }
+
+    /// The tile for an element type: the row sums in P V for f16 only. They sum the 16-bit P
+    /// that multiplies V, so `o` stays a convex combination, but `lse = m + ln(sum)` takes the
+    /// rounding of P: at most 2^-11 relative (5e-4 in lse) for f16, 2^-9 (2e-3, the whole lse
+    /// tolerance) for bf16, where run 108's check failed one ALiBi case by 2.4e-3.
+    pub fn for_dtype(self, dtype: DType) -> Self {
+        WgmmaTile {
+            rowsum_v: self.rowsum_v && dtype == DType::F16,
+            ..self
+        }
     }
 
     /// Alignment slack and the mbarriers (q full/empty, 4 per stage) with the tile slot.
@@ -284,8 +327,11 @@ impl WgmmaTile {
         if self.trace {
             d.push(("TRACE".into(), "1".into()));
         }
-        if !self.pack_split {
-            d.push(("PACK_SPLIT".into(), "0".into()));
+        if self.pack_split {
+            d.push(("PACK_SPLIT".into(), "1".into()));
+        }
+        if !self.row_sums_in_pv() {
+            d.push(("ROWSUM_V".into(), "0".into()));
         }
         d
     }
@@ -310,16 +356,17 @@ impl fmt::Display for WgmmaTile {
     }
 }
 
-/// The tile a launch on this problem uses: the default, or the [`TILE_ENV`] override.
+/// The tile a launch on this problem and element type uses: the default, or the [`TILE_ENV`]
+/// override.
 ///
 /// # Errors
 /// A malformed override.
-pub fn tile_for(p: &AttnProblem) -> Result<Option<WgmmaTile>> {
-    let Some(mut t) =
-        WgmmaTile::default_for(p.shape.head_dim, p.shape.seqlen_k, p.mask.is_causal())
+pub fn tile_for(p: &AttnProblem, dtype: DType) -> Result<Option<WgmmaTile>> {
+    let Some(t) = WgmmaTile::default_for(p.shape.head_dim, p.shape.seqlen_k, p.mask.is_causal())
     else {
         return Ok(None);
     };
+    let mut t = t.for_dtype(dtype);
     if p.scores.softcap.is_some() || p.scores.alibi.is_some() {
         // Three d64 consumers have 160 registers each: softcap spills there (ptxas), two
         // consumers with pingpong do not.
@@ -443,7 +490,7 @@ pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
     if let Some(why) = unsupported(gpu.info(), l.problem) {
         return hand_on(why);
     }
-    let Some(tile) = tile_for(l.problem)? else {
+    let Some(tile) = tile_for(l.problem, l.dtype)? else {
         return hand_on("no tile for this head_dim".into());
     };
     // This stream's scheduler counter; without one (a graph capture, or every slot held by
@@ -549,7 +596,7 @@ pub fn prepare(gpu: &Gpu, p: &AttnProblem, dtype: DType) -> Result<bool> {
     if unsupported(gpu.info(), p).is_some() {
         return Ok(false);
     }
-    let Some(tile) = tile_for(p)? else {
+    let Some(tile) = tile_for(p, dtype)? else {
         return Ok(false);
     };
     gpu.kernel(
@@ -609,9 +656,13 @@ mod tests {
         assert_eq!(d64(2047, true), (2, 128, true));
         assert_eq!(d64(2048, true), (3, 128, false));
         let t = WgmmaTile::default_for(128, 4096, false).unwrap();
-        // Q + 2 stages of K and V + its own O tile + slack and 10 mbarriers.
+        // Q + 2 stages of K and V (each V with its ones sub-tile) + its own O tile + slack and
+        // 10 mbarriers.
         assert!(t.o_own());
-        assert_eq!(t.smem_bytes(), 32768 + 4 * 32768 + 32768 + 1024 + 88);
+        assert_eq!(
+            t.smem_bytes(),
+            32768 + 4 * 32768 + 2 * 16384 + 32768 + 1024 + 88
+        );
         let g = t.with_spec("128,2,grid=3").unwrap();
         assert_eq!((g.max_blocks, g.smem_bytes()), (3, t.smem_bytes()));
         assert!(t.with_spec("128,2,grid=0").is_err() && t.with_spec("128,2,grid=x").is_err());
@@ -655,12 +706,13 @@ mod tests {
                 .any(|(k, _)| k == "TRACE")
         };
         assert!(has_trace(&traced) && !has_trace(&w3d));
-        // The packing before run 107: one define more, and only when asked for.
-        let old = w3d.with_spec("nosplit").unwrap();
+        // J's packing (P packed inside the softmax: a knob since run 108): one define more,
+        // and only when asked for.
+        let split = w3d.with_spec("split").unwrap();
         assert_eq!(
-            old,
+            split,
             WgmmaTile {
-                pack_split: false,
+                pack_split: true,
                 ..w3d
             }
         );
@@ -670,8 +722,28 @@ mod tests {
                 .find(|(k, _)| k == key)
                 .map(|(_, v)| v.clone())
         };
-        assert_eq!(define(&old, "PACK_SPLIT").as_deref(), Some("0"));
+        assert_eq!(define(&split, "PACK_SPLIT").as_deref(), Some("1"));
         assert_eq!(define(&w3d, "PACK_SPLIT"), None);
+        // The row sums in P V: a ones sub-tile per V stage; the O tile still fits at d128; not
+        // at d256 (N would be 264), nor where the ones would push O into the Q tile (Bc 176).
+        let fsum = t.with_spec("fsum").unwrap();
+        assert!(t.row_sums_in_pv() && !fsum.row_sums_in_pv());
+        assert_eq!(define(&fsum, "ROWSUM_V").as_deref(), Some("0"));
+        assert_eq!(define(&t, "ROWSUM_V"), None);
+        assert_eq!(t.smem_bytes(), fsum.smem_bytes() + 2 * 128 * 128);
+        assert!(!t256.row_sums_in_pv());
+        assert!(!t.with_spec("176,2").unwrap().row_sums_in_pv());
+        for d in [64, 128, 192] {
+            let t = WgmmaTile::default_for(d, 4096, true).unwrap();
+            assert!(t.row_sums_in_pv(), "d{d}");
+            assert!(!t.for_dtype(DType::BF16).row_sums_in_pv(), "d{d} bf16");
+            assert_eq!(t.for_dtype(DType::F16), t);
+        }
+        assert!(
+            !WgmmaTile::default_for(96, 4096, true)
+                .unwrap()
+                .row_sums_in_pv()
+        );
         assert_eq!(
             super::super::wgmma_trace::buffer_len(&traced, 132),
             132 * 8 * 4 * super::super::wgmma_trace::SLOTS
