@@ -39,8 +39,9 @@
 // 256; channels past the real head_dim are zero-filled by TMA and never stored), BC (keys per
 // tile, a multiple of 16), STAGES (K/V ring depth), PINGPONG, RESCALE_SLACK (as attn_mma),
 // IS_BF16, IS_CAUSAL, HEAD_MAJOR, DYNAMIC, SMEM_LIMIT (decides where O is staged), CONSUMERS
-// (consumer warpgroups), CONSUMER_REGS / PRODUCER_REGS (setmaxnreg targets), PACK_SPLIT (below),
-// and the score modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP, HAS_ALIBI).
+// (consumer warpgroups), CONSUMER_REGS / PRODUCER_REGS (setmaxnreg targets), PACK_SPLIT and
+// ROWSUM_V (below), and the score modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP,
+// HAS_ALIBI).
 #include "ptx.cuh"
 #include "attn_common.cuh"
 #include "hopper.cuh"
@@ -86,8 +87,10 @@ static_assert(!IS_VARLEN, "packed variable-length batches run on attn_mma (TMA b
 #endif
 // The row sums of P on the Tensor Cores, at no cost in instructions: each V stage carries one
 // more 64-column sub-tile, all ones, so P V (N = head_dim + 8) also writes P's row sums into 4
-// more accumulators and the softmax issues no FADD per score (docs/perf-notes.md 37). 0 (the
-// launcher's choice at d256, where N would exceed 256): the softmax sums them.
+// more accumulators and the softmax issues no FADD per score (docs/perf-notes.md 37). 0: the
+// softmax sums them; the launcher's choice (WgmmaTile::row_sums_in_pv) for bf16 (whose P
+// rounding, 2^-9, would reach lse), padded head dims not a multiple of 64, d256 (N > 256) and
+// tiles whose ones sub-tiles would not fit.
 #ifndef ROWSUM_V
 #define ROWSUM_V 1
 #endif
@@ -109,6 +112,11 @@ constexpr int NO = DP / 2;               // O accumulators per thread
 constexpr int NPV = DP + (ROWSUM_V ? 8 : 0); // N of P V: with ROWSUM_V, 8 columns of row sums
 constexpr u32 V_STAGE_BYTES = (NSUB + (ROWSUM_V ? 1 : 0)) * SUB_KV; // V sub-tiles, then the ones
 static_assert(NPV <= 256, "ROWSUM_V needs head_dim <= 248 (wgmma N <= 256)");
+// The ones start at column DP, which must begin a sub-tile of their own: at DP 96 it would lie
+// inside V's second TMA box, which TMA zero-fills past head_dim (the row sums came out 0).
+static_assert(!ROWSUM_V || DP % 64 == 0, "ROWSUM_V needs a padded head_dim that is a multiple of 64");
+// PACK_SPLIT's first commit group and first packed half must be the same keys.
+static_assert(!PACK_SPLIT || PSTEPS % 2 == 0, "PACK_SPLIT needs BC a multiple of 32");
 static_assert(DP % 16 == 0 && DP >= 64 && DP <= 256, "HEAD_DIM (padded) must be a multiple of 16 in 64..256");
 static_assert(BC % 16 == 0 && BC >= 16 && BC <= 256, "BC must be a multiple of 16 up to 256");
 static_assert(STAGES >= 2 && STAGES <= 8, "STAGES in 2..8");

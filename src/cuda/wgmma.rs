@@ -163,7 +163,7 @@ impl WgmmaTile {
     pub fn with_spec(self, spec: &str) -> Result<Self> {
         let bad = || AttnError::InvalidInput {
             what: format!(
-                "wgmma tile '{spec}': expected [bc,stages,]flags with flags from nopp, nohm, np, static, wg3, trace, split, fsum, l2=MiB, grid=N; bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128 or head_dim 96-128 with bc <= 64, MiB in 0..=1024 and N in 1..=4096"
+                "wgmma tile '{spec}': expected [bc,stages,]flags with flags from nopp, nohm, np, static, wg3, trace, split, fsum, l2=MiB, grid=N; bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128 or head_dim 96-128 with bc <= 64, split only with bc a multiple of 32, MiB in 0..=1024 and N in 1..=4096"
             ),
         };
         let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
@@ -217,6 +217,7 @@ impl WgmmaTile {
             || (t.consumers == 3 && !Self::three_consumers_fit(t.head_dim, t.bc))
             || t.bc == 0
             || !t.bc.is_multiple_of(16)
+            || (t.pack_split && !t.bc.is_multiple_of(32))
             || t.bc > 256
             || !(2..=8).contains(&t.stages)
         {
@@ -341,7 +342,7 @@ impl fmt::Display for WgmmaTile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "Br{}xBc{} d{} ({} stages{}{})",
+            "Br{}xBc{} d{} ({} stages{}{}{}{})",
             self.br(),
             self.bc,
             self.head_dim,
@@ -349,6 +350,16 @@ impl fmt::Display for WgmmaTile {
             if self.pingpong { ", pingpong" } else { "" },
             if self.head_major {
                 ", head-major grid"
+            } else {
+                ""
+            },
+            if self.row_sums_in_pv() {
+                ", row sums in P V"
+            } else {
+                ""
+            },
+            if self.pack_split {
+                ", split packing"
             } else {
                 ""
             }
@@ -725,7 +736,8 @@ mod tests {
         assert_eq!(define(&split, "PACK_SPLIT").as_deref(), Some("1"));
         assert_eq!(define(&w3d, "PACK_SPLIT"), None);
         // The row sums in P V: a ones sub-tile per V stage; the O tile still fits at d128; not
-        // at d256 (N would be 264), nor where the ones would push O into the Q tile (Bc 176).
+        // at d256 (N would be 264), nor where the block would not fit (Bc 176), nor where the
+        // ones would push O into the Q tile (Bc 144).
         let fsum = t.with_spec("fsum").unwrap();
         assert!(t.row_sums_in_pv() && !fsum.row_sums_in_pv());
         assert_eq!(define(&fsum, "ROWSUM_V").as_deref(), Some("0"));
@@ -733,6 +745,10 @@ mod tests {
         assert_eq!(t.smem_bytes(), fsum.smem_bytes() + 2 * 128 * 128);
         assert!(!t256.row_sums_in_pv());
         assert!(!t.with_spec("176,2").unwrap().row_sums_in_pv());
+        let t144 = t.with_spec("144,2").unwrap();
+        assert!(!t144.row_sums_in_pv() && t144.o_own());
+        // J's two halves are whole k16 steps of P V.
+        assert!(t.with_spec("96,2,split").is_ok() && t.with_spec("80,2,split").is_err());
         for d in [64, 128, 192] {
             let t = WgmmaTile::default_for(d, 4096, true).unwrap();
             assert!(t.row_sums_in_pv(), "d{d}");
