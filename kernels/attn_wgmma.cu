@@ -451,6 +451,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                 for (int i = 0; i < NPV / 2; ++i) o[i] *= alpha[(i / 2) % 2];
             }
         };
+        // P into pf, registers r0 <= r < r1: the A operand of P V.
+        auto pack = [&](int r0, int r1) {
+#pragma unroll
+            for (int r = r0; r < r1; ++r) pf[r] = pack2(s[2 * r], s[2 * r + 1]);
+        };
         // Score modifiers, mask and online softmax of key tile n (absolute index) in s[];
         // leaves p = 2^(s*scale - m) in s[] and the rescale factor of O in alpha[]. Only the
         // tiles outside [kt.inner_begin, kt.inner_end) pay for the mask.
@@ -546,11 +551,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                             }
                 }
             };
-            // P into pf, registers r0 <= r < r1.
-            auto pack = [&](int r0, int r1) {
-#pragma unroll
-                for (int r = r0; r < r1; ++r) pf[r] = pack2(s[2 * r], s[2 * r + 1]);
-            };
             if (PACK_SPLIT) {
                 // Half by half: the first half of P once the previous P V's first commit group
                 // has read it (wait_group 1), while the second half's exponentials are in
@@ -576,10 +576,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         };
         // Without PACK_SPLIT, P into pf after the softmax (with it, softmax() has done this).
         auto pack_p = [&]() {
-            if (!PACK_SPLIT) {
-#pragma unroll
-                for (int r = 0; r < NS / 2; ++r) pf[r] = pack2(s[2 * r], s[2 * r + 1]);
-            }
+            if (!PACK_SPLIT) pack(0, NS / 2);
         };
         auto stage_of = [&](int n) { return (it + n) % STAGES; };
         auto parity_of = [&](int n) { return (u32)((it + n) / STAGES) & 1; };

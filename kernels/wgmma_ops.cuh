@@ -119,22 +119,6 @@ template <int TRANS_B> FA_DEVICE void wgmma_rs_n96(float (&d)[48], u32 a0, u32 a
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
 }
 
-template <int TRANS_B> FA_DEVICE void wgmma_ss_n104(float (&d)[52], u64 desc_a, u64 desc_b, int scale_d) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %54, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n104k16.f32." WG_AB "." WG_AB " "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51}, %52, %53, p, 1, 1, 0, %55;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51])
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
-}
-
-template <int TRANS_B> FA_DEVICE void wgmma_rs_n104(float (&d)[52], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc_b, int scale_d) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %57, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n104k16.f32." WG_AB "." WG_AB " "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51}, {%52, %53, %54, %55}, %56, p, 1, 1, %58;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
-}
-
 template <int TRANS_B> FA_DEVICE void wgmma_ss_n112(float (&d)[56], u64 desc_a, u64 desc_b, int scale_d) {
     asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %58, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n112k16.f32." WG_AB "." WG_AB " "
@@ -336,7 +320,6 @@ template <int N, int TRANS_B> FA_DEVICE void wgmma_ss(float (&d)[N / 2], u64 des
     else if constexpr (N == 72) wgmma_ss_n72<TRANS_B>(d, desc_a, desc_b, scale_d);
     else if constexpr (N == 80) wgmma_ss_n80<TRANS_B>(d, desc_a, desc_b, scale_d);
     else if constexpr (N == 96) wgmma_ss_n96<TRANS_B>(d, desc_a, desc_b, scale_d);
-    else if constexpr (N == 104) wgmma_ss_n104<TRANS_B>(d, desc_a, desc_b, scale_d);
     else if constexpr (N == 112) wgmma_ss_n112<TRANS_B>(d, desc_a, desc_b, scale_d);
     else if constexpr (N == 128) wgmma_ss_n128<TRANS_B>(d, desc_a, desc_b, scale_d);
     else if constexpr (N == 136) wgmma_ss_n136<TRANS_B>(d, desc_a, desc_b, scale_d);
@@ -359,7 +342,6 @@ FA_DEVICE void wgmma_rs(float (&d)[N / 2], u32 a0, u32 a1, u32 a2, u32 a3, u64 d
     else if constexpr (N == 72) wgmma_rs_n72<TRANS_B>(d, a0, a1, a2, a3, desc_b, scale_d);
     else if constexpr (N == 80) wgmma_rs_n80<TRANS_B>(d, a0, a1, a2, a3, desc_b, scale_d);
     else if constexpr (N == 96) wgmma_rs_n96<TRANS_B>(d, a0, a1, a2, a3, desc_b, scale_d);
-    else if constexpr (N == 104) wgmma_rs_n104<TRANS_B>(d, a0, a1, a2, a3, desc_b, scale_d);
     else if constexpr (N == 112) wgmma_rs_n112<TRANS_B>(d, a0, a1, a2, a3, desc_b, scale_d);
     else if constexpr (N == 128) wgmma_rs_n128<TRANS_B>(d, a0, a1, a2, a3, desc_b, scale_d);
     else if constexpr (N == 136) wgmma_rs_n136<TRANS_B>(d, a0, a1, a2, a3, desc_b, scale_d);

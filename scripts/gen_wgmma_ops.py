@@ -18,9 +18,9 @@ macro WG_AB ("f16" or "bf16") that the including file defines. PTX ISA 9.0, 9.7.
 
 import sys
 
-# every N the kernels may ask for: the multiples of 16, and 8 more than a multiple of 64 or 32
-# (attn_wgmma's P V with 8 columns of ones for the row sums: head_dim + 8)
-NS = sorted(set(range(16, 257, 16)) | {72, 104, 136, 200})
+# every N the kernels may ask for: the multiples of 16, and attn_wgmma's P V with 8 columns of
+# ones for the row sums (head_dim + 8 at the padded head dims 64, 128 and 192)
+NS = sorted(set(range(16, 257, 16)) | {72, 136, 200})
 
 
 def regs(count, first=0):

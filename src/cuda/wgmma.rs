@@ -266,14 +266,12 @@ impl WgmmaTile {
     /// and the ones sub-tiles neither push the O tile out of its own buffer nor the block past
     /// [`SMEM_LIMIT`]: d64, d128 and d192 with the default tiles.
     pub fn row_sums_in_pv(&self) -> bool {
-        let fits = |rs: bool| self.core_bytes_with(rs) + self.slack_bytes() <= SMEM_LIMIT;
-        let own =
-            |rs: bool| self.core_bytes_with(rs) + self.q_bytes() + self.slack_bytes() <= SMEM_LIMIT;
+        let fits = self.core_bytes_with(true) + self.slack_bytes() <= SMEM_LIMIT;
         self.rowsum_v
             && self.head_dim.is_multiple_of(64)
             && self.head_dim <= 192
-            && fits(true)
-            && own(true) == own(false)
+            && fits
+            && self.o_own_with(true) == self.o_own_with(false)
     }
 
     /// The tile for an element type: the row sums in P V for f16 only. They sum the 16-bit P
@@ -295,7 +293,11 @@ impl WgmmaTile {
     /// O is staged in a buffer of its own (so the next tile's Q loads during this tile's end)
     /// when that fits in [`SMEM_LIMIT`]; else in the Q tile (attn_wgmma.cu `O_OWN`).
     pub fn o_own(&self) -> bool {
-        self.core_bytes() + self.q_bytes() + self.slack_bytes() <= SMEM_LIMIT
+        self.o_own_with(self.row_sums_in_pv())
+    }
+
+    fn o_own_with(&self, row_sums: bool) -> bool {
+        self.core_bytes_with(row_sums) + self.q_bytes() + self.slack_bytes() <= SMEM_LIMIT
     }
 
     /// NVRTC defines for this tile on a problem: [`Self::defines`] and the problem's score
