@@ -40,7 +40,7 @@
 // tile, a multiple of 16), STAGES (K/V ring depth), PINGPONG, RESCALE_SLACK (as attn_mma),
 // IS_BF16, IS_CAUSAL, HEAD_MAJOR, DYNAMIC, SMEM_LIMIT (decides where O is staged), CONSUMERS
 // (consumer warpgroups), CONSUMER_REGS / PRODUCER_REGS (setmaxnreg targets), PACK_SPLIT and
-// ROWSUM_V (below), and the score modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP,
+// ROWSUM_V, SPEC_MAX (below), and the score modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP,
 // HAS_ALIBI).
 #include "ptx.cuh"
 #include "attn_common.cuh"
@@ -93,6 +93,12 @@ static_assert(!IS_VARLEN, "packed variable-length batches run on attn_mma (TMA b
 // tiles whose ones sub-tiles would not fit.
 #ifndef ROWSUM_V
 #define ROWSUM_V 1
+#endif
+
+// 1: the running maxima kept without the quad's shuffles where the warp may (WgmmaTile::
+// spec_max: the launcher's default except bf16 at d64; docs/perf-notes.md 38).
+#ifndef SPEC_MAX
+#define SPEC_MAX 0
 #endif
 
 // ---- geometry -------------------------------------------------------------------------------
@@ -499,22 +505,42 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                     for (int i = 0; i + step < BC / 8; i += 2 * step) v[i] = fmaxf(v[i], v[i + step]);
                 mx[h] = v[0];
             }
-#pragma unroll
-            for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], shfl_xor(mx[h], 1));
-#pragma unroll
-            for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], shfl_xor(mx[h], 2));
             float m_use[2];
             moved = false;
+            // SPEC_MAX: where every lane's own maximum (x scale) stays within the slack of its
+            // row's running maximum, so does the row's (the quad's maximum of them), and the
+            // exact path below would keep the running maxima: the warp keeps them without the
+            // two shuffle rounds, their FMNMX and the rescale factor's ex2 (the same p bit for
+            // bit). vote.all makes the choice the warp's, as the shuffles need.
+            bool keep = SPEC_MAX;
+            if (SPEC_MAX) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float m_old = row_max[h];
-                const float m_cand = fmul_rn(mx[h], p.scale_log2);
-                const float m_new = m_cand > m_old + (float)RESCALE_SLACK ? m_cand : m_old;
-                // A row that has seen only masked keys keeps max -inf: subtract 0 instead.
-                m_use[h] = m_new == neg_inf() ? 0.f : m_new;
-                alpha[h] = ex2(m_old - m_use[h]);
-                moved |= m_new != m_old;
-                row_max[h] = m_new;
+                for (int h = 0; h < 2; ++h)
+                    keep = keep && row_max[h] > neg_inf() && fmul_rn(mx[h], p.scale_log2) <= row_max[h] + (float)RESCALE_SLACK;
+                keep = vote_all(keep);
+            }
+            if (keep) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    m_use[h] = row_max[h];
+                    alpha[h] = 1.f;
+                }
+            } else {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], shfl_xor(mx[h], 1));
+#pragma unroll
+                for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], shfl_xor(mx[h], 2));
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float m_old = row_max[h];
+                    const float m_cand = fmul_rn(mx[h], p.scale_log2);
+                    const float m_new = m_cand > m_old + (float)RESCALE_SLACK ? m_cand : m_old;
+                    // A row that has seen only masked keys keeps max -inf: subtract 0 instead.
+                    m_use[h] = m_new == neg_inf() ? 0.f : m_new;
+                    alpha[h] = ex2(m_old - m_use[h]);
+                    moved |= m_new != m_old;
+                    row_max[h] = m_new;
+                }
             }
             // Two partial sums per row: shorter FADD chains.
             float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
@@ -581,7 +607,36 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         auto stage_of = [&](int n) { return (it + n) % STAGES; };
         auto parity_of = [&](int n) { return (u32)((it + n) / STAGES) & 1; };
 
-        if (n_blocks > 0) {
+        // Key tiles this consumer runs: its own 64 rows' range inside the block's. The rest
+        // of the block's tiles (under the causal mask, the last one where Bc is not a multiple
+        // of 64 x consumers, or a window's first; every tile for a consumer whose rows all lie
+        // past seqlen_q, as in the last query block of d64 at 1k: 1024 = 5 x 192 + 64) would
+        // hold only masked scores, p = 0: the same result without them, bit for bit. A tile
+        // passed is waited for and released (an early arrival would count toward the stage's
+        // previous use) and takes its turn, so that the ring and the K/V stages stay in step.
+        const int crow0 = row0 + cons * 64;
+        const bool has_rows = crow0 < p.seqlen_q;
+        int lead = 0, n_mine = 0;
+        if (has_rows) {
+            const KeyTiles ck = key_tiles_of(p, crow0, min(64, p.seqlen_q - crow0), BC);
+            lead = min(ck.begin - nb, n_blocks);
+            n_mine = max(min(ck.end, kt.end) - nb - lead, 0);
+        }
+        auto pass_tiles = [&](int count) {
+            for (int n = 0; n < count; ++n) {
+                mbar_wait(sm.k_full(stage_of(n)), parity_of(n));
+                turn_wait();
+                turn_pass();
+                release(sm.k_empty(stage_of(n)));
+                mbar_wait(sm.v_full(stage_of(n)), parity_of(n));
+                release(sm.v_empty(stage_of(n)));
+            }
+            it += count;
+        };
+        pass_tiles(lead);
+        const int nc = nb + lead; // this consumer's first key tile
+
+        if (n_mine > 0) {
             // ---- prologue: S_0 and its softmax
             mbar_wait(sm.k_full(stage_of(0)), parity_of(0));
             trace_iter(tr, 0, 0);
@@ -597,12 +652,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             // The tile's last S = Q K^T is complete: with its own O buffer, the Q tile is
             // free, and the next tile's Q loads under this softmax, the last P V and the
             // epilogue (released after them, it arrived late at 1k: docs/perf-notes.md 34).
-            if (O_OWN && n_blocks == 1) release(sm.q_empty());
-            softmax(nb);
+            if (O_OWN && n_mine == 1) release(sm.q_empty());
+            softmax(nc);
             pack_p();
             trace_iter(tr, 0, 4);
             // ---- main loop: S_n with P_{n-1} V_{n-1} in flight
-            for (int n = 1; n < n_blocks; ++n) {
+            for (int n = 1; n < n_mine; ++n) {
                 mbar_wait(sm.k_full(stage_of(n)), parity_of(n));
                 trace_iter(tr, n, 0);
                 turn_wait();
@@ -617,8 +672,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                 fence_regs(s);
                 trace_iter(tr, n, 3);
                 release(sm.k_empty(stage_of(n)));
-                if (O_OWN && n == n_blocks - 1) release(sm.q_empty());
-                softmax(nb + n); // PACK_SPLIT: waits for P_{n-1} V_{n-1} as it packs P_n
+                if (O_OWN && n == n_mine - 1) release(sm.q_empty());
+                softmax(nc + n); // PACK_SPLIT: waits for P_{n-1} V_{n-1} as it packs P_n
                 trace_iter(tr, n, 4);
                 wgmma_wait<0>(); // P_{n-1} V_{n-1} done
                 fence_regs(o);
@@ -629,18 +684,24 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         }
         trace_clock(tr, 6);
         // A tile without key tiles frees its Q tile here.
-        if (O_OWN && n_blocks == 0) release(sm.q_empty());
-        if (n_blocks > 0) {
+        if (O_OWN && n_mine == 0) release(sm.q_empty());
+        if (n_mine > 0) {
             // ---- tail: the last P V
             rescale_o();
-            mbar_wait(sm.v_full(stage_of(n_blocks - 1)), parity_of(n_blocks - 1));
-            gemm_pv(stage_of(n_blocks - 1));
+            mbar_wait(sm.v_full(stage_of(n_mine - 1)), parity_of(n_mine - 1));
+            gemm_pv(stage_of(n_mine - 1));
             wgmma_wait<0>();
             fence_regs(o);
-            release(sm.v_empty(stage_of(n_blocks - 1)));
+            release(sm.v_empty(stage_of(n_mine - 1)));
         }
         trace_clock(tr, 7);
-        it += n_blocks;
+        it += n_mine;
+        pass_tiles(n_blocks - lead - n_mine);
+        if (!has_rows) {
+            // No row to store (TMA would drop every one); the Q tile holds nothing of ours.
+            if (!O_OWN && ctid == 0) mbar_arrive(sm.q_empty());
+            continue;
+        }
 
         // ---- epilogue: O / row_sum staged as TMA expects (128-byte swizzle), TMA store.
         // The tile's coordinates are recomputed here rather than held through the loop.

@@ -196,6 +196,14 @@ FA_DEVICE bool vote_any(bool pred) {
     return r != 0;
 }
 
+// vote.sync.all (9.7.13.x vote): true in every lane when the predicate holds in every lane.
+FA_DEVICE bool vote_all(bool pred) {
+    u32 r;
+    asm volatile("{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n vote.sync.all.pred q, p, 0xffffffff;\n selp.u32 %0, 1, 0, q;\n}\n"
+                 : "=r"(r) : "r"((u32)pred));
+    return r != 0;
+}
+
 // Special registers read with asm volatile: ptxas cannot merge the read with an earlier one,
 // so values derived from it after a long loop are recomputed there instead of being held in
 // registers across the loop (9.7.9.? mov; special registers: PTX ISA 10.1 %tid, 10.5 %ctaid).

@@ -73,6 +73,12 @@ pub struct WgmmaTile {
     /// stage carries a sub-tile of ones, so P V (N = head_dim + 8) also sums P's rows and the
     /// softmax issues no FADD per score (flag `fsum`: summed by the softmax instead).
     pub rowsum_v: bool,
+    /// The softmax skips the quad's two shuffle rounds (and the rescale factor's ex2) in a
+    /// warp where every lane's own maximum of the key tile stays within the rescale slack of
+    /// its row's running maximum: the exact path would keep the running maxima there too, so
+    /// P is the same bit for bit. On by default except bf16 at d64 ([`Self::for_dtype`]; run
+    /// 111: +1 % for f16, -0.4 % for bf16 d64); flags `spec` (on) and `nospec` (off).
+    pub spec_max: bool,
 }
 
 impl WgmmaTile {
@@ -91,18 +97,20 @@ impl WgmmaTile {
     /// The default for a head_dim, seqlen_k and mask (`None` when the kernel does not serve
     /// the head_dim). Measured on the H200 (docs/perf-notes.md, runs 22-24 and 28):
     /// - d64: three consumers (Br 192, FA3's d64 shape), Bc 128, no pingpong: +1-12 % over two
-    ///   consumers non-causal (1k-16k) and +5-10 % causal at 2k-16k; causal at 1k lost 9 % (a
-    ///   192-row diagonal tile wastes more), so causal below 2048 keys keeps two consumers
-    ///   (Bc 64 and 96 were 7-15 % slower there).
+    ///   consumers non-causal (1k-16k) and +5-10 % causal at 2k-16k. Causal at 1k lost 9 % (a
+    ///   192-row diagonal tile wastes more) until each consumer skipped the key tiles its own
+    ///   rows do not see and the consumers without a row stopped computing (run 113: +1-3 %
+    ///   over two consumers there), so every length and mask now runs three. The tile does
+    ///   not depend on seqlen_k or the mask today; both stay in the signature for the choice.
     /// - Bc 128 up to 128 channels: S (64 f32 per thread) + O (<= 64) + P (32) fit a
     ///   consumer's 232 registers; two K/V stages, Q and an O tile fill 192 KB at d128. Bc 176
     ///   (FA3's d128 choice) was level at 16k and 5-13 % slower at 1k (its O tile no longer
     ///   fits, so the next Q waits for the store); 3 stages likewise; Bc 64 and 96 were slower
     ///   everywhere (causal 1k-4k too: 8-14 %, run 29).
     /// - Bc 96 at 192 channels (O takes 96 registers) and Bc 64 at 256 (O takes 128; 192 KB).
-    pub fn default_for(head_dim: usize, seqlen_k: usize, causal: bool) -> Option<Self> {
+    pub fn default_for(head_dim: usize, _seqlen_k: usize, _causal: bool) -> Option<Self> {
         let dp = Self::padded_head_dim(head_dim)?;
-        let three = dp == 64 && (!causal || seqlen_k >= 2048);
+        let three = dp == 64;
         let bc = match dp {
             ..=128 => 128,
             192 => 96,
@@ -122,6 +130,7 @@ impl WgmmaTile {
             trace: false,
             pack_split: false,
             rowsum_v: true,
+            spec_max: true,
         })
     }
 
@@ -149,10 +158,11 @@ impl WgmmaTile {
     }
 
     /// Applies a
-    /// `[bc,stages,][nopp][,nohm][,np][,static][,wg3][,trace][,split][,fsum][,l2=MiB][,grid=N]`
+    /// `[bc,stages,][nopp][,nohm][,np][,static][,wg3][,trace][,split][,fsum][,spec|nospec][,l2=MiB][,grid=N]`
     /// override (see [`TILE_ENV`]): no pingpong, no head-major order, not persistent, no tile
     /// counter, three consumers, the timeline build ([`super::wgmma_trace`]), P packed inside the
-    /// softmax (J, runs 105-108), the row sums by the softmax (as before run 108), the causal
+    /// softmax (J, runs 105-108), the row sums by the softmax (as before run 108), the speculative
+    /// maxima on or off ([`Self::spec_max`]), the causal
     /// order's L2 budget (0: off), at most N persistent
     /// blocks (so that small problems run many tiles per block: a test knob). With
     /// `bc,stages` the tile is two consumers with pingpong unless the flags say otherwise; without them (a spec of flags only) the default tile of each call keeps
@@ -163,7 +173,7 @@ impl WgmmaTile {
     pub fn with_spec(self, spec: &str) -> Result<Self> {
         let bad = || AttnError::InvalidInput {
             what: format!(
-                "wgmma tile '{spec}': expected [bc,stages,]flags with flags from nopp, nohm, np, static, wg3, trace, split, fsum, l2=MiB, grid=N; bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128 or head_dim 96-128 with bc <= 64, split only with bc a multiple of 32, MiB in 0..=1024 and N in 1..=4096"
+                "wgmma tile '{spec}': expected [bc,stages,]flags with flags from nopp, nohm, np, static, wg3, trace, split, fsum, spec, nospec, l2=MiB, grid=N; bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128 or head_dim 96-128 with bc <= 64, split only with bc a multiple of 32, MiB in 0..=1024 and N in 1..=4096"
             ),
         };
         let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
@@ -203,10 +213,11 @@ impl WgmmaTile {
             trace: has("trace"),
             pack_split: self.pack_split || has("split"),
             rowsum_v: self.rowsum_v && !has("fsum"),
+            spec_max: (self.spec_max || has("spec")) && !has("nospec"),
             ..self
         };
-        const SWITCHES: [&str; 8] = [
-            "nopp", "nohm", "np", "static", "wg3", "trace", "split", "fsum",
+        const SWITCHES: [&str; 10] = [
+            "nopp", "nohm", "np", "static", "wg3", "trace", "split", "fsum", "spec", "nospec",
         ];
         const VALUED: [&str; 2] = ["l2=", "grid="];
         if flags
@@ -277,10 +288,13 @@ impl WgmmaTile {
     /// The tile for an element type: the row sums in P V for f16 only. They sum the 16-bit P
     /// that multiplies V, so `o` stays a convex combination, but `lse = m + ln(sum)` takes the
     /// rounding of P: at most 2^-11 relative (5e-4 in lse) for f16, 2^-9 (2e-3, the whole lse
-    /// tolerance) for bf16, where run 108's check failed one ALiBi case by 2.4e-3.
+    /// tolerance) for bf16, where run 108's check failed one ALiBi case by 2.4e-3. The
+    /// speculative maxima are off for bf16 at d64, the one case where run 111 measured them
+    /// slower (0.994-1.003 over eight cases).
     pub fn for_dtype(self, dtype: DType) -> Self {
         WgmmaTile {
             rowsum_v: self.rowsum_v && dtype == DType::F16,
+            spec_max: self.spec_max && !(dtype == DType::BF16 && self.head_dim == 64),
             ..self
         }
     }
@@ -336,6 +350,9 @@ impl WgmmaTile {
         if !self.row_sums_in_pv() {
             d.push(("ROWSUM_V".into(), "0".into()));
         }
+        if self.spec_max {
+            d.push(("SPEC_MAX".into(), "1".into()));
+        }
         d
     }
 }
@@ -344,7 +361,7 @@ impl fmt::Display for WgmmaTile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "Br{}xBc{} d{} ({} stages{}{}{}{})",
+            "Br{}xBc{} d{} ({} stages{}{}{}{}{})",
             self.br(),
             self.bc,
             self.head_dim,
@@ -362,6 +379,11 @@ impl fmt::Display for WgmmaTile {
             },
             if self.pack_split {
                 ", split packing"
+            } else {
+                ""
+            },
+            if self.spec_max {
+                ", speculative maxima"
             } else {
                 ""
             }
@@ -665,8 +687,7 @@ mod tests {
         };
         assert_eq!(d64(1024, false), (3, 128, false));
         assert_eq!(d64(16384, false), (3, 128, false));
-        assert_eq!(d64(1024, true), (2, 128, true));
-        assert_eq!(d64(2047, true), (2, 128, true));
+        assert_eq!(d64(1024, true), (3, 128, false));
         assert_eq!(d64(2048, true), (3, 128, false));
         let t = WgmmaTile::default_for(128, 4096, false).unwrap();
         // Q + 2 stages of K and V (each V with its ones sub-tile) + its own O tile + slack and
@@ -737,6 +758,15 @@ mod tests {
         };
         assert_eq!(define(&split, "PACK_SPLIT").as_deref(), Some("1"));
         assert_eq!(define(&w3d, "PACK_SPLIT"), None);
+        // The maxima kept without the quad's shuffles: on by default, off for bf16 at d64
+        // (run 111) and under `nospec`, forced on by `spec`; one define when on.
+        let off = w3d.with_spec("nospec").unwrap();
+        assert!(w3d.spec_max && !off.spec_max);
+        assert_eq!(define(&w3d, "SPEC_MAX").as_deref(), Some("1"));
+        assert_eq!(define(&off, "SPEC_MAX"), None);
+        let bf = w3d.for_dtype(DType::BF16);
+        assert!(!bf.spec_max && bf.with_spec("spec").unwrap().spec_max);
+        assert!(t.for_dtype(DType::BF16).spec_max && t.for_dtype(DType::F16).spec_max);
         // The row sums in P V: a ones sub-tile per V stage; the O tile still fits at d128; not
         // at d256 (N would be 264), nor where the block would not fit (Bc 176), nor where the
         // ones would push O into the Q tile (Bc 144).
