@@ -409,7 +409,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         const KeyTiles kt = key_tiles(p, row0);
         // Tiles run: n_blocks of them from kt.begin (relative index n below, tile nb + n).
         const int nb = kt.begin, n_blocks = kt.end - kt.begin;
-        trace_put(tr, 1, (u32)n_blocks);
         // The first row of this lane's accumulator rows (g and g + 8 follow).
         const int wrow = row0 + cons * 64 + warp * 16 + g;
 
@@ -635,6 +634,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         };
         pass_tiles(lead);
         const int nc = nb + lead; // this consumer's first key tile
+        // The timeline's key tiles are this consumer's (run 115's d64 causal timeline, traced
+        // with the block's count, read unwritten entries past them).
+        trace_put(tr, 1, (u32)n_mine);
 
         if (n_mine > 0) {
             // ---- prologue: S_0 and its softmax
