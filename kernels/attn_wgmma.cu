@@ -11,7 +11,9 @@
 //   (setmaxnreg.inc). S = Q K^T is one
 //   wgmma m64nBCk16 per 16 channels with Q and K read from shared memory through matrix
 //   descriptors; the online softmax runs on the S accumulators; P, packed to 16-bit pairs, is
-//   the register A operand of O += P V (V read MN-major through its descriptor).
+//   the register A operand of O += P V (V read MN-major through its descriptor). A consumer
+//   computes only the key tiles its own rows see (none when they all lie past seqlen_q) and
+//   passes the block's others (docs/perf-notes.md 38).
 // Overlap (FA3's two kinds):
 // - intra-warpgroup: iteration n issues S_n = Q K_n^T and then O += P_{n-1} V_{n-1}, and
 //   computes the softmax of S_n while P_{n-1} V_{n-1} runs on the Tensor Cores;
