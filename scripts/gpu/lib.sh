@@ -2,8 +2,9 @@
 # timestamped echo (el), the wheel unpacked onto PYTHONPATH (py_setup), the Python tests
 # (py_tests), the two examples (py_examples), the host time per call (py_host), interleaved
 # A/B timings of wgmma builds (ab_rounds), a binary under a tile override (tile_bin), the wgmma
-# check (check_wgmma), a timeline (timeline), compute-sanitizer on part of the quick sweep
-# (sanitize) and ncu's speed-of-light profile (ncu_sol).
+# check (check_wgmma) and its quick parts under tile overrides (quick_checks), a timeline
+# (timeline), compute-sanitizer on part of the quick sweep (sanitize) and ncu's speed-of-light
+# profile (ncu_sol).
 B=${FLASHATTN:-./.gpu/flashattn}
 L=$OUT/log.txt
 t0=$(date +%s)
@@ -65,6 +66,18 @@ check_wgmma() {
   grep -c "^\[PASS\]" "$file" | tee -a "$L"
   grep -v "^\[PASS\]" "$file" | head -8 | cut -c1-300 | tee -a "$L"
   return $rc
+}
+# quick_checks SECONDS "FILTER|SPEC" ...: check_wgmma of $B on the FILTER part of the quick
+# sweep under each tile SPEC (grids of 2-3 blocks run many tiles per block), appended to
+# $OUT/check-wgmma-grid.txt.
+quick_checks() {
+  local secs=$1 v filt spec
+  shift
+  for v in "$@"; do
+    IFS='|' read -r filt spec <<< "$v"
+    check_wgmma "$secs" /tmp/c.txt "$B" "$spec" --quick --filter "$filt"
+    cat /tmp/c.txt >> "$OUT/check-wgmma-grid.txt"
+  done
 }
 # timeline BIN SPEC HEAD_DIM SEQLEN CAUSAL FILE: the timeline build (SPEC holds `trace`) of BIN's
 # attn_wgmma on one f16 case, summarised by wgmma-trace.py and appended to FILE.

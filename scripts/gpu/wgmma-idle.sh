@@ -7,11 +7,7 @@
 # then the full wgmma check of the new default.
 set -uo pipefail
 . scripts/gpu/lib.sh
-for v in "d=64 |grid=2" "d=128|grid=2" "d=64 |128,2,grid=3"; do
-  IFS='|' read -r filt spec <<< "$v"
-  check_wgmma 60 /tmp/c.txt "$B" "$spec" --quick --filter "$filt"
-  cat /tmp/c.txt >> "$OUT/check-wgmma-grid.txt"
-done
+quick_checks 60 "d=64 |grid=2" "d=128|grid=2" "d=64 |128,2,grid=3"
 tile_bin idle nospec
 tile_bin twocons 128,2
 ab_rounds 3 "base=./.gpu/flashattn-base idle=/tmp/idle new=$B twocons=/tmp/twocons" --dtype both --head-dim 64 --seqlen 1k,2k,4k --causal both --warmup-ms 300 --iters 20

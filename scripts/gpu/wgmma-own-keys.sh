@@ -8,11 +8,7 @@
 # racecheck, synccheck, initcheck and memcheck on parts of the quick sweep.
 set -uo pipefail
 . scripts/gpu/lib.sh
-for v in "d=64 |grid=2" "d=128|grid=3" "d=64 |wg3,nopp,grid=2"; do
-  IFS='|' read -r filt spec <<< "$v"
-  check_wgmma 50 /tmp/c.txt "$B" "$spec" --quick --filter "$filt"
-  cat /tmp/c.txt >> "$OUT/check-wgmma-grid.txt"
-done
+quick_checks 50 "d=64 |grid=2" "d=128|grid=3" "d=64 |wg3,nopp,grid=2"
 check_wgmma 60 /tmp/c.txt "$B" "wg3,nopp" --filter "d=64 "
 cat /tmp/c.txt >> "$OUT/check-wgmma-grid.txt"
 gzip "$OUT/check-wgmma-grid.txt"
