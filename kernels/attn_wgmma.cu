@@ -240,8 +240,8 @@ FA_DEVICE u64 k_desc(u32 sk, int kk) { return desc_kmajor_sw128(sk, kk, SUB_KV);
 FA_DEVICE u64 v_desc(u32 sv, int kk) { return desc_mnmajor_sw128(sv, kk, SUB_KV); }
 
 // Key tiles a block of query rows starting at row0 needs (attn_common.cuh): from the window's
-// start to the keys its last row sees. Every consumer runs all of them (pingpong needs the
-// same count of turns on every side).
+// start to the keys its last row sees. Every consumer takes a turn for each of them (pingpong
+// needs the same count of turns on every side) and computes those its own rows see.
 FA_DEVICE KeyTiles key_tiles(const Params &p, int row0) { return key_tiles_of(p, row0, BR, BC); }
 
 // Persistent: block b runs tile b first, then, with DYNAMIC, whichever tile an atomic counter
@@ -386,7 +386,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
 
 #if PINGPONG
     // The turns run in one ring across tiles (every consumer takes the same number of turns
-    // per tile: all run the tile's key tiles). Consumer 0 holds the first turn; the arrival
+    // per tile: one per key tile of the block, computed or passed). Consumer 0 holds the first turn; the arrival
     // left over at the end (the last consumer's last hand-back, or this one) is taken below.
     if (cons == 0) named_arrive(BAR_SCHED + 0, 256);
 #endif
@@ -612,7 +612,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         // of the block's tiles (under the causal mask, the last one where Bc is not a multiple
         // of 64 x consumers, or a window's first; every tile for a consumer whose rows all lie
         // past seqlen_q, as in the last query block of d64 at 1k: 1024 = 5 x 192 + 64) would
-        // hold only masked scores, p = 0: the same result without them, bit for bit. A tile
+        // hold only masked scores, p = 0: the same result without them, bit for bit for finite V
+        // (an Inf or NaN in a key no row of ours sees no longer reaches o as 0 x Inf). A tile
         // passed is waited for and released (an early arrival would count toward the stage's
         // previous use) and takes its turn, so that the ring and the K/V stages stay in step.
         const int crow0 = row0 + cons * 64;
