@@ -361,19 +361,11 @@ fn jobs() -> Vec<Job> {
         });
     }
     // The Hopper kernel: sm_90a only, every padded head_dim it is specialised for.
-    // (head_dim, seqlen_k): every default tile (d64 changes its consumers with seqlen_k and
-    // the mask).
-    for (d, sk) in [
-        (64, 1024),
-        (64, 4096),
-        (96, 1024),
-        (128, 1024),
-        (192, 1024),
-        (256, 1024),
-    ] {
+    // Every default tile (one per padded head_dim, for every seqlen_k and mask).
+    for d in [64, 96, 128, 192, 256] {
         for dtype in DTYPES {
             for causal in [false, true] {
-                let t = WgmmaTile::default_for(d, sk, causal)
+                let t = WgmmaTile::default_for(d)
                     .expect("served head_dim")
                     .for_dtype(dtype);
                 let label = format!(
@@ -395,7 +387,7 @@ fn jobs() -> Vec<Job> {
     // Three consumers at d128 with Bc 64 (`64,2,wg3`, a tile knob: run 104 measured it 4-17 %
     // slower than the default), so that the override the knob allows stays free of spills.
     for causal in [false, true] {
-        let t = WgmmaTile::default_for(128, 4096, causal)
+        let t = WgmmaTile::default_for(128)
             .expect("served head_dim")
             .with_spec("64,2,wg3,nopp")
             .expect("valid spec");
@@ -404,20 +396,20 @@ fn jobs() -> Vec<Job> {
     }
     // J's packing (`split`, a knob: perf-notes 36-37) at d64 (three consumers) and d128, so
     // that it stays free of spills and of serialised wgmmas.
-    for (d, sk) in [(64, 4096), (128, 4096)] {
-        let t = WgmmaTile::default_for(d, sk, false)
+    for d in [64, 128] {
+        let t = WgmmaTile::default_for(d)
             .expect("served head_dim")
             .with_spec("split")
             .expect("valid spec");
         let defines = t.defines(DType::F16, false);
         out.push(wgmma_job(&t, d, DType::F16, false, defines, "split"));
     }
-    // The timeline build (`trace`, a diagnostics knob): d64 causal at 4k (three consumers, the
+    // The timeline build (`trace`, a diagnostics knob): d64 causal (three consumers, the
     // producer at 32 registers) and d256 causal, so that it keeps compiling without spills.
-    for (d, sk) in [(64, 4096), (256, 1024)] {
+    for d in [64, 256] {
         let t = WgmmaTile {
             trace: true,
-            ..WgmmaTile::default_for(d, sk, true).expect("served head_dim")
+            ..WgmmaTile::default_for(d).expect("served head_dim")
         };
         let defines = t.defines(DType::F16, true);
         out.push(wgmma_job(&t, d, DType::F16, true, defines, "trace"));

@@ -50,10 +50,10 @@ fn gpu_info() -> String {
                 .and_then(|p| flashattn::cuda::wgmma::unsupported(i, &p))
             {
                 None => format!(
-                    "wgmma (sm_90: wgmma + TMA + warp specialisation) for head_dim 64..=256 and strides TMA can describe, mma otherwise; tiles at seqlen_k 4096, not causal: {}",
+                    "wgmma (sm_90: wgmma + TMA + warp specialisation) for head_dim 64..=256 and strides TMA can describe, mma otherwise; tiles (any seqlen_k and mask): {}",
                     [64, 128, 256]
                         .iter()
-                        .filter_map(|&d| flashattn::cuda::WgmmaTile::default_for(d, 4096, false)
+                        .filter_map(|&d| flashattn::cuda::WgmmaTile::default_for(d)
                             .map(|t| format!("d{d} {t}")))
                         .collect::<Vec<_>>()
                         .join("; ")

@@ -94,21 +94,20 @@ impl WgmmaTile {
         }
     }
 
-    /// The default for a head_dim, seqlen_k and mask (`None` when the kernel does not serve
-    /// the head_dim). Measured on the H200 (docs/perf-notes.md, runs 22-24 and 28):
+    /// The default for a head_dim, for every seqlen_k and mask (`None` when the kernel does not
+    /// serve the head_dim). Measured on the H200 (docs/perf-notes.md, runs 22-24 and 28):
     /// - d64: three consumers (Br 192, FA3's d64 shape), Bc 128, no pingpong: +1-12 % over two
     ///   consumers non-causal (1k-16k) and +5-10 % causal at 2k-16k. Causal at 1k lost 9 % (a
     ///   192-row diagonal tile wastes more) until each consumer skipped the key tiles its own
     ///   rows do not see and the consumers without a row stopped computing (run 113: +1-3 %
-    ///   over two consumers there), so every length and mask now runs three. The tile does
-    ///   not depend on seqlen_k or the mask today; both stay in the signature for the choice.
+    ///   over two consumers there), so every length and mask now runs three.
     /// - Bc 128 up to 128 channels: S (64 f32 per thread) + O (<= 64) + P (32) fit a
     ///   consumer's 232 registers; two K/V stages, Q and an O tile fill 192 KB at d128. Bc 176
     ///   (FA3's d128 choice) was level at 16k and 5-13 % slower at 1k (its O tile no longer
     ///   fits, so the next Q waits for the store); 3 stages likewise; Bc 64 and 96 were slower
     ///   everywhere (causal 1k-4k too: 8-14 %, run 29).
     /// - Bc 96 at 192 channels (O takes 96 registers) and Bc 64 at 256 (O takes 128; 192 KB).
-    pub fn default_for(head_dim: usize, _seqlen_k: usize, _causal: bool) -> Option<Self> {
+    pub fn default_for(head_dim: usize) -> Option<Self> {
         let dp = Self::padded_head_dim(head_dim)?;
         let three = dp == 64;
         let bc = match dp {
@@ -397,8 +396,7 @@ impl fmt::Display for WgmmaTile {
 /// # Errors
 /// A malformed override.
 pub fn tile_for(p: &AttnProblem, dtype: DType) -> Result<Option<WgmmaTile>> {
-    let Some(t) = WgmmaTile::default_for(p.shape.head_dim, p.shape.seqlen_k, p.mask.is_causal())
-    else {
+    let Some(t) = WgmmaTile::default_for(p.shape.head_dim) else {
         return Ok(None);
     };
     let mut t = t.for_dtype(dtype);
@@ -424,7 +422,7 @@ pub fn unsupported(info: &DeviceInfo, p: &AttnProblem) -> Option<String> {
         ));
     }
     let d = p.shape.head_dim;
-    let Some(tile) = WgmmaTile::default_for(d, p.shape.seqlen_k, p.mask.is_causal()) else {
+    let Some(tile) = WgmmaTile::default_for(d) else {
         return Some(format!(
             "head_dim {d} is outside 64..=256 (its TMA rows hold 64 channels; below 64 mma is the better fit)"
         ));
@@ -657,7 +655,7 @@ mod tests {
     #[test]
     fn head_dims_and_tiles() {
         for d in [8, 32, 56, 264] {
-            assert_eq!(WgmmaTile::default_for(d, 4096, false), None, "{d}");
+            assert_eq!(WgmmaTile::default_for(d), None, "{d}");
         }
         let pad: Vec<(usize, u32)> = [64, 72, 96, 104, 128, 136, 192, 200, 256]
             .iter()
@@ -678,18 +676,12 @@ mod tests {
             ]
         );
         for d in (64..=256).step_by(8) {
-            let t = WgmmaTile::default_for(d, 4096, false).unwrap();
+            let t = WgmmaTile::default_for(d).unwrap();
             assert!(t.smem_bytes() <= 227 * 1024, "d{d}: {}", t.smem_bytes());
         }
-        let d64 = |sk, causal| {
-            let t = WgmmaTile::default_for(64, sk, causal).unwrap();
-            (t.consumers, t.bc, t.pingpong)
-        };
-        assert_eq!(d64(1024, false), (3, 128, false));
-        assert_eq!(d64(16384, false), (3, 128, false));
-        assert_eq!(d64(1024, true), (3, 128, false));
-        assert_eq!(d64(2048, true), (3, 128, false));
-        let t = WgmmaTile::default_for(128, 4096, false).unwrap();
+        let t64 = WgmmaTile::default_for(64).unwrap();
+        assert_eq!((t64.consumers, t64.bc, t64.pingpong), (3, 128, false));
+        let t = WgmmaTile::default_for(128).unwrap();
         // Q + 2 stages of K and V (each V with its ones sub-tile) + its own O tile + slack and
         // 10 mbarriers.
         assert!(t.o_own());
@@ -701,7 +693,7 @@ mod tests {
         assert_eq!((g.max_blocks, g.smem_bytes()), (3, t.smem_bytes()));
         assert!(t.with_spec("128,2,grid=0").is_err() && t.with_spec("128,2,grid=x").is_err());
         // d256: O goes through the Q tile (64 KB more would not fit).
-        let t256 = WgmmaTile::default_for(256, 4096, false).unwrap();
+        let t256 = WgmmaTile::default_for(256).unwrap();
         assert!(!t256.o_own());
         assert_eq!(t256.smem_bytes(), 65536 + 4 * 32768 + 1024 + 88);
         let o = t.with_spec("176,2,nopp,np,static").unwrap();
@@ -716,7 +708,6 @@ mod tests {
             ),
             (176, 2, false, true, false, false)
         );
-        let t64 = WgmmaTile::default_for(64, 1024, true).unwrap();
         let w3 = t64.with_spec("128,2,wg3").unwrap();
         assert_eq!((w3.consumers, w3.br(), w3.threads()), (3, 192, 512));
         let (c, p) = w3.registers();
@@ -730,7 +721,7 @@ mod tests {
         assert!(t64.with_spec("128,2,l2=x").is_err());
         assert!(t64.with_spec("128,2,l2=2000").is_err());
         // Flags alone keep each call's default shape.
-        let w3d = WgmmaTile::default_for(64, 4096, false).unwrap();
+        let w3d = WgmmaTile::default_for(64).unwrap();
         // The timeline build: one define more, and only when asked for.
         let traced = w3d.with_spec("trace").unwrap();
         assert_eq!(traced, WgmmaTile { trace: true, ..w3d });
@@ -782,16 +773,12 @@ mod tests {
         // J's two halves are whole k16 steps of P V.
         assert!(t.with_spec("96,2,split").is_ok() && t.with_spec("80,2,split").is_err());
         for d in [64, 128, 192] {
-            let t = WgmmaTile::default_for(d, 4096, true).unwrap();
+            let t = WgmmaTile::default_for(d).unwrap();
             assert!(t.row_sums_in_pv(), "d{d}");
             assert!(!t.for_dtype(DType::BF16).row_sums_in_pv(), "d{d} bf16");
             assert_eq!(t.for_dtype(DType::F16), t);
         }
-        assert!(
-            !WgmmaTile::default_for(96, 4096, true)
-                .unwrap()
-                .row_sums_in_pv()
-        );
+        assert!(!WgmmaTile::default_for(96).unwrap().row_sums_in_pv());
         assert_eq!(
             super::super::wgmma_trace::buffer_len(&traced, 132),
             132 * 8 * 4 * super::super::wgmma_trace::SLOTS

@@ -85,7 +85,7 @@ mod tests {
     fn the_file_says_its_layout_and_holds_the_buffer() {
         let tile = WgmmaTile {
             trace: true,
-            ..WgmmaTile::default_for(128, 1024, false).unwrap()
+            ..WgmmaTile::default_for(128).unwrap()
         };
         let n = buffer_len(&tile, 2);
         assert_eq!(n, 2 * ROUNDS * 3 * SLOTS);
