@@ -12,7 +12,7 @@
 //   wgmma m64nBCk16 per 16 channels with Q and K read from shared memory through matrix
 //   descriptors; the online softmax runs on the S accumulators; P, packed to 16-bit pairs, is
 //   the register A operand of O += P V (V read MN-major through its descriptor). A consumer
-//   computes only the key tiles its own rows see (none when they all lie past seqlen_q) and
+//   computes only the key tiles its own rows see (none when it has no row in [0, seqlen_q)) and
 //   passes the block's others (docs/perf-notes.md 38).
 // Overlap (FA3's two kinds):
 // - intra-warpgroup: iteration n issues S_n = Q K_n^T and then O += P_{n-1} V_{n-1}, and
@@ -242,7 +242,22 @@ FA_DEVICE u64 v_desc(u32 sv, int kk) { return desc_mnmajor_sw128(sv, kk, SUB_KV)
 // Key tiles a block of query rows starting at row0 needs (attn_common.cuh): from the window's
 // start to the keys its last row sees. Every consumer takes a turn for each of them (pingpong
 // needs the same count of turns on every side) and computes those its own rows see.
-FA_DEVICE KeyTiles key_tiles(const Params &p, int row0) { return key_tiles_of(p, row0, BR, BC); }
+FA_DEVICE KeyTiles key_tiles(const Params &p, int row0) {
+    const int first = max(row0, 0); // negative rows: only in the causal shift below
+    return key_tiles_of(p, first, row0 + BR - first, BC);
+}
+
+// The first query row of block m_block. Causal: the blocks end at the last row and the
+// partial one (seqlen_q not a multiple of BR) comes first, so that it is the block with the
+// fewest keys; its empty consumers hold negative rows. (d64, Br 192, 1k: 1024 = 64 + 5 x 192;
+// ending the blocks at 5 x 192 + 64 left the longest block 8 key tiles on one consumer of
+// three.) The shift is whole consumers, a multiple of 64 rows, so no consumer straddles row 0:
+// its rows are all negative (it computes and stores nothing) or none are. TMA zero-fills the
+// negative rows of the Q box (out of bounds) and nothing stores them.
+FA_DEVICE int block_row0(const Params &p, int m_block) {
+    const int shift = IS_CAUSAL ? (p.num_m_blocks * BR - p.seqlen_q) / 64 * 64 : 0;
+    return m_block * BR - shift;
+}
 
 // Persistent: block b runs tile b first, then, with DYNAMIC, whichever tile an atomic counter
 // hands out next (FA3's scheduler: blocks that drew short causal tiles take more), else b +
@@ -313,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                 for (int c = 0; c < NCONS; ++c) named_arrive_unaligned(BAR_TILE + c, TILE_HANDOFF_THREADS);
                 if (tile >= tiles) break; // the consumers read -1 and stop
                 const BlockCoords bc = block_coords(p, (unsigned)tile);
-                const int row0 = bc.m_block * BR;
+                const int row0 = block_row0(p, bc.m_block);
                 mbar_arrive_expect_tx(sm.q_full(), Q_BYTES);
 #pragma unroll
                 for (int j = 0; j < NSUB; ++j) tma_load_4d(sm.q + j * SUB_Q, w.tq, sm.q_full(), 64 * j, row0, bc.h, bc.b);
@@ -406,7 +421,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         mbar_wait(sm.q_full(), round & 1);
         trace_clock(tr, 5);
         const BlockCoords tc = block_coords(p, (unsigned)tile);
-        const int row0 = tc.m_block * BR;
+        const int row0 = block_row0(p, tc.m_block);
         const float coef = alibi_coef(p, tc.b, tc.h);
         const KeyTiles kt = key_tiles(p, row0);
         // Tiles run: n_blocks of them from kt.begin (relative index n below, tile nb + n).
@@ -611,13 +626,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         // Key tiles this consumer runs: its own 64 rows' range inside the block's. The rest
         // of the block's tiles (under the causal mask, the last one where Bc is not a multiple
         // of 64 x consumers, or a window's first; every tile for a consumer whose rows all lie
-        // past seqlen_q, as in the last query block of d64 at 1k: 1024 = 5 x 192 + 64) would
+        // past seqlen_q, or before row 0 in the causal shift of block_row0) would
         // hold only masked scores, p = 0: the same result without them, bit for bit for finite V
         // (an Inf or NaN in a key no row of ours sees no longer reaches o as 0 x Inf). A tile
         // passed is waited for and released (an early arrival would count toward the stage's
         // previous use) and takes its turn, so that the ring and the K/V stages stay in step.
         const int crow0 = row0 + cons * 64;
-        const bool has_rows = crow0 < p.seqlen_q;
+        const bool has_rows = crow0 >= 0 && crow0 < p.seqlen_q;
         int lead = 0, n_mine = 0;
         if (has_rows) {
             const KeyTiles ck = key_tiles_of(p, crow0, min(64, p.seqlen_q - crow0), BC);

@@ -1,6 +1,6 @@
 # Interval form of the check (reference range from src/scores.rs semantics), all lengths 1..400.
 import sys, itertools
-from key_tiles import key_tiles_of, kernel_mask, visible, key_hi, key_lo, B30
+from key_tiles import key_tiles_of, block_row0, block_tiles, kernel_mask, visible, key_hi, key_lo, B30
 def ref_range(P, i):
     d = P['sk'] - P['sq']; a = 0; b = P['sk']
     if P['causal']: b = min(b, i + d + 1)
@@ -21,11 +21,11 @@ def check(P, ncons, bc):
     global errs, checked
     BR = 64 * ncons; sq, sk = P['sq'], P['sk']
     for mb in range((sq + BR - 1) // BR):
-        row0 = mb * BR
-        nb, ke, ib, ie = key_tiles_of(P, row0, BR, bc); n_blocks = ke - nb
+        row0 = block_row0(P, mb, BR)
+        nb, ke, ib, ie = block_tiles(P, row0, BR, bc); n_blocks = ke - nb
         if n_blocks == 0: stats['nblocks0'] += 1
         for c in range(ncons):
-            crow0 = row0 + 64 * c; has_rows = crow0 < sq; lead = n_mine = 0
+            crow0 = row0 + 64 * c; has_rows = 0 <= crow0 < sq; lead = n_mine = 0
             if has_rows:
                 cb, ce, _, _ = key_tiles_of(P, crow0, min(64, sq - crow0), bc)
                 lead = min(cb - nb, n_blocks); n_mine = max(min(ce, ke) - nb - lead, 0)
@@ -36,7 +36,7 @@ def check(P, ncons, bc):
                 global errs; errs += 1
                 if errs < 20: print('ERR', msg, P, ncons, bc, mb, c, (nb, ke, ib, ie), lead, n_mine, flush=True)
             if lead < 0 or n_mine < 0 or rest < 0: bad('counts'); continue
-            for i in range(crow0, min(crow0 + 64, sq)):
+            for i in range(max(crow0, 0), min(crow0 + 64, sq)):
                 a, b = ref_range(P, i)
                 if a < b and not (nc * bc <= a and b <= (nc + n_mine) * bc): bad('coverage i=%d' % i); break
                 lo, hi = kern_range(P, row0, i)
@@ -47,7 +47,7 @@ def check(P, ncons, bc):
                         if inter(lo, hi, x, y) != r: bad('mask i=%d t=%d' % (i, t)); break
                     elif r != (x, y): bad('inner not fully visible i=%d t=%d' % (i, t)); break
             if c == 0:
-                for i in range(row0, min(row0 + BR, sq)):
+                for i in range(max(row0, 0), min(row0 + BR, sq)):
                     a, b = ref_range(P, i)
                     if a < b and not (nb * bc <= a and b <= ke * bc): bad('block coverage')
 def windows():

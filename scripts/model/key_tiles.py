@@ -18,6 +18,13 @@ def key_tiles_of(P, row0, rows, bc):
     b = cdiv(lo_first, bc); e = max(cdiv(hi_last + bc - 1, bc), b)
     ib = min(max(cdiv(lo_last + bc - 1, bc), b), e); ie = max(min(cdiv(hi_first, bc), e), ib)
     return b, e, ib, ie
+def block_row0(P, mb, BR):  # attn_wgmma.cu block_row0: causal puts the partial block first
+    nmb = (P['sq'] + BR - 1) // BR
+    shift = (nmb * BR - P['sq']) // 64 * 64 if P['causal'] else 0
+    return mb * BR - shift
+def block_tiles(P, row0, BR, bc):  # attn_wgmma.cu key_tiles: the block's rows from row 0 on
+    first = max(row0, 0)
+    return key_tiles_of(P, first, row0 + BR - first, bc)
 def visible(P, i, j):  # reference (src/scores.rs)
     if not (0 <= j < P['sk']): return False
     d = P['sk'] - P['sq']
@@ -37,12 +44,12 @@ def check(P, ncons, bc):
     BR = 64 * ncons; sq, sk = P['sq'], P['sk']
     nmb = (sq + BR - 1) // BR
     for mb in range(nmb):
-        row0 = mb * BR
-        nb, ke, ib, ie = key_tiles_of(P, row0, BR, bc); n_blocks = ke - nb
+        row0 = block_row0(P, mb, BR)
+        nb, ke, ib, ie = block_tiles(P, row0, BR, bc); n_blocks = ke - nb
         assert n_blocks >= 0
         for c in range(ncons):
             crow0 = row0 + 64 * c
-            has_rows = crow0 < sq; lead = n_mine = 0
+            has_rows = 0 <= crow0 < sq; lead = n_mine = 0
             if has_rows:
                 cb, ce, _, _ = key_tiles_of(P, crow0, min(64, sq - crow0), bc)
                 lead = min(cb - nb, n_blocks); n_mine = max(min(ce, ke) - nb - lead, 0)
@@ -54,7 +61,7 @@ def check(P, ncons, bc):
             if lead < 0 or n_mine < 0 or rest < 0: bad('counts')
             nc = nb + lead
             if has_rows and n_mine == 0 and not (sk == 0): pass
-            for i in range(crow0, min(crow0 + 64, sq)):
+            for i in range(max(crow0, 0), min(crow0 + 64, sq)):
                 # every visible key lies in this consumer's own tiles
                 for j in range(sk):
                     v = visible(P, i, j)
@@ -67,7 +74,7 @@ def check(P, ncons, bc):
                         km = kernel_mask(P, row0, i, j) if mask_tile else True
                         if km != visible(P, i, j): bad('mask i=%d j=%d t=%d mt=%d' % (i, j, t, mask_tile)); break
             # the block's keys all lie inside [nb, ke) for the block's rows < sq (producer loads them)
-            for i in range(row0, min(row0 + BR, sq)):
+            for i in range(max(row0, 0), min(row0 + BR, sq)):
                 for j in range(sk):
                     if visible(P, i, j) and not (nb <= j // bc < ke): bad('block coverage')
 def windows(sk):
