@@ -333,16 +333,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
 #pragma unroll
                 for (int j = 0; j < NSUB; ++j) tma_load_4d(sm.q + j * SUB_Q, w.tq, sm.q_full(), 64 * j, row0, bc.h, bc.b);
                 trace_clock(tr, 5);
-                // The next tile is drawn now, so that the atomic's round trip (DYNAMIC) runs
-                // under this tile's K/V loads rather than between the last V load and the next
-                // Q (FA3's scheduler prefetches it the same way). Draws are unchanged: one per
-                // round with a tile, and the failed one after the last.
-#if DYNAMIC
-                // (Without a counter, as in a CUDA graph's capture, the static order.)
-                const int next = w.tile_counter ? (int)gridDim.x + (int)atomicAdd(w.tile_counter, 1u) : tile + (int)gridDim.x;
-#else
-                const int next = tile + (int)gridDim.x;
-#endif
                 const KeyTiles kt = key_tiles(p, row0);
                 for (int n = kt.begin; n < kt.end; ++n) {
                     // This use of the stage waits for the consumers' release of the previous one
@@ -366,7 +356,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                     }
                 }
                 trace_clock(tr, 6);
-                tile = next;
+#if DYNAMIC
+                // (Without a counter, as in a CUDA graph's capture, the static order.)
+                tile = w.tile_counter ? (int)gridDim.x + (int)atomicAdd(w.tile_counter, 1u) : tile + (int)gridDim.x;
+#else
+                tile += gridDim.x;
+#endif
             }
 #if DYNAMIC
             // This block's draws (its last one failed) are ordered before its count; the last
@@ -423,8 +418,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         u32 *tr = ctid == 0 ? trace_row(w.trace, round, cons + 1) : nullptr;
         trace_start(tr, tile);
         trace_clock(tr, 4);
-        // The tile's setup (coordinates, key ranges) runs while its Q may still be loading;
-        // the wait for Q follows it, before the first key tile.
+        mbar_wait(sm.q_full(), round & 1);
+        trace_clock(tr, 5);
         const BlockCoords tc = block_coords(p, (unsigned)tile);
         const int row0 = block_row0(p, tc.m_block);
         const float coef = alibi_coef(p, tc.b, tc.h);
@@ -655,8 +650,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             }
             it += count;
         };
-        mbar_wait(sm.q_full(), round & 1);
-        trace_clock(tr, 5);
         pass_tiles(lead);
         const int nc = nb + lead; // this consumer's first key tile
         // The timeline's key tiles are this consumer's (run 115's d64 causal timeline, traced
@@ -723,13 +716,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         }
         trace_clock(tr, 7);
         it += n_mine;
-        // The block's key tiles past this consumer's own. With pingpong they are passed now:
-        // the other consumers' turns wait for ours. Without it (d64) they are passed after the
-        // epilogue, so that the epilogue need not wait for their K and V loads, which arrive
-        // at the pace of the block's slowest consumer (run 115's d64 causal timeline: ~650
-        // cycles more in the epilogue of the consumers with trailing tiles).
-        const int trailing = n_blocks - lead - n_mine;
-        if (PINGPONG || !has_rows) pass_tiles(trailing);
+        pass_tiles(n_blocks - lead - n_mine);
         if (!has_rows) {
             // No row to store (TMA would drop every one); the Q tile holds nothing of ours.
             if (!O_OWN && ctid == 0) mbar_arrive(sm.q_empty());
@@ -796,7 +783,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             const int row = wrow + 8 * h;
             if (t == 0 && row < p.seqlen_q) lse[row] = l[h] > 0.f ? (row_max[h] + lg2(l[h])) * LN2 : neg_inf();
         }
-        if (!PINGPONG) pass_tiles(trailing);
     }
     if (ctid == 0) bulk_wait_read0(); // the last store has read shared memory before exit
 }

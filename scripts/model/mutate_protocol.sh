@@ -15,7 +15,7 @@ echo "release K before full wait in pass:"; m "                    yield kfull(n
                     w = turn_wait()" "                    useK(n) if False else None; relK(n)
                     yield kfull(n)
                     w = turn_wait()"
-echo "pass one fewer after:"; m "trailing = n_blocks - lead - n_mine" "trailing = max(n_blocks - lead - n_mine - 1, 0)"
+echo "pass one fewer after:"; m "yield from pass_tiles(n_blocks - lead - n_mine); it += n_blocks - lead - n_mine" "yield from pass_tiles(max(n_blocks - lead - n_mine - 1, 0)); it += max(n_blocks - lead - n_mine - 1,0)"
 echo "no q_empty for empty consumer in !O_OWN:"; m "if not O_OWN: holdQ.discard(c); arrive('q_empty', 1, rnd, me)
                 continue" "continue"
 echo "O_OWN extra q_empty when has_rows false:"; m "if not O_OWN: holdQ.discard(c); arrive('q_empty', 1, rnd, me)

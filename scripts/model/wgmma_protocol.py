@@ -1,5 +1,4 @@
-# Random-schedule model of attn_wgmma.cu's barrier protocol (64e18ad; without pingpong the
-# trailing tiles passed after the epilogue since run 118): producer + NCONS
+# Random-schedule model of attn_wgmma.cu's barrier protocol after 64e18ad: producer + NCONS
 # consumers (a consumer = its 4 warps moving together), mbarriers with parity waits (checked
 # against the use they mean), named barriers with generations (checked for mixed arrivals),
 # stage/Q/slot data tags (checked for overwrite-while-held and stale reads).
@@ -145,11 +144,7 @@ def run(tiles, NCONS, STAGES, PP, O_OWN, rng):
             if n_mine > 0:
                 yield vfull(n_mine - 1); useV(n_mine - 1); relV(n_mine - 1)
             it += n_mine
-            trailing = n_blocks - lead - n_mine
-            # With pingpong the trailing tiles are passed before the epilogue (the others'
-            # turns wait for ours), without it after the epilogue.
-            if PP or not has_rows:
-                yield from pass_tiles(trailing); it += trailing
+            yield from pass_tiles(n_blocks - lead - n_mine); it += n_blocks - lead - n_mine
             if not has_rows:
                 if not O_OWN: holdQ.discard(c); arrive('q_empty', 1, rnd, me)
                 continue
@@ -157,8 +152,6 @@ def run(tiles, NCONS, STAGES, PP, O_OWN, rng):
             if not O_OWN:
                 if qtag[0] != rnd: raise Fail('Q tile replaced before O store')
                 holdQ.discard(c); arrive('q_empty', 1, rnd, me)
-            if not PP:
-                yield from pass_tiles(trailing); it += trailing
     procs = [producer()] + [consumer(c) for c in range(NCONS)]
     preds = [next(p) for p in procs]
     done = [False] * len(procs)
