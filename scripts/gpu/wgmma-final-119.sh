@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Run 119: the kernel of commit c3310d4 (the causal shift; run 118's changes reverted): the
+# default bench sweep with the peers and d256 (wgmma-final-b.sh: README table), then initcheck
+# (not run on the kernels since run 110), racecheck, synccheck and memcheck on parts of the
+# quick sweep.
+set -uo pipefail
+. scripts/gpu/lib.sh
+el "bench sweep"
+bash scripts/gpu/wgmma-final-b.sh | tail -3 | tee -a "$L"
+sanitize initcheck d=64 60
+sanitize initcheck d=128 40
+sanitize racecheck d=64 60
+sanitize synccheck d=128 35
+sanitize memcheck d=64 30
+el done
