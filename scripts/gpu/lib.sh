@@ -4,7 +4,7 @@
 # A/B timings of wgmma builds (ab_rounds), a binary under a tile override (tile_bin), the wgmma
 # check (check_wgmma) and its quick parts under tile overrides (quick_checks), a timeline
 # (timeline), compute-sanitizer on part of the quick sweep (sanitize) and ncu's speed-of-light
-# profile (ncu_sol).
+# profile (ncu_sol), and the default sweep followed by sanitizers (sweep_sanitized).
 B=${FLASHATTN:-./.gpu/flashattn}
 L=$OUT/log.txt
 t0=$(date +%s)
@@ -107,4 +107,15 @@ ncu_sol() {
   timeout 100 ncu --clock-control none --kernel-name attn_wgmma --launch-skip 3 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
     --metrics "$metrics" \
     "$B" bench --kernels wgmma --dtype f16 --head-dim "$d" --seqlen 1024 --causal off --warmup-ms 0 --warmup 1 --iters 20 --no-plot --out-dir /tmp/bn >> "$OUT/ncu.txt" 2>&1; echo "ncu exit $?" | tee -a "$L"
+}
+# sweep_sanitized "TOOL FILTER SECONDS" ...: the default bench sweep with the peers and d256
+# (wgmma-final-b.sh: the README table), then `sanitize TOOL FILTER SECONDS` for each argument.
+sweep_sanitized() {
+  local v
+  el "bench sweep"
+  bash scripts/gpu/wgmma-final-b.sh | tail -3 | tee -a "$L"
+  for v in "$@"; do
+    # shellcheck disable=SC2086 # three words: tool, filter, seconds
+    sanitize $v
+  done
 }

@@ -5,11 +5,5 @@
 # quick sweep.
 set -uo pipefail
 . scripts/gpu/lib.sh
-el "bench sweep"
-bash scripts/gpu/wgmma-final-b.sh | tail -3 | tee -a "$L"
-sanitize initcheck d=64 60
-sanitize initcheck d=128 40
-sanitize racecheck d=64 60
-sanitize synccheck d=128 35
-sanitize memcheck d=64 30
+sweep_sanitized "initcheck d=64 60" "initcheck d=128 40" "racecheck d=64 60" "synccheck d=128 35" "memcheck d=64 30"
 el done

@@ -5,8 +5,5 @@
 # power sampled), then racecheck and memcheck on parts of the quick wgmma sweep.
 set -uo pipefail
 . scripts/gpu/lib.sh
-el "bench sweep"
-bash scripts/gpu/wgmma-final-b.sh | tail -3 | tee -a "$L"
-sanitize racecheck d=64 50
-sanitize memcheck d=128 40
+sweep_sanitized "racecheck d=64 50" "memcheck d=128 40"
 el done

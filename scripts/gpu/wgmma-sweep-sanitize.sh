@@ -5,10 +5,5 @@
 # d64 part.
 set -uo pipefail
 . scripts/gpu/lib.sh
-el "bench sweep"
-bash scripts/gpu/wgmma-final-b.sh | tail -3 | tee -a "$L"
-sanitize racecheck d=64 75
-sanitize synccheck d=128 40
-sanitize initcheck d=128 60
-sanitize memcheck d=64 40
+sweep_sanitized "racecheck d=64 75" "synccheck d=128 40" "initcheck d=128 60" "memcheck d=64 40"
 el done
