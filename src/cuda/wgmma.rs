@@ -105,7 +105,8 @@ impl WgmmaTile {
     ///   consumer's 232 registers; two K/V stages, Q and an O tile fill 192 KB at d128. Bc 176
     ///   (FA3's d128 choice) was level at 16k and 5-13 % slower at 1k (its O tile no longer
     ///   fits, so the next Q waits for the store); 3 stages likewise; Bc 64 and 96 were slower
-    ///   everywhere (causal 1k-4k too: 8-14 %, run 29).
+    ///   everywhere (causal 1k-4k too: 8-14 %, run 29; at d64 causal on three consumers that
+    ///   run only their own key tiles, again 0.89-0.96 of Bc 128, run 120).
     /// - Bc 96 at 192 channels (O takes 96 registers) and Bc 64 at 256 (O takes 128; 192 KB).
     pub fn default_for(head_dim: usize) -> Option<Self> {
         let dp = Self::padded_head_dim(head_dim)?;
