@@ -201,6 +201,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd_wgmma(const __grid_
                 }
             }
             // lse in log2 units and D of the step's rows (rows past the end: 0, and masked).
+            // Ordinary stores after the empty mbarrier's wait: each consumer warp's lane 0
+            // arrives on it after the warp's reads of this stage (release / acquire).
+            // compute-sanitizer's racecheck does not model mbarriers: its `hazard` report mode
+            // lists these stores as WAR hazards; the default `analysis` mode reports none
+            // (docs/perf-notes.md 40).
             const i64 at = lse_offset(p, b, h, 0);
             for (int r = lane; r < BR; r += 32) {
                 const bool ok = row0 + r < p.seqlen_q;

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Run one SDPA backend a few times on one bench shape, for ncu to profile its kernels.
 
-  python3 scripts/gpu/sdpa-once.py BACKEND HEAD_DIM SEQLEN CAUSAL(0|1) [CALLS]
+  python3 scripts/gpu/sdpa-once.py BACKEND HEAD_DIM SEQLEN CAUSAL(0|1) [CALLS] [f16|bf16]
 
-The bench's shapes: batch * seqlen = 16384 tokens, heads * head_dim = 2048, f16, bshd
-tensors viewed as [b, h, s, d] (as bench/peers.py does).
+The bench's shapes: batch * seqlen = 16384 tokens, heads * head_dim = 2048, f16 (or bf16),
+bshd tensors viewed as [b, h, s, d] (as bench/peers.py does).
 """
 import sys
 
@@ -14,12 +14,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 backend, d, s, causal = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 calls = int(sys.argv[5]) if len(sys.argv) > 5 else 3
+dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[sys.argv[6] if len(sys.argv) > 6 else "f16"]
 b, h = 16384 // s, 2048 // d
-q, k, v = (torch.randn(b, s, h, d, dtype=torch.float16, device="cuda").transpose(1, 2) for _ in range(3))
+q, k, v = (torch.randn(b, s, h, d, dtype=dtype, device="cuda").transpose(1, 2) for _ in range(3))
 be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
 torch.cuda.synchronize()
 with sdpa_kernel(be):
     for _ in range(calls):
         F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 torch.cuda.synchronize()
-print(f"{backend} d{d} s{s} causal {causal}: {calls} calls done")
+print(f"{backend} {dtype} d{d} s{s} causal {causal}: {calls} calls done")
