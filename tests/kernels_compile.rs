@@ -529,6 +529,8 @@ struct Outcome {
     stats: Vec<PtxasStats>,
     /// ptxas warnings (setmaxnreg ignored, wgmma serialised, ...): failures for our kernels.
     warnings: Vec<String>,
+    /// The CUBIN, kept only when `FLASHATTN_CUBIN_DIR` asks for the images.
+    image: Option<Vec<u8>>,
     error: Option<String>,
     seconds: f64,
 }
@@ -571,6 +573,10 @@ fn every_kernel_compiles_for_every_arch_without_spills() {
             .expect("source")
     };
 
+    // With FLASHATTN_CUBIN_DIR set, every CUBIN is written there under a name built from the
+    // job (scripts/sass-compare.sh diffs two such folders' SASS: a refactor's proof that the
+    // kernels did not change).
+    let cubin_dir = std::env::var_os("FLASHATTN_CUBIN_DIR").map(std::path::PathBuf::from);
     let t0 = Instant::now();
     let outcomes: Vec<Outcome> = jobs
         .par_iter()
@@ -596,17 +602,22 @@ fn every_kernel_compiles_for_every_arch_without_spills() {
                         .collect(),
                     error: None,
                     seconds: t.elapsed().as_secs_f64(),
+                    image: cubin_dir.as_ref().map(|_| c.image),
                 },
                 Err(e) => Outcome {
                     stats: Vec::new(),
                     warnings: Vec::new(),
                     error: Some(e.to_string()),
                     seconds: t.elapsed().as_secs_f64(),
+                    image: None,
                 },
             }
         })
         .collect();
     let wall = t0.elapsed().as_secs_f64();
+    if let Some(dir) = &cubin_dir {
+        write_cubins(dir, &jobs, &outcomes);
+    }
 
     let mut failures = Vec::new();
     println!(
@@ -686,6 +697,38 @@ fn every_kernel_compiles_for_every_arch_without_spills() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// Writes each job's CUBIN as `<kernel>.<arch>.d<d>.<dtype>.<mask>.<tile>[.<n>].cubin`; `n`
+/// counts jobs that share the rest of the name, in the order `jobs()` lists them.
+fn write_cubins(dir: &std::path::Path, jobs: &[Job], outcomes: &[Outcome]) {
+    std::fs::create_dir_all(dir).expect("create FLASHATTN_CUBIN_DIR");
+    let mut seen = std::collections::HashMap::<String, usize>::new();
+    for (j, o) in jobs.iter().zip(outcomes) {
+        let tile: String = j
+            .tile
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        let base = format!(
+            "{}.{}.d{}.{}.{}.{tile}",
+            j.source.name(),
+            j.arch,
+            j.d,
+            j.dtype.name(),
+            if j.causal { "causal" } else { "none" }
+        );
+        let n = seen.entry(base.clone()).or_insert(0);
+        let name = if *n == 0 {
+            format!("{base}.cubin")
+        } else {
+            format!("{base}.{n}.cubin")
+        };
+        *n += 1;
+        if let Some(image) = &o.image {
+            std::fs::write(dir.join(name), image).expect("write a CUBIN");
+        }
+    }
 }
 
 #[test]
