@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""The table of an interleaved A/B timing (lib.sh's ab_rounds writes its lines).
+"""The table of an interleaved A/B timing (run.sh's `ab` recipe writes its lines).
 
-  python3 scripts/gpu/ab-table.py AB.txt
+  python3 scripts/device/ab-table.py AB.txt
 
 Each line is `label round <bench.txt line>`. For every case (dtype, head_dim, causal, seqlen):
 the mean TFLOP/s of each label over its rounds, each label's ratio to the first label, and the

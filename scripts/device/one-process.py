@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""Run 123: ours (the Python package, attn_wgmma) and cuDNN timed in one process, case by case,
+"""Ours (the Python package, attn_wgmma) and cuDNN timed in one process, case by case,
 over long windows: the d64/d128 1k-16k cases of a bench JSON (their shapes, FLOPs and input
 sets), each line after WARMUP_MS of warm-up and timed over enough launches to last ~250 ms or
 more (1000 up to 2k, 200 from 4k), so that the median spans several periods of the power
 limiter rather than the ~8 ms of the sweep's 30 launches. Round 1 times ours first in each
 case, round 2 cuDNN first. Prints ours / cuDNN per case and round, and the sweep's ratio.
 
-    python3 scripts/gpu/same-process.py BENCH_JSON OUT_DIR [WARMUP_MS]
+    python3 scripts/device/one-process.py BENCH_JSON OUT_DIR [WARMUP_MS]
 """
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -28,7 +29,7 @@ for rnd, peers in ((1, ["flashattn", "cudnn"]), (2, ["cudnn", "flashattn"])):
         req = {"iters": iters, "warmup": 10, "warmup_ms": warmup_ms, "peers": peers,
                "cases": [dict(c["case"], id=c["id"], flops=c["flops"], sets=c["sets"]) for c in part]}
         path = f"{out}/same-{rnd}-{iters}.json"
-        subprocess.run([sys.executable, "bench/peers.py", json.dumps(req), "--out", path], check=False)
+        subprocess.run([sys.executable, os.environ.get("PEERS", "tools/bench/peers.py"), json.dumps(req), "--out", path], check=False)
         try:
             resp = json.load(open(path))
         except (OSError, ValueError):

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Same-process cross-check (issue 15): the cases of a `flashattn bench` JSON timed again by
-bench/peers.py with the Python package ("flashattn") and cuDNN side by side, under the bench's
-own method (iters, warm-up, input sets, FLOP counts). Prints, per case, the Rust bench's wgmma
+the bench's peers.py ($PEERS, default tools/bench/peers.py) with the Python package
+("flashattn") and cuDNN side by side, under the bench's own method (iters, warm-up, input sets, FLOP counts). Prints, per case, the Rust bench's wgmma
 TFLOP/s, the package's, and their ratio.
 
-    python3 scripts/gpu/py-crosscheck.py BENCH_JSON OUT_JSON
+    python3 scripts/device/py-crosscheck.py BENCH_JSON OUT_JSON
 
 XC_PEERS (default "flashattn,cudnn") names the peers to run.
 """
@@ -20,7 +20,7 @@ req = {
     "peers": os.environ.get("XC_PEERS", "flashattn,cudnn").split(","),
     "cases": [dict(c["case"], id=c["id"], flops=c["flops"], sets=c["sets"]) for c in bench["cases"]],
 }
-subprocess.run([sys.executable, "bench/peers.py", json.dumps(req), "--out", sys.argv[2]], check=True)
+subprocess.run([sys.executable, os.environ.get("PEERS", "tools/bench/peers.py"), json.dumps(req), "--out", sys.argv[2]], check=True)
 resp = json.load(open(sys.argv[2]))
 py = {(r["id"], r["peer"]): r for r in resp["results"]}
 print(f"{'case':34} {'rust wgmma':>10} {'python':>10} {'py/rust':>8} {'cudnn':>8}")

@@ -3,7 +3,7 @@
 shape whose kernel is shorter than the host work (1 x 128 x 8 x 64, f16), so that the loop
 time per call is the host time. Prints microseconds per call.
 
-    python3 scripts/gpu/py-host.py
+    python3 scripts/device/py-host.py
 """
 import time
 

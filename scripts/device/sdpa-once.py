@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Run one SDPA backend a few times on one bench shape, for ncu to profile its kernels.
 
-  python3 scripts/gpu/sdpa-once.py BACKEND HEAD_DIM SEQLEN CAUSAL(0|1) [CALLS] [f16|bf16]
+  python3 scripts/device/sdpa-once.py BACKEND HEAD_DIM SEQLEN CAUSAL(0|1) [CALLS] [f16|bf16]
 
 The bench's shapes: batch * seqlen = 16384 tokens, heads * head_dim = 2048, f16 (or bf16),
-bshd tensors viewed as [b, h, s, d] (as bench/peers.py does).
+bshd tensors viewed as [b, h, s, d] (as the bench's peers.py does).
 """
 import sys
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Summarise an attn_wgmma timeline (src/cuda/wgmma_trace.rs writes it; slot layout there).
 
-  python3 scripts/gpu/wgmma-trace.py TRACE.json [--skip-rounds 1]
+  python3 scripts/device/wgmma-trace.py TRACE.json [--skip-rounds 1]
 
 Per consumer, averaged over blocks and over the traced rounds after the first (the first
 starts with the launch): the tile's period (hand-over to the next hand-over) split into its
