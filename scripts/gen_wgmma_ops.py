@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes kernels/wgmma_ops.cuh: the wgmma.mma_async wrappers of attn_wgmma.cu and the probe.
+"""Writes kernels/common/wgmma_ops.cuh: the wgmma.mma_async wrappers of attn_wgmma.cu and the probe.
 
 wgmma names every accumulator register in the instruction (N/2 of them for m64nNk16 with f32
 accumulators), so each shape is one inline-asm statement with N/2 "+f" operands. Writing them
@@ -91,7 +91,7 @@ FA_DEVICE void wgmma_rs(float (&d)[N / 2], u32 a0, u32 a1, u32 a2, u32 a3, u64 d
         for i, n in enumerate(NS)
     )
     text += "}\n"
-    path = sys.argv[1] if len(sys.argv) > 1 else "kernels/wgmma_ops.cuh"
+    path = sys.argv[1] if len(sys.argv) > 1 else "kernels/common/wgmma_ops.cuh"
     with open(path, "w") as f:
         f.write(text)
 

@@ -1,4 +1,4 @@
-//! A CPU model of `kernels/attn_bwd.cu`'s tiling: which query rows a block of keys visits,
+//! A CPU model of `kernels/bwd/attn_bwd.cu`'s tiling: which query rows a block of keys visits,
 //! which (row, key) pairs its mask keeps, and where P and dS are rounded to the element type.
 //! The kernel computes the same formulas on the GPU; here they run on host buffers so that the
 //! unit tests can hold them against the exact gradients ([`crate::reference_grad`]) without a

@@ -353,7 +353,7 @@ pub fn a_x4_addrs(base: usize, ld: usize) -> Warp<usize> {
 /// Row addresses for loading the A fragments of a 16x16 A from its transpose, stored row-major
 /// `[k][m]` with row stride `ld`, with `ldmatrix.x4.trans`: lane `l` supplies k-row
 /// `l % 8 + 8 * (tile >> 1)` at m block `8 * (tile & 1)` (the backward's dQ = dS K reads dS
-/// from dS^T this way; kernels/attn_bwd.cu).
+/// from dS^T this way; kernels/bwd/attn_bwd.cu).
 pub fn a_x4_trans_addrs(base: usize, ld: usize) -> Warp<usize> {
     std::array::from_fn(|l| {
         let tile = l / 8;

@@ -1,4 +1,4 @@
-//! The fragment-layout probe: run the single-warp experiments of `kernels/layout_probe.cu` on a
+//! The fragment-layout probe: run the single-warp experiments of `kernels/probe/layout_probe.cu` on a
 //! GPU or through the [`crate::layout`] emulator, and check every register of every lane
 //! against the layout model.
 //!
@@ -132,7 +132,7 @@ impl RegisterDump {
     }
 }
 
-// ---- the experiments' data (mirrors kernels/layout_probe.cu) ----
+// ---- the experiments' data (mirrors kernels/probe/layout_probe.cu) ----
 
 fn a1_value(i: usize, m: usize) -> f32 {
     if m < 8 { i as f32 } else { 1.0 }
@@ -666,7 +666,7 @@ pub fn run_emulated(dtype: DType, inject_fault: bool) -> ProbeReport {
     }
 }
 
-/// The NVRTC defines of `kernels/layout_probe.cu` for a dtype and fault switch.
+/// The NVRTC defines of `kernels/probe/layout_probe.cu` for a dtype and fault switch.
 pub fn defines(input: Input16, inject_fault: bool) -> Vec<(String, String)> {
     let flag = |b: bool| if b { "1" } else { "0" }.to_string();
     vec![

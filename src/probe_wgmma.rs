@@ -1,5 +1,5 @@
 //! The warpgroup layout probe of the Hopper kernel: the three experiments of
-//! `kernels/wgmma_probe.cu`, run on an sm_90 GPU or through the [`crate::layout_wgmma`]
+//! `kernels/probe/wgmma_probe.cu`, run on an sm_90 GPU or through the [`crate::layout_wgmma`]
 //! emulator, every register of every thread checked against the layout model.
 //!
 //! 1. **acc** (accumulator layout): `A[i][k] = i`, `B[k][j] = j`, one m64n64k16, so
@@ -473,7 +473,7 @@ pub fn run_emulated(dtype: DType, inject_fault: bool) -> ProbeReport {
     }
 }
 
-/// The NVRTC defines of `kernels/wgmma_probe.cu`.
+/// The NVRTC defines of `kernels/probe/wgmma_probe.cu`.
 pub fn defines(input: Input16, inject_fault: bool) -> Vec<(String, String)> {
     let flag = |b: bool| if b { "1" } else { "0" }.to_string();
     vec![

@@ -1,4 +1,4 @@
-//! kernels/wgmma_ops.cuh is written by scripts/gen_wgmma_ops.py: the committed header must be
+//! kernels/common/wgmma_ops.cuh is written by scripts/gen_wgmma_ops.py: the committed header must be
 //! what the script writes now (edit the script, then run it from the repository root).
 
 use std::process::Command;
@@ -21,9 +21,9 @@ fn committed_header_matches_the_generator() {
     }
     let fresh = std::fs::read_to_string(&out).expect("generated header");
     let _ = std::fs::remove_file(&out);
-    let committed = include_str!("../kernels/wgmma_ops.cuh");
+    let committed = include_str!("../kernels/common/wgmma_ops.cuh");
     assert!(
         fresh == committed,
-        "kernels/wgmma_ops.cuh differs from what scripts/gen_wgmma_ops.py writes: run `python3 scripts/gen_wgmma_ops.py` from the repository root"
+        "kernels/common/wgmma_ops.cuh differs from what scripts/gen_wgmma_ops.py writes: run `python3 scripts/gen_wgmma_ops.py` from the repository root"
     );
 }

@@ -1,5 +1,5 @@
 //! head_dim padding: a problem whose head_dim is not a multiple of 8 runs on a copy padded to
-//! the next multiple of 8, as FlashAttention's Python wrapper does (`kernels/pad_rows.cu`).
+//! the next multiple of 8, as FlashAttention's Python wrapper does (`kernels/fwd/pad_rows.cu`).
 //!
 //! Zero channels add nothing to `q . k`; the scale stays the problem's own (by default
 //! 1/sqrt of the true head_dim); the extra channels of `o` are dropped when o is copied back

@@ -4,17 +4,17 @@
 //! include line is replaced by the header's text here.
 
 /// The shared PTX wrappers.
-pub const PTX_CUH: &str = include_str!("../../kernels/ptx.cuh");
+pub const PTX_CUH: &str = include_str!("../../kernels/common/ptx.cuh");
 /// What the attention kernels share (parameters, conversions, causal rule, block map).
-pub const ATTN_COMMON_CUH: &str = include_str!("../../kernels/attn_common.cuh");
+pub const ATTN_COMMON_CUH: &str = include_str!("../../kernels/common/attn_common.cuh");
 /// The Hopper wrappers: TMA, mbarrier, wgmma ordering and descriptors, setmaxnreg.
-pub const HOPPER_CUH: &str = include_str!("../../kernels/hopper.cuh");
+pub const HOPPER_CUH: &str = include_str!("../../kernels/common/hopper.cuh");
 /// The wgmma.mma_async wrappers (written by scripts/gen_wgmma_ops.py).
-pub const WGMMA_OPS_CUH: &str = include_str!("../../kernels/wgmma_ops.cuh");
+pub const WGMMA_OPS_CUH: &str = include_str!("../../kernels/common/wgmma_ops.cuh");
 /// Where key j of a sequence sits in a contiguous or paged KV cache.
-pub const KV_CACHE_CUH: &str = include_str!("../../kernels/kv_cache.cuh");
+pub const KV_CACHE_CUH: &str = include_str!("../../kernels/decode/kv_cache.cuh");
 /// What the two backward kernels share (parameters, D and dQ-conversion kernels, step ranges).
-pub const BWD_COMMON_CUH: &str = include_str!("../../kernels/bwd_common.cuh");
+pub const BWD_COMMON_CUH: &str = include_str!("../../kernels/bwd/bwd_common.cuh");
 /// Headers a kernel may include, by the name in its `#include "..."` line.
 const HEADERS: [(&str, &str); 6] = [
     ("bwd_common.cuh", BWD_COMMON_CUH),
@@ -108,19 +108,19 @@ impl KernelSource {
 
     fn raw(self) -> &'static str {
         match self {
-            KernelSource::LayoutProbe => include_str!("../../kernels/layout_probe.cu"),
-            KernelSource::AttnNaive => include_str!("../../kernels/attn_naive.cu"),
-            KernelSource::AttnSimt => include_str!("../../kernels/attn_simt.cu"),
-            KernelSource::AttnMma => include_str!("../../kernels/attn_mma.cu"),
-            KernelSource::AttnWgmma => include_str!("../../kernels/attn_wgmma.cu"),
-            KernelSource::WgmmaProbe => include_str!("../../kernels/wgmma_probe.cu"),
-            KernelSource::PadRows => include_str!("../../kernels/pad_rows.cu"),
-            KernelSource::AttnDecode => include_str!("../../kernels/attn_decode.cu"),
-            KernelSource::AttnCombine => include_str!("../../kernels/attn_combine.cu"),
-            KernelSource::KvAppend => include_str!("../../kernels/kv_append.cu"),
-            KernelSource::ReadPass => include_str!("../../kernels/read_pass.cu"),
-            KernelSource::AttnBwd => include_str!("../../kernels/attn_bwd.cu"),
-            KernelSource::AttnBwdWgmma => include_str!("../../kernels/attn_bwd_wgmma.cu"),
+            KernelSource::LayoutProbe => include_str!("../../kernels/probe/layout_probe.cu"),
+            KernelSource::AttnNaive => include_str!("../../kernels/ladder/attn_naive.cu"),
+            KernelSource::AttnSimt => include_str!("../../kernels/ladder/attn_simt.cu"),
+            KernelSource::AttnMma => include_str!("../../kernels/fwd/attn_mma.cu"),
+            KernelSource::AttnWgmma => include_str!("../../kernels/fwd/attn_wgmma.cu"),
+            KernelSource::WgmmaProbe => include_str!("../../kernels/probe/wgmma_probe.cu"),
+            KernelSource::PadRows => include_str!("../../kernels/fwd/pad_rows.cu"),
+            KernelSource::AttnDecode => include_str!("../../kernels/decode/attn_decode.cu"),
+            KernelSource::AttnCombine => include_str!("../../kernels/decode/attn_combine.cu"),
+            KernelSource::KvAppend => include_str!("../../kernels/decode/kv_append.cu"),
+            KernelSource::ReadPass => include_str!("../../kernels/probe/read_pass.cu"),
+            KernelSource::AttnBwd => include_str!("../../kernels/bwd/attn_bwd.cu"),
+            KernelSource::AttnBwdWgmma => include_str!("../../kernels/bwd/attn_bwd_wgmma.cu"),
         }
     }
 

@@ -13,7 +13,7 @@ use crate::dtype::DType;
 use cudarc::driver::{DeviceRepr, sys};
 
 /// A CUDA tensor map (`CUtensorMap`): 128 opaque bytes, 64-byte aligned, as the kernels'
-/// `TmaMap` (kernels/hopper.cuh).
+/// `TmaMap` (kernels/common/hopper.cuh).
 #[repr(C, align(64))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TmaMap(pub [u64; 16]);

@@ -439,7 +439,7 @@ pub fn unsupported(info: &DeviceInfo, p: &AttnProblem) -> Option<String> {
 }
 
 /// attn_wgmma's kernel parameters: four tensor maps, the shared [`FlashParams`], and the tile
-/// counter (kernels/attn_wgmma.cu `WgmmaParams`, same order and alignment).
+/// counter (kernels/fwd/attn_wgmma.cu `WgmmaParams`, same order and alignment).
 #[repr(C, align(64))]
 #[derive(Debug, Clone, Copy)]
 struct WgmmaParams {

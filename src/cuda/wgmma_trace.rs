@@ -12,7 +12,7 @@ use serde::Serialize;
 
 /// Environment variable naming the JSON file a traced launch writes.
 pub const TRACE_ENV: &str = "FLASHATTN_WGMMA_TRACE";
-/// Tiles (rounds) per block that are traced (kernels/attn_wgmma.cu `TRACE_ROUNDS`).
+/// Tiles (rounds) per block that are traced (kernels/fwd/attn_wgmma.cu `TRACE_ROUNDS`).
 pub const ROUNDS: usize = 8;
 /// Key tiles per round that are traced (`TRACE_ITERS`).
 pub const ITERS: usize = 16;
