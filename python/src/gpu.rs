@@ -3,7 +3,8 @@
 //! device or copies a tensor: a call only enqueues work on the stream the caller named (its
 //! framework's current stream), so it can be captured in a CUDA graph.
 
-use crate::{Borrowed, FlashAttnError, err};
+use crate::dlpack::Borrowed;
+use crate::{FlashAttnError, err};
 use flashattn::AttnProblem;
 use flashattn::cuda::DevicePtr;
 use flashattn::cuda::backward::{BackwardOptions, backward_device};
