@@ -130,20 +130,16 @@ def _unsupported(dropout_p, return_attn_probs):
         )
 
 
-def _slopes(alibi_slopes, batch, heads):
-    """ALiBi slopes as a flat list, after checking their shape: [heads] or [batch, heads]."""
+def _slopes(alibi_slopes):
+    """ALiBi slopes as the native calls read them: a host float32 NumPy array (copied from
+    the device: on CUDA the call synchronises). Its shape is the native call's to judge."""
     if alibi_slopes is None:
         return None
     if hasattr(alibi_slopes, "detach"):  # torch
         alibi_slopes = alibi_slopes.detach().cpu().float().numpy()
     import numpy
 
-    a = numpy.asarray(alibi_slopes, dtype=numpy.float32)
-    if a.shape not in ((heads,), (batch, heads)):
-        raise FlashAttnError(
-            f"alibi_slopes has shape {a.shape}; expected ({heads},) or ({batch}, {heads})"
-        )
-    return [float(x) for x in a.reshape(-1)]
+    return numpy.ascontiguousarray(alibi_slopes, dtype=numpy.float32)
 
 
 def _is_torch(x):
@@ -214,15 +210,13 @@ def _no_grad(fn, *tensors):
             )
 
 
-def _required(**named):
-    missing = [name for name, x in named.items() if x is None]
+def _tensors(optional=(), **named):
+    """Every tensor of a call (None only where `optional` names it) is a DLPack tensor, and
+    on CUDA all come from one framework."""
+    missing = [name for name, x in named.items() if x is None and name not in optional]
     if missing:
-        raise FlashAttnError(
-            f"{', '.join(missing)} is None: q, k and v are required tensors"
-        )
-
-
-def _tensors(**named):
+        required = ", ".join(n for n in named if n not in optional)
+        raise FlashAttnError(f"{', '.join(missing)} is None: {required} are required tensors")
     for name, x in named.items():
         if x is not None and not hasattr(x, "__dlpack__"):
             raise ValueError(
@@ -243,35 +237,49 @@ def _int(name, x, lo, hi):
     return int(x)
 
 
-def _window(window_size):
+_I64 = (-(2**63), 2**63 - 1)
+
+
+def _scores(softmax_scale, causal, window_size, softcap, alibi_slopes):
+    """FlashAttention-2's score arguments as every native call takes them, in its order:
+    (softmax_scale or None, causal, window_left, window_right, softcap, alibi_slopes). Only
+    their Python types are checked here; their values (scale and softcap finite and above 0,
+    window sides >= -1, the slopes' shape) are the native call's and the library's to judge."""
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         raise FlashAttnError(
             f"window_size = {window_size!r}: expected a pair (left, right) of key counts, "
             "-1 for unbounded: (-1, -1) is no window"
         )
     left, right = window_size
-    limit = 2**62
     return (
-        _int("window_size[0] (-1 = unbounded)", left, -1, limit),
-        _int("window_size[1] (-1 = unbounded)", right, -1, limit),
+        None if softmax_scale is None else float(softmax_scale),
+        bool(causal),
+        _int("window_size[0] (-1 = unbounded)", left, *_I64),
+        _int("window_size[1] (-1 = unbounded)", right, *_I64),
+        float(softcap),
+        _slopes(alibi_slopes),
     )
 
 
-def _run_forward(q, k, v, scale, causal, window, softcap, slopes):
-    b, sq, hq, _ = q.shape
-    out = _empty_like(q, q.shape)
-    lse = _empty_like(q, (b, hq, sq), float32=True)
+def _outputs(q, rank, lse_axes):
+    """out (like q) and lse (float32, q's sizes at `lse_axes`) in q's framework; when q has
+    not the `rank` of the call, an lse of no elements: the native call refuses q's shape."""
+    shape = tuple(q.shape)
+    lse = tuple(shape[i] for i in lse_axes) if len(shape) == rank else (0,)
+    return _empty_like(q, shape), _empty_like(q, lse, float32=True)
+
+
+def _run_forward(q, k, v, scores):
+    out, lse = _outputs(q, 4, (0, 2, 1))
     stream, current = _stream(q)
     _native.forward(
-        _dl(q), _dl(k), _dl(v), out, lse, scale, causal, window[0], window[1], softcap, slopes,
-        stream, current, torch=_is_torch(q),
+        _dl(q), _dl(k), _dl(v), out, lse, *scores, stream, current, torch=_is_torch(q)
     )
     return out, lse
 
 
-def _run_backward(saved, dout, args):
+def _run_backward(saved, dout, scores, deterministic):
     q, k, v, out, lse = saved
-    scale, causal, window, softcap, slopes, deterministic = args
     import torch
 
     # The library reads dout through out's strides (out is contiguous: allocated here).
@@ -282,8 +290,7 @@ def _run_backward(saved, dout, args):
     stream, current = _stream(q)
     _native.backward(
         _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(dout), dq, dk, dv,
-        scale, causal, window[0], window[1], softcap, slopes, deterministic, stream, current,
-        torch=True,
+        *scores, deterministic, stream, current, torch=True,
     )
     return dq, dk, dv
 
@@ -300,18 +307,18 @@ def _function():
 
         class FlashAttnFunction(torch.autograd.Function):
             @staticmethod
-            def forward(ctx, q, k, v, args):
-                out, lse = _run_forward(q, k, v, *args[:5])
+            def forward(ctx, q, k, v, scores, deterministic):
+                out, lse = _run_forward(q, k, v, scores)
                 ctx.save_for_backward(q, k, v, out, lse)
-                ctx.args = args
+                ctx.args = scores, deterministic
                 ctx.mark_non_differentiable(lse)
                 return out, lse
 
             @staticmethod
             @torch.autograd.function.once_differentiable
             def backward(ctx, dout, _dlse):
-                dq, dk, dv = _run_backward(ctx.saved_tensors, dout, ctx.args)
-                return dq, dk, dv, None
+                dq, dk, dv = _run_backward(ctx.saved_tensors, dout, *ctx.args)
+                return dq, dk, dv, None, None
 
         _autograd = FlashAttnFunction
     return _autograd
@@ -333,45 +340,28 @@ def _plain_torch_cuda(q, k, v):
 
 def _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
              deterministic=False):
+    scores = _scores(softmax_scale, causal, window_size, softcap, alibi_slopes)
     torch = _plain_torch_cuda(q, k, v)
-    if torch is not None and alibi_slopes is None:
+    if torch is not None:
         # The short path: what the general one does for these tensors, with fewer steps
         # (checks of shapes, dtypes and devices are the native call's, as there).
         b, sq, hq, _ = q.shape
         out = q.new_empty(q.shape)
         lse = q.new_empty((b, hq, sq), dtype=torch.float32)
-        left, right = _window(window_size)
         stream, current = _stream(q)
         _native.forward(
-            _dl(q), _dl(k), _dl(v), out, lse,
-            None if softmax_scale is None else float(softmax_scale),
-            bool(causal), left, right, float(softcap), None, stream, current, torch=True,
+            _dl(q), _dl(k), _dl(v), out, lse, *scores, stream, current, torch=True
         )
         return out, lse
-    _required(q=q, k=k, v=v)
     _tensors(q=q, k=k, v=v)
-    if len(q.shape) != 4:
-        raise FlashAttnError(
-            f"q has {len(q.shape)} dimensions {tuple(q.shape)}; expected 4: "
-            "[batch, seqlen, heads, head_dim]"
-        )
-    b, _, hq, _ = q.shape
-    args = (
-        None if softmax_scale is None else float(softmax_scale),
-        bool(causal),
-        _window(window_size),
-        float(softcap),
-        _slopes(alibi_slopes, b, hq),
-        bool(deterministic),
-    )
     if _is_torch(q):
         import torch
 
         if torch.is_grad_enabled() and any(
             _is_torch(t) and t.requires_grad for t in (q, k, v)
         ):
-            return _function().apply(q, k, v, args)
-    return _run_forward(q, k, v, *args[:5])
+            return _function().apply(q, k, v, scores, bool(deterministic))
+    return _run_forward(q, k, v, scores)
 
 
 def flash_attn_func(
@@ -399,74 +389,60 @@ def flash_attn_func(
     return out
 
 
-def flash_attn_qkvpacked_func(
-    qkv,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-):
-    """As :func:`flash_attn_func` with ``qkv`` ``[batch, seqlen, 3, heads, head_dim]`` (the
-    three slices are read in place, as strided views)."""
-    _unsupported(dropout_p, return_attn_probs)
-    _tensors(qkv=qkv)
-    if len(qkv.shape) != 5 or qkv.shape[2] != 3:
-        raise FlashAttnError(
-            f"qkv has shape {tuple(qkv.shape)}; expected [batch, seqlen, 3, heads, head_dim]"
-        )
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    out, _ = _forward(
-        q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
-    )
-    return out
+def _unpack(name, x, n, layout):
+    """The `n` tensors packed along the third axis of `x`, as strided views (read in place)."""
+    _tensors(**{name: x})
+    if len(x.shape) != 5 or x.shape[2] != n:
+        raise FlashAttnError(f"{name} has shape {tuple(x.shape)}; expected {layout}")
+    return [x[:, :, i] for i in range(n)]
 
 
-def flash_attn_kvpacked_func(
-    q,
-    kv,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-):
-    """As :func:`flash_attn_func` with ``kv`` ``[batch, seqlen_k, 2, heads_kv, head_dim]``."""
-    _unsupported(dropout_p, return_attn_probs)
-    _tensors(q=q, kv=kv)
-    if len(kv.shape) != 5 or kv.shape[2] != 2:
-        raise FlashAttnError(
-            f"kv has shape {tuple(kv.shape)}; expected [batch, seqlen_k, 2, heads_kv, head_dim]"
-        )
-    k, v = kv[:, :, 0], kv[:, :, 1]
-    out, _ = _forward(
-        q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
-    )
-    return out
+def _takes_the_rest_of_flash_attn_func(fn, tensors):
+    """Gives `fn` (tensors, *args, **kwargs) the signature it forwards: its own tensors, then
+    flash_attn_func's arguments after q, k, v (for help() and introspection)."""
+    import inspect
+
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    rest = list(inspect.signature(flash_attn_func).parameters.values())[3:]
+    fn.__signature__ = inspect.Signature([inspect.Parameter(t, kind) for t in tensors] + rest)
+    return fn
 
 
-def _ints(name, x, what):
-    """A 1-D integer array (NumPy, PyTorch, list) as Python ints within i32."""
+def flash_attn_qkvpacked_func(qkv, *args, **kwargs):
+    """As :func:`flash_attn_func` (the same arguments after the tensors) with ``qkv``
+    ``[batch, seqlen, 3, heads, head_dim]`` (the three slices are read in place, as strided
+    views)."""
+    q, k, v = _unpack("qkv", qkv, 3, "[batch, seqlen, 3, heads, head_dim]")
+    return flash_attn_func(q, k, v, *args, **kwargs)
+
+
+def flash_attn_kvpacked_func(q, kv, *args, **kwargs):
+    """As :func:`flash_attn_func` (the same arguments after the tensors) with ``kv``
+    ``[batch, seqlen_k, 2, heads_kv, head_dim]``."""
+    k, v = _unpack("kv", kv, 2, "[batch, seqlen_k, 2, heads_kv, head_dim]")
+    return flash_attn_func(q, k, v, *args, **kwargs)
+
+
+_takes_the_rest_of_flash_attn_func(flash_attn_qkvpacked_func, ["qkv"])
+_takes_the_rest_of_flash_attn_func(flash_attn_kvpacked_func, ["q", "kv"])
+
+
+def _host_ints(name, x, ndim, what):
+    """An integer array (NumPy, PyTorch on any device, a list) of `ndim` dimensions copied to
+    the host: its values as a flat list of ints within int32 (the native calls' type), and
+    its shape. What the values must be is the library's to judge."""
     if hasattr(x, "detach"):  # torch
         x = x.detach().cpu().numpy()
     import numpy
 
     a = numpy.asarray(x)
-    if a.ndim != 1 or a.dtype.kind not in "iu":
-        raise FlashAttnError(f"{name} must be a 1-D integer array {what}, got {a.dtype} {a.shape}")
+    if a.ndim != ndim or a.dtype.kind not in "iu":
+        raise FlashAttnError(
+            f"{name} must be a {ndim}-D integer array {what}, got {a.dtype} {a.shape}"
+        )
     if a.size and (int(a.min()) < -(2**31) or int(a.max()) >= 2**31):
         raise FlashAttnError(f"{name} holds values outside int32")
-    return [int(v) for v in a]
-
-
-def _offsets(name, cu):
-    return _ints(name, cu, "[batch + 1]")
+    return [int(v) for v in a.reshape(-1)], a.shape
 
 
 def flash_attn_varlen_func(
@@ -492,10 +468,13 @@ def flash_attn_varlen_func(
     returns out like q. ``max_seqlen_q``/``max_seqlen_k`` must be at least the longest
     sequence (FA2 sizes its grid with them; here they are checked)."""
     _unsupported(dropout_p, return_attn_probs)
+    scores = _scores(softmax_scale, causal, window_size, softcap, alibi_slopes)
     _tensors(q=q, k=k, v=v)
-    cq, ck = _offsets("cu_seqlens_q", cu_seqlens_q), _offsets("cu_seqlens_k", cu_seqlens_k)
+    cq, _ = _host_ints("cu_seqlens_q", cu_seqlens_q, 1, "[batch + 1]")
+    ck, _ = _host_ints("cu_seqlens_k", cu_seqlens_k, 1, "[batch + 1]")
     max_seqlen_q = _int("max_seqlen_q", max_seqlen_q, 0, 2**31 - 1)
     max_seqlen_k = _int("max_seqlen_k", max_seqlen_k, 0, 2**31 - 1)
+    # max_seqlen_*: FlashAttention-2's grid sizes, which the library does not take.
     for name, cu, bound in (("q", cq, max_seqlen_q), ("k", ck, max_seqlen_k)):
         steps = [b - a for a, b in zip(cu, cu[1:])]
         longest = max(steps, default=0)
@@ -504,33 +483,11 @@ def flash_attn_varlen_func(
             raise FlashAttnError(
                 f"max_seqlen_{name} = {bound} but the longest sequence has {longest} rows"
             )
-    if len(q.shape) != 3:
-        raise FlashAttnError(
-            f"q has shape {tuple(q.shape)}; expected [total_q, heads_q, head_dim]"
-        )
-    left, right = _window(window_size)
-    slopes = _slopes(alibi_slopes, len(cq) - 1, q.shape[1])
     _no_grad("flash_attn_varlen_func", q, k, v)
-    out = _empty_like(q, q.shape)
-    lse = _empty_like(q, (q.shape[1], q.shape[0]), float32=True)
+    out, lse = _outputs(q, 3, (1, 0))
     stream, current = _stream(q)
     _native.varlen_forward(
-        _dl(q),
-        _dl(k),
-        _dl(v),
-        out,
-        lse,
-        cq,
-        ck,
-        None if softmax_scale is None else float(softmax_scale),
-        bool(causal),
-        left,
-        right,
-        float(softcap),
-        slopes,
-        stream,
-        current,
-        torch=_is_torch(q),
+        _dl(q), _dl(k), _dl(v), out, lse, cq, ck, *scores, stream, current, torch=_is_torch(q)
     )
     return out
 
@@ -572,52 +529,26 @@ def flash_attn_with_kvcache(
     ):
         if arg is not None:
             raise NotImplementedError(f"{name}: not supported by flashattn yet; pass None")
-    _tensors(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
-    if len(q.shape) != 4:
-        raise FlashAttnError(f"q has shape {tuple(q.shape)}; expected [batch, seqlen_q, heads_q, head_dim]")
-    b, sq, hq, _ = q.shape
+    scores = _scores(softmax_scale, causal, window_size, softcap, alibi_slopes)
+    _tensors(("k", "v"), q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
     if cache_seqlens is None:
-        lens = None
+        lens = None  # the caches are full
     elif isinstance(cache_seqlens, (numbers.Integral, bool)):
-        lens = [_int("cache_seqlens", cache_seqlens, 0, 2**31 - 1)] * b
+        lens = _int("cache_seqlens", cache_seqlens, -(2**31), 2**31 - 1)  # every sequence's
     else:
-        lens = _ints("cache_seqlens", cache_seqlens, "[batch]")
-    num_splits = _int("num_splits", num_splits, 0, 128)
+        lens, _ = _host_ints("cache_seqlens", cache_seqlens, 1, "[batch]")
+    # 0: the library picks (the native calls take no negative count).
+    num_splits = _int("num_splits", num_splits, 0, 2**63 - 1)
     table, max_blocks = None, 0
     if block_table is not None:
-        if hasattr(block_table, "detach"):
-            block_table = block_table.detach().cpu().numpy()
-        import numpy
-
-        bt = numpy.asarray(block_table)
-        if bt.ndim != 2 or bt.dtype.kind not in "iu":
-            raise FlashAttnError(f"block_table must be a 2-D integer array [batch, max_blocks], got {bt.dtype} {bt.shape}")
-        table, max_blocks = _ints("block_table", bt.reshape(-1), "[batch, max_blocks]"), int(bt.shape[1])
-    left, right = _window(window_size)
-    slopes = _slopes(alibi_slopes, b, hq)
+        table, shape = _host_ints("block_table", block_table, 2, "[batch, max_blocks]")
+        max_blocks = int(shape[1])
     _no_grad("flash_attn_with_kvcache", q, k_cache, v_cache, k, v)
-    out = _empty_like(q, q.shape)
-    lse = _empty_like(q, (b, hq, sq), float32=True)
+    out, lse = _outputs(q, 4, (0, 2, 1))
     stream, current = _stream(q)
+    new = [None if x is None else _dl(x) for x in (k, v)]
     _native.kvcache_forward(
-        _dl(q),
-        _dl(k_cache),
-        _dl(v_cache),
-        None if k is None else _dl(k),
-        None if v is None else _dl(v),
-        out,
-        lse,
-        lens,
-        table,
-        max_blocks,
-        None if softmax_scale is None else float(softmax_scale),
-        bool(causal),
-        left,
-        right,
-        float(softcap),
-        slopes,
-        num_splits,
-        stream,
-        current,
+        _dl(q), _dl(k_cache), _dl(v_cache), *new, out, lse, lens, table, max_blocks, *scores,
+        num_splits, stream, current,
     )
     return (out, lse) if return_softmax_lse else out

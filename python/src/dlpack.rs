@@ -1,4 +1,7 @@
-//! DLPack intake.
+//! Tensor intake: a framework's tensor borrowed for the length of one call through DLPack
+//! (<https://dmlc.github.io/dlpack/latest/c_api.html>; NumPy, PyTorch, CuPy, JAX...) or, for a
+//! PyTorch CUDA tensor on its current stream, through its own attributes (cheaper); its device,
+//! element type, shape, strides and memory span, and the stream handshake of a CUDA call.
 
 use crate::FlashAttnError;
 use pyo3::exceptions::{PyNotImplementedError, PyValueError};
@@ -192,7 +195,7 @@ impl Borrowed {
     /// `None` for anything else (the caller takes it through DLPack, whose errors name the
     /// problem); an error for a negated view. Only for a call on the tensor's current stream, where DLPack's handshake
     /// would do nothing either.
-    pub(crate) fn take_torch(obj: &Bound<'_, PyAny>, name: &'static str) -> PyResult<Option<Self>> {
+    fn take_torch(obj: &Bound<'_, PyAny>, name: &'static str) -> PyResult<Option<Self>> {
         let py = obj.py();
         // CUDA only (get_device() also numbers XPU, MPS and other backends' devices)
         if !obj.getattr("is_cuda")?.is_truthy()? {
@@ -261,7 +264,7 @@ impl Borrowed {
     /// [`Self::take_torch`] when `torch` (the caller passed PyTorch tensors) and the call runs
     /// on their current stream (`handshake` -1), else [`Self::take_on`] (the caller detaches
     /// tensors that require grad: DLPack refuses them).
-    pub(crate) fn take_fast(
+    fn take_fast(
         obj: &Bound<'_, PyAny>,
         name: &'static str,
         handshake: Option<i64>,
@@ -277,7 +280,7 @@ impl Borrowed {
     }
 
     /// Whether the producer marked the tensor read-only (DLPack 1.0 only).
-    pub(crate) fn read_only(&self) -> bool {
+    fn read_only(&self) -> bool {
         match self.managed {
             // SAFETY: valid until the deleter runs in drop.
             Managed::Versioned(m) => unsafe { (*m).flags & DL_FLAG_READ_ONLY != 0 },
@@ -298,7 +301,7 @@ impl Borrowed {
 
     /// The data address must be aligned to the element size (a misaligned slice is undefined
     /// behaviour in Rust).
-    pub(crate) fn check_aligned(&self) -> PyResult<()> {
+    fn check_aligned(&self) -> PyResult<()> {
         let t = self.t();
         let addr = t.data as usize + t.byte_offset as usize;
         let size = (t.dtype.bits as usize / 8).max(1);
@@ -496,14 +499,20 @@ pub(crate) fn handshake(stream: Option<usize>, current: bool) -> Option<i64> {
     })
 }
 
-/// Each named tensor of a call taken with [`Borrowed::take_fast`], in argument order (the
-/// caller reports the first failure).
+/// Each named tensor of a call taken with [`Borrowed::take_fast`] (every one, so that each
+/// producer's export is consumed), or the first failure in argument order.
 pub(crate) fn take_all<const N: usize>(
     named: [(&Bound<'_, PyAny>, &'static str); N],
     handshake: Option<i64>,
     torch: bool,
-) -> [PyResult<Borrowed>; N] {
-    named.map(|(x, name)| Borrowed::take_fast(x, name, handshake, torch))
+) -> PyResult<[Borrowed; N]> {
+    let taken = named.map(|(x, name)| Borrowed::take_fast(x, name, handshake, torch));
+    let mut ts = Vec::with_capacity(N);
+    for t in taken {
+        ts.push(t?);
+    }
+    ts.try_into()
+        .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("take_all: a tensor went missing"))
 }
 
 /// Where a call runs: every tensor on the CPU (`None`) or every one on one CUDA device.

@@ -98,38 +98,41 @@ unsafe fn foreign<T>(t: &Borrowed, gpu: &Gpu) -> PyResult<ForeignSlice<T>> {
     Ok(unsafe { ForeignSlice::new(start as u64, t.extent()?, gpu.stream().clone()) })
 }
 
-/// Forward on CUDA tensors (checked by the caller: one device, dtype `T`, shapes of `p`).
+/// q, k, v, o (`T`) and lse (f32) of a call as device slices.
+///
+/// # Safety
+/// As [`foreign`].
+#[allow(clippy::type_complexity)]
+unsafe fn qkvo_lse<T>(
+    gpu: &Gpu,
+    [q, k, v, o, lse]: [&Borrowed; 5],
+) -> PyResult<([ForeignSlice<T>; 4], ForeignSlice<f32>)> {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        let qkvo = [q, k, v, o].map(|t| foreign(t, gpu));
+        let [fq, fk, fv, fo] = qkvo;
+        Ok(([fq?, fk?, fv?, fo?], foreign(lse, gpu)?))
+    }
+}
+
+/// Forward on CUDA tensors q, k, v, out, lse (checked by the caller: one device, dtype `T`,
+/// shapes and strides of `p`).
 ///
 /// # Safety
 /// As [`on_stream`] and [`foreign`].
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn forward<T: GpuElement>(
     id: i32,
     stream: usize,
     p: &AttnProblem,
-    q: &Borrowed,
-    k: &Borrowed,
-    v: &Borrowed,
-    o: &Borrowed,
-    lse: &Borrowed,
+    t: [&Borrowed; 5],
 ) -> PyResult<String> {
     // SAFETY: forwarded to the caller.
     unsafe {
         on_device(id, stream, |gpu| {
-            let (fq, fk, fv) = (foreign::<T>(q, gpu)?, foreign(k, gpu)?, foreign(v, gpu)?);
-            let (mut fo, mut fl) = (foreign::<T>(o, gpu)?, foreign::<f32>(lse, gpu)?);
-            let info = forward_device(
-                gpu,
-                KernelKind::Wgmma,
-                None,
-                p,
-                &fq,
-                &fk,
-                &fv,
-                &mut fo,
-                &mut fl,
-            )
-            .map_err(err)?;
+            let ([fq, fk, fv, mut fo], mut fl) = qkvo_lse::<T>(gpu, t)?;
+            let wgmma = KernelKind::Wgmma;
+            let info = forward_device(gpu, wgmma, None, p, &fq, &fk, &fv, &mut fo, &mut fl)
+                .map_err(err)?;
             Ok(ran(id, gpu, &format!("attn_{}", info.kernel), &info.why))
         })
     }
@@ -152,17 +155,9 @@ pub unsafe fn backward<T: GpuElement>(
     // SAFETY: forwarded to the caller.
     unsafe {
         on_device(id, stream, |gpu| {
-            let (fq, fk, fv) = (foreign::<T>(q, gpu)?, foreign(k, gpu)?, foreign(v, gpu)?);
-            let (fo, fl, fdo) = (
-                foreign::<T>(o, gpu)?,
-                foreign::<f32>(lse, gpu)?,
-                foreign::<T>(d_o, gpu)?,
-            );
-            let (mut fdq, mut fdk, mut fdv) = (
-                foreign::<T>(dq, gpu)?,
-                foreign::<T>(dk, gpu)?,
-                foreign::<T>(dv, gpu)?,
-            );
+            let ([fq, fk, fv, fo], fl) = qkvo_lse::<T>(gpu, [q, k, v, o, lse])?;
+            let [fdo, fdq, fdk, fdv] = [d_o, dq, dk, dv].map(|t| foreign::<T>(t, gpu));
+            let (fdo, mut fdq, mut fdk, mut fdv) = (fdo?, fdq?, fdk?, fdv?);
             let opts = BackwardOptions {
                 deterministic,
                 ..Default::default()
@@ -176,39 +171,24 @@ pub unsafe fn backward<T: GpuElement>(
     }
 }
 
-/// A packed variable-length batch on CUDA tensors (checked by the caller: one device, dtype
-/// `T`, compact, the sizes of `p`).
+/// A packed variable-length batch on CUDA tensors q, k, v, out, lse (checked by the caller:
+/// one device, dtype `T`, compact, the sizes of `p`).
 ///
 /// # Safety
 /// As [`on_stream`] and [`foreign`].
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn varlen<T: GpuElement>(
     id: i32,
     stream: usize,
     p: &VarlenProblem,
-    q: &Borrowed,
-    k: &Borrowed,
-    v: &Borrowed,
-    o: &Borrowed,
-    lse: &Borrowed,
+    t: [&Borrowed; 5],
 ) -> PyResult<String> {
     // SAFETY: forwarded to the caller.
     unsafe {
         on_device(id, stream, |gpu| {
             not_capturing(gpu, "flash_attn_varlen_func")?;
-            let (fq, fk, fv) = (foreign::<T>(q, gpu)?, foreign(k, gpu)?, foreign(v, gpu)?);
-            let (mut fo, mut fl) = (foreign::<T>(o, gpu)?, foreign::<f32>(lse, gpu)?);
-            let info = flashattn::cuda::varlen::forward_device(
-                gpu,
-                KernelKind::Wgmma,
-                p,
-                &fq,
-                &fk,
-                &fv,
-                &mut fo,
-                &mut fl,
-            )
-            .map_err(err)?;
+            let ([fq, fk, fv, mut fo], mut fl) = qkvo_lse::<T>(gpu, t)?;
+            let (wgmma, run) = (KernelKind::Wgmma, flashattn::cuda::varlen::forward_device);
+            let info = run(gpu, wgmma, p, &fq, &fk, &fv, &mut fo, &mut fl).map_err(err)?;
             Ok(ran(id, gpu, &format!("attn_{}", info.kernel), &info.why))
         })
     }

@@ -1,18 +1,38 @@
-//! Argument rules.
+//! The argument rules of the native calls, each written once: tensor ranks, layouts and the
+//! shapes that must agree, element types, memory that a call writes, and FlashAttention-2's
+//! score arguments (`softmax_scale`, `causal`, `window_size`, `softcap`, `alibi_slopes`) as the
+//! library's problem options.
+//!
+//! What the library checks with a typed error is not checked here: sizes (zero, GQA,
+//! `head_dim` <= 256, overflow), the scale (finite, above 0; its `1/sqrt(head_dim)` default
+//! when `None`), the window's sides (>= -1), softcap (finite, above 0), the slopes' count and
+//! values, the offsets of a packed batch, cache lengths, block tables and split counts: its
+//! [`flashattn::AttnError`] becomes a `FlashAttnError` ([`crate::err`]). What only Python can
+//! check (dropout, frameworks, autograd, host copies of index arrays, `max_seqlen_*`) is in
+//! `flashattn/__init__.py`.
 
 use crate::dlpack::Borrowed;
 use crate::{FlashAttnError, err};
-use flashattn::Mask;
+use flashattn::kvcache::{CacheLayout, KvCacheProblem};
 use flashattn::scores::{Alibi, ScoreMods, Window};
 use flashattn::shape::{AttnProblem, AttnShape, Strides};
+use flashattn::varlen::VarlenProblem;
+use flashattn::{AttnError, Mask};
 use pyo3::prelude::*;
+
+/// `[batch, seqlen, heads, head_dim]`, the layout of every dense tensor.
+pub(crate) const BSHD: &str = "[batch, seqlen, heads, head_dim]";
+
+fn invalid(msg: String) -> PyErr {
+    FlashAttnError::new_err(msg)
+}
 
 /// A bshd tensor's shape and strides (head_dim contiguous).
 pub(crate) fn bshd(t: &Borrowed) -> PyResult<([usize; 4], Strides)> {
     let shape = t.shape();
     if shape.len() != 4 {
-        return Err(FlashAttnError::new_err(format!(
-            "{} has {} dimensions {shape:?}; expected 4: [batch, seqlen, heads, head_dim]",
+        return Err(invalid(format!(
+            "{} has {} dimensions {shape:?}; expected 4: {BSHD}",
             t.name,
             shape.len()
         )));
@@ -20,7 +40,7 @@ pub(crate) fn bshd(t: &Borrowed) -> PyResult<([usize; 4], Strides)> {
     let st = t.strides()?;
     // An empty tensor's strides mean nothing (NumPy reports 0): the sizes are refused later.
     if st[3] != 1 && shape[3] > 1 && !shape.contains(&0) {
-        return Err(FlashAttnError::new_err(format!(
+        return Err(invalid(format!(
             "{}: the last dimension (head_dim) has stride {}; it must be contiguous (call .contiguous() / np.ascontiguousarray)",
             t.name, st[3]
         )));
@@ -35,140 +55,11 @@ pub(crate) fn bshd(t: &Borrowed) -> PyResult<([usize; 4], Strides)> {
     ))
 }
 
-/// Every tensor this call writes must be writable and share no memory with any other tensor
-/// of the call (Rust may not read and write one place through two references).
-pub(crate) fn check_disjoint(written: &[&Borrowed], read: &[&Borrowed]) -> PyResult<()> {
-    for (i, w) in written.iter().enumerate() {
-        w.check_writable()?;
-        let (a0, a1) = w.span()?;
-        for other in written[i + 1..].iter().chain(read) {
-            let (b0, b1) = other.span()?;
-            if a0 < b1 && b0 < a1 {
-                return Err(FlashAttnError::new_err(format!(
-                    "{} and {} share memory, and this call writes {}: pass separate buffers",
-                    w.name, other.name, w.name
-                )));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// q's element type shared by `others`; lse f32.
-pub(crate) fn same_dtype(dtype: &str, others: &[&Borrowed], lse: &Borrowed) -> PyResult<()> {
-    for t in others {
-        if t.dtype()? != dtype {
-            return Err(FlashAttnError::new_err(format!(
-                "q is {dtype} but {} is {}: pass q, k, v (and out, the caches) with one element type",
-                t.name,
-                t.dtype()?
-            )));
-        }
-    }
-    if lse.dtype()? != "float32" {
-        return Err(FlashAttnError::new_err("lse must be float32"));
-    }
-    Ok(())
-}
-
-/// FlashAttention-2's `window_size`, `softcap` (0 = off) and `alibi_slopes` (`[heads_q]`, or
-/// `[batch, heads_q]` flattened) as the library's score modifiers.
-pub(crate) fn score_mods(
-    (left, right): (i64, i64),
-    softcap: f32,
-    alibi_slopes: Option<Vec<f32>>,
-    batch: usize,
-    heads_q: usize,
-) -> PyResult<ScoreMods> {
-    Ok(ScoreMods {
-        window: Window::from_fa(left, right).map_err(err)?,
-        softcap: (softcap != 0.0).then_some(softcap),
-        alibi: alibi_slopes.map(|slopes| {
-            let per_batch = slopes.len() == batch * heads_q && batch > 1;
-            Alibi { slopes, per_batch }
-        }),
-    })
-}
-
-/// The problem of a call: sizes `[batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim]`,
-/// the mask, the strides of q, k, v, o and the scale (default `1/sqrt(head_dim)`).
-pub(crate) fn problem(
-    [b, sq, sk, hq, hkv, d]: [usize; 6],
-    causal: bool,
-    [qs, ks, vs, os]: [Strides; 4],
-    softmax_scale: Option<f32>,
-) -> PyResult<AttnProblem> {
-    let p = AttnProblem::new(AttnShape {
-        batch: b,
-        seqlen_q: sq,
-        seqlen_k: sk,
-        heads_q: hq,
-        heads_kv: hkv,
-        head_dim: d,
-    })
-    .map_err(err)?
-    .with_mask(if causal { Mask::Causal } else { Mask::None })
-    .with_strides(qs, ks, vs, os)
-    .map_err(err)?;
-    match softmax_scale {
-        Some(s) => p.with_scale(s).map_err(err),
-        None => Ok(p),
-    }
-}
-
-pub(crate) fn cuda_dtype(dtype: &str) -> PyErr {
-    FlashAttnError::new_err(format!(
-        "q is {dtype}: the CUDA kernels take float16 or bfloat16; convert the tensors (e.g. q.half()), or run float32 on the CPU"
-    ))
-}
-
-/// The problem of a bshd call after checking its tensors: q, k, v, out (q's shape) and lse
-/// (a contiguous f32 `[batch, heads_q, seqlen_q]`).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn bshd_problem(
-    [tq, tk, tv, to, tl]: [&Borrowed; 5],
-    softmax_scale: Option<f32>,
-    causal: bool,
-    window: (i64, i64),
-    softcap: f32,
-    alibi_slopes: Option<Vec<f32>>,
-) -> PyResult<AttnProblem> {
-    let ([b, sq, hq, d], qs) = bshd(tq)?;
-    let ([bk, sk, hkv, dk], ks) = bshd(tk)?;
-    let (vshape, vs) = bshd(tv)?;
-    let (oshape, os) = bshd(to)?;
-    if bk != b || dk != d || vshape != [bk, sk, hkv, dk] || oshape != [b, sq, hq, d] {
-        return Err(FlashAttnError::new_err(format!(
-            "shapes disagree: q {:?}, k {:?}, v {vshape:?}, out {oshape:?}; k and v must be [batch, seqlen_k, heads_kv, head_dim] with q's batch and head_dim, out q's shape",
-            [b, sq, hq, d],
-            [bk, sk, hkv, dk]
-        )));
-    }
-    let mods = score_mods(window, softcap, alibi_slopes, b, hq)?;
-    let p = problem(
-        [b, sq, sk, hq, hkv, d],
-        causal,
-        [qs, ks, vs, os],
-        softmax_scale,
-    )?
-    .with_scores(mods)
-    .map_err(err)?;
-    let lshape = tl.shape();
-    // (compact() judges strides only where a dimension has more than one element: DLPack
-    // producers may report anything, e.g. 1, for the others.)
-    if lshape != [b, hq, sq] || compact(tl, 3, "[batch, heads_q, seqlen_q]").is_err() {
-        return Err(FlashAttnError::new_err(format!(
-            "lse has shape {lshape:?}; expected a contiguous float32 [{b}, {hq}, {sq}]"
-        )));
-    }
-    Ok(p)
-}
-
 /// A compact (row-major, no gaps) tensor of `ndim` dimensions: its shape.
 pub(crate) fn compact(t: &Borrowed, ndim: usize, what: &str) -> PyResult<Vec<usize>> {
     let shape = t.shape();
     if shape.len() != ndim {
-        return Err(FlashAttnError::new_err(format!(
+        return Err(invalid(format!(
             "{} has {} dimensions {shape:?}; expected {ndim}: {what}",
             t.name,
             shape.len()
@@ -181,7 +72,7 @@ pub(crate) fn compact(t: &Borrowed, ndim: usize, what: &str) -> PyResult<Vec<usi
     let mut want = 1usize;
     for i in (0..ndim).rev() {
         if shape[i] > 1 && st[i] != want {
-            return Err(FlashAttnError::new_err(format!(
+            return Err(invalid(format!(
                 "{} is not contiguous (strides {st:?} for shape {shape:?}); pass a contiguous tensor (.contiguous() / np.ascontiguousarray)",
                 t.name
             )));
@@ -189,4 +80,365 @@ pub(crate) fn compact(t: &Borrowed, ndim: usize, what: &str) -> PyResult<Vec<usi
         want *= shape[i];
     }
     Ok(shape)
+}
+
+/// The element type of a call: q's (the first tensor), shared by every tensor but `lse`,
+/// which is float32.
+pub(crate) fn one_dtype(ts: &[&Borrowed]) -> PyResult<&'static str> {
+    let dtype = ts[0].dtype()?;
+    for t in &ts[1..] {
+        let here = t.dtype()?;
+        if t.name == "lse" {
+            if here != "float32" {
+                return Err(invalid("lse must be float32".into()));
+            }
+        } else if here != dtype {
+            return Err(invalid(format!(
+                "q is {dtype} but {} is {here}: pass q, k, v (and out, the caches) with one element type",
+                t.name
+            )));
+        }
+    }
+    Ok(dtype)
+}
+
+/// The CUDA kernels take float16 and bfloat16 only.
+pub(crate) fn cuda_dtype(dtype: &str) -> PyErr {
+    invalid(format!(
+        "q is {dtype}: the CUDA kernels take float16 or bfloat16; convert the tensors (e.g. q.half()), or run float32 on the CPU"
+    ))
+}
+
+/// Every tensor this call writes must be writable and share no memory with any other tensor
+/// of the call (Rust may not read and write one place through two references).
+pub(crate) fn check_disjoint(written: &[&Borrowed], read: &[&Borrowed]) -> PyResult<()> {
+    for (i, w) in written.iter().enumerate() {
+        w.check_writable()?;
+        let (a0, a1) = w.span()?;
+        for other in written[i + 1..].iter().chain(read) {
+            let (b0, b1) = other.span()?;
+            if a0 < b1 && b0 < a1 {
+                return Err(invalid(format!(
+                    "{} and {} share memory, and this call writes {}: pass separate buffers",
+                    w.name, other.name, w.name
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// FlashAttention-2's score arguments of a call, as the natives take them.
+pub(crate) struct Scores<'py> {
+    /// `None`: the library's default, `1/sqrt(head_dim)`.
+    pub softmax_scale: Option<f32>,
+    pub causal: bool,
+    /// `window_size`, -1 for an unbounded side.
+    pub window: (i64, i64),
+    /// 0 = off.
+    pub softcap: f32,
+    /// A host float32 array `[heads_q]` or `[batch, heads_q]` (Python copies it there).
+    pub alibi_slopes: Option<Bound<'py, PyAny>>,
+}
+
+impl Scores<'_> {
+    /// Causal or not, with the default scale or `softmax_scale`, and nothing else.
+    pub(crate) fn plain(softmax_scale: Option<f32>, causal: bool) -> Self {
+        Scores {
+            softmax_scale,
+            causal,
+            window: (-1, -1),
+            softcap: 0.0,
+            alibi_slopes: None,
+        }
+    }
+
+    /// `p` with these options; `batch` and `heads_q` judge the slopes' shape.
+    pub(crate) fn apply<P: Problem>(&self, p: P, batch: usize, heads_q: usize) -> PyResult<P> {
+        let mods = ScoreMods {
+            window: Window::from_fa(self.window.0, self.window.1).map_err(err)?,
+            softcap: (self.softcap != 0.0).then_some(self.softcap),
+            alibi: alibi(self.alibi_slopes.as_ref(), batch, heads_q)?,
+        };
+        let p = p.mask(if self.causal {
+            Mask::Causal
+        } else {
+            Mask::None
+        });
+        let p = match self.softmax_scale {
+            Some(s) => p.scale(s).map_err(err)?,
+            None => p,
+        };
+        p.scores(mods).map_err(err)
+    }
+}
+
+/// The library's problems (dense, packed, KV cache), which take the same options.
+pub(crate) trait Problem: Sized {
+    fn mask(self, mask: Mask) -> Self;
+    fn scale(self, softmax_scale: f32) -> Result<Self, AttnError>;
+    fn scores(self, scores: ScoreMods) -> Result<Self, AttnError>;
+}
+
+macro_rules! problem {
+    ($($t:ty),*) => {$(
+        impl Problem for $t {
+            fn mask(self, mask: Mask) -> Self {
+                self.with_mask(mask)
+            }
+            fn scale(self, softmax_scale: f32) -> Result<Self, AttnError> {
+                self.with_scale(softmax_scale)
+            }
+            fn scores(self, scores: ScoreMods) -> Result<Self, AttnError> {
+                self.with_scores(scores)
+            }
+        }
+    )*};
+}
+problem!(AttnProblem, VarlenProblem, KvCacheProblem);
+
+/// A shape as Python writes it: `(3,)`, `(2, 4)`.
+fn tuple(shape: &[usize]) -> String {
+    match shape {
+        [x] => format!("({x},)"),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// `alibi_slopes` `[heads_q]`, or `[batch, heads_q]` (per batch entry), as the library's
+/// slopes (their count and values are the library's to judge).
+fn alibi(
+    slopes: Option<&Bound<'_, PyAny>>,
+    batch: usize,
+    heads_q: usize,
+) -> PyResult<Option<Alibi>> {
+    let Some(x) = slopes else {
+        return Ok(None);
+    };
+    let t = Borrowed::take(x, "alibi_slopes")?;
+    let shape = t.shape();
+    if shape != [heads_q] && shape != [batch, heads_q] {
+        return Err(invalid(format!(
+            "alibi_slopes has shape {}; expected ({heads_q},) or ({batch}, {heads_q})",
+            tuple(&shape)
+        )));
+    }
+    if t.place()?.is_some() || t.dtype()? != "float32" {
+        return Err(invalid(
+            "alibi_slopes: pass a host float32 array (flashattn's functions copy it there)".into(),
+        ));
+    }
+    compact(&t, shape.len(), "[heads_q] or [batch, heads_q]")?;
+    // SAFETY: a compact float32 tensor on the host.
+    let slopes = unsafe { t.slice::<f32>()? }.to_vec();
+    Ok(Some(Alibi {
+        slopes,
+        per_batch: shape.len() == 2 && batch > 1,
+    }))
+}
+
+/// The problem of a dense call: sizes `[batch, seqlen_q, seqlen_k, heads_q, heads_kv,
+/// head_dim]` and the strides of q, k, v, o.
+pub(crate) fn problem(
+    [b, sq, sk, hq, hkv, d]: [usize; 6],
+    [qs, ks, vs, os]: [Strides; 4],
+    scores: &Scores,
+) -> PyResult<AttnProblem> {
+    let p = AttnProblem::new(AttnShape {
+        batch: b,
+        seqlen_q: sq,
+        seqlen_k: sk,
+        heads_q: hq,
+        heads_kv: hkv,
+        head_dim: d,
+    })
+    .map_err(err)?
+    .with_strides(qs, ks, vs, os)
+    .map_err(err)?;
+    scores.apply(p, b, hq)
+}
+
+/// The problem of a bshd call after checking its tensors: q, k, v, out (q's shape) and lse
+/// (a contiguous f32 `[batch, heads_q, seqlen_q]`).
+pub(crate) fn bshd_problem(
+    [tq, tk, tv, to, tl]: [&Borrowed; 5],
+    scores: &Scores,
+) -> PyResult<AttnProblem> {
+    let ([b, sq, hq, d], qs) = bshd(tq)?;
+    let ([bk, sk, hkv, dk], ks) = bshd(tk)?;
+    let (vshape, vs) = bshd(tv)?;
+    let (oshape, os) = bshd(to)?;
+    if bk != b || dk != d || vshape != [bk, sk, hkv, dk] || oshape != [b, sq, hq, d] {
+        return Err(invalid(format!(
+            "shapes disagree: q {:?}, k {:?}, v {vshape:?}, out {oshape:?}; k and v must be [batch, seqlen_k, heads_kv, head_dim] with q's batch and head_dim, out q's shape",
+            [b, sq, hq, d],
+            [bk, sk, hkv, dk]
+        )));
+    }
+    let p = problem([b, sq, sk, hq, hkv, d], [qs, ks, vs, os], scores)?;
+    let lshape = tl.shape();
+    // (compact() judges strides only where a dimension has more than one element: DLPack
+    // producers may report anything, e.g. 1, for the others.)
+    if lshape != [b, hq, sq] || compact(tl, 3, "[batch, heads_q, seqlen_q]").is_err() {
+        return Err(invalid(format!(
+            "lse has shape {lshape:?}; expected a contiguous float32 [{b}, {hq}, {sq}]"
+        )));
+    }
+    Ok(p)
+}
+
+/// The backward's extra tensors: `dout` with out's shape and strides; `dq` (q's shape), `dk`,
+/// `dv` (k's shape) compact.
+pub(crate) fn check_grads(
+    [tq, tk, to, tdo]: [&Borrowed; 4],
+    [tdq, tdk, tdv]: [&Borrowed; 3],
+) -> PyResult<()> {
+    // Strides compared where a dimension has more than one element (see bshd_problem).
+    let (dshape, dstr, ostr) = (tdo.shape(), tdo.strides()?, to.strides()?);
+    let same_layout =
+        dshape == to.shape() && (0..dshape.len()).all(|i| dshape[i] <= 1 || dstr[i] == ostr[i]);
+    if !same_layout {
+        return Err(invalid(format!(
+            "dout has shape {dshape:?} and strides {dstr:?}; it must have out's ({:?}, {ostr:?})",
+            to.shape(),
+        )));
+    }
+    let (qshape, kshape) = (tq.shape(), tk.shape());
+    for (t, want) in [(tdq, &qshape), (tdk, &kshape), (tdv, &kshape)] {
+        if compact(t, 4, BSHD)? != *want {
+            return Err(invalid(format!(
+                "{} has shape {:?}; expected {want:?}",
+                t.name,
+                t.shape()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The problem of a packed variable-length call: q `[total_q, heads_q, head_dim]`, k, v
+/// `[total_k, heads_kv, head_dim]`, out like q, lse `[heads_q, total_q]`, all compact, with the
+/// offsets' totals.
+pub(crate) fn varlen_problem(
+    [tq, tk, tv, to, tl]: [&Borrowed; 5],
+    cu_seqlens_q: Vec<i32>,
+    cu_seqlens_k: Vec<i32>,
+    scores: &Scores,
+) -> PyResult<VarlenProblem> {
+    let packed = "[total, heads, head_dim]";
+    let qs = compact(tq, 3, packed)?;
+    let ks = compact(tk, 3, packed)?;
+    let vs = compact(tv, 3, packed)?;
+    let os = compact(to, 3, packed)?;
+    let ls = compact(tl, 2, "[heads_q, total_q]")?;
+    if ks != vs || ks[2] != qs[2] || os != qs || ls != [qs[1], qs[0]] {
+        return Err(invalid(format!(
+            "shapes disagree: q {qs:?}, k {ks:?}, v {vs:?}, out {os:?}, lse {ls:?}"
+        )));
+    }
+    let batch = cu_seqlens_q.len().saturating_sub(1);
+    let p = VarlenProblem::new(cu_seqlens_q, cu_seqlens_k, qs[1], ks[1], qs[2]).map_err(err)?;
+    let p = scores.apply(p, batch, qs[1])?;
+    if p.total_q() != qs[0] || p.total_k() != ks[0] {
+        return Err(invalid(format!(
+            "cu_seqlens_q ends at {} and cu_seqlens_k at {}, but q has {} rows and k {}",
+            p.total_q(),
+            p.total_k(),
+            qs[0],
+            ks[0]
+        )));
+    }
+    Ok(p)
+}
+
+/// `cache_seqlens` as Python passes it: one length for every sequence, or one each.
+#[derive(FromPyObject)]
+pub(crate) enum CacheSeqlens {
+    All(i32),
+    Each(Vec<i32>),
+}
+
+/// The KV cache's index arguments: `cache_seqlens` (`None`: every cache full, as
+/// FlashAttention-2 assumes) and `block_table` (row-major `[batch, max_blocks]`; `None`: a
+/// contiguous cache).
+pub(crate) struct CacheIndex {
+    pub cache_seqlens: Option<CacheSeqlens>,
+    pub block_table: Option<Vec<i32>>,
+    pub max_blocks: usize,
+}
+
+/// The problem of a KV-cache call: q `[batch, seqlen_q, heads_q, head_dim]`; caches
+/// `[batch, seqlen_cache, heads_kv, head_dim]` or paged `[num_blocks, page_size, heads_kv,
+/// head_dim]`; new rows `[batch, seqlen_new, heads_kv, head_dim]`; out like q; lse `[batch,
+/// heads_q, seqlen_q]`; all compact.
+pub(crate) fn kvcache_problem(
+    [tq, tkc, tvc, to, tl]: [&Borrowed; 5],
+    new: Option<&(Borrowed, Borrowed)>,
+    index: CacheIndex,
+    scores: &Scores,
+) -> PyResult<KvCacheProblem> {
+    let qs = compact(tq, 4, BSHD)?;
+    let cs = compact(
+        tkc,
+        4,
+        "[batch or num_blocks, seqlen_cache or page_size, heads_kv, head_dim]",
+    )?;
+    let (b, sq, hq, d, hkv) = (qs[0], qs[1], qs[2], qs[3], cs[2]);
+    if compact(tvc, 4, BSHD)? != cs || cs[3] != d || compact(to, 4, BSHD)? != qs {
+        return Err(invalid(format!(
+            "shapes disagree: q {qs:?}, k_cache {cs:?}, v_cache {:?}, out {:?}",
+            tvc.shape(),
+            to.shape()
+        )));
+    }
+    if compact(tl, 3, "[batch, heads_q, seqlen_q]")? != [b, hq, sq] {
+        return Err(invalid(format!(
+            "lse has shape {:?}; expected [{b}, {hq}, {sq}]",
+            tl.shape()
+        )));
+    }
+    let seqlen_new = match new {
+        Some((k, v)) => {
+            let ns = compact(k, 4, BSHD)?;
+            if compact(v, 4, BSHD)? != ns || ns[0] != b || ns[2] != hkv || ns[3] != d {
+                return Err(invalid(format!(
+                    "new rows k {ns:?}, v {:?}; expected [{b}, seqlen_new, {hkv}, {d}]",
+                    v.shape()
+                )));
+            }
+            ns[1]
+        }
+        None => 0,
+    };
+    let layout = match index.block_table {
+        Some(table) => CacheLayout::Paged {
+            num_blocks: cs[0],
+            page_size: cs[1],
+            block_table: table,
+            max_blocks: index.max_blocks,
+        },
+        None => CacheLayout::Contiguous {
+            seqlen_cache: cs[1],
+        },
+    };
+    let lens = match index.cache_seqlens {
+        Some(CacheSeqlens::Each(lens)) => lens,
+        Some(CacheSeqlens::All(len)) => vec![len; b],
+        None => {
+            let capacity = match &layout {
+                CacheLayout::Paged { page_size, .. } => page_size * index.max_blocks,
+                CacheLayout::Contiguous { seqlen_cache } => *seqlen_cache,
+            };
+            vec![capacity.saturating_sub(seqlen_new) as i32; b]
+        }
+    };
+    let p = KvCacheProblem::new(b, sq, hq, hkv, d, layout, lens, seqlen_new).map_err(err)?;
+    scores.apply(p, b, hq)
 }
