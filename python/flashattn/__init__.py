@@ -114,6 +114,8 @@ def _empty_like(x, shape, float32=False):
 
 
 def _unsupported(dropout_p, return_attn_probs):
+    """The two FlashAttention-2 arguments flashattn does not implement (the library has
+    neither): refused here, the only place that sees them."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not (
         0.0 <= dropout_p <= 1.0
     ):

@@ -3,13 +3,14 @@
 //! device the tensors live on ([`crate::gpu`]), for their element type ([`Job`]).
 
 use crate::dlpack::{Borrowed, handshake, placement, take_all};
+use crate::gpu::Qkv;
 use crate::rules::{
     CacheIndex, CacheSeqlens, Scores, bshd, bshd_problem, check_disjoint, check_grads, cuda_dtype,
     kvcache_problem, one_dtype, problem, varlen_problem,
 };
 use crate::{err, gpu};
 use flashattn::Element;
-use flashattn::cuda::GpuElement;
+use flashattn::cuda::{GpuElement, KernelKind, forward_device};
 use flashattn::kvcache::KvCacheProblem;
 use flashattn::shape::{AttnProblem, Strides};
 use flashattn::varlen::VarlenProblem;
@@ -68,13 +69,14 @@ unsafe fn write_out<T: Element>(
     Ok(())
 }
 
-struct Forward<'a> {
-    p: AttnProblem,
+/// A forward call on q, k, v, out, lse: the dense problem or the packed one.
+struct Fwd<'a, P> {
+    p: P,
     t: [&'a Borrowed; 5],
     stream: usize,
 }
 
-impl Job for Forward<'_> {
+impl Job for Fwd<'_, AttnProblem> {
     unsafe fn cpu<T: Element>(&self) -> PyResult<String> {
         let [q, k, v, o, lse] = self.t;
         // SAFETY: the caller's contract; out and lse are distinct writable buffers.
@@ -88,8 +90,63 @@ impl Job for Forward<'_> {
 
     unsafe fn cuda<T: GpuElement>(&self, id: i32) -> PyResult<String> {
         // SAFETY: the caller's contract.
-        unsafe { gpu::forward::<T>(id, self.stream, &self.p, self.t) }
+        unsafe {
+            gpu::on_device(id, self.stream, |g| {
+                gpu::forward(g, self.t, None, |[q, k, v]: &Qkv<T>, o, l| {
+                    forward_device(g, KernelKind::Wgmma, None, &self.p, q, k, v, o, l)
+                })
+            })
+        }
     }
+}
+
+impl Job for Fwd<'_, VarlenProblem> {
+    unsafe fn cpu<T: Element>(&self) -> PyResult<String> {
+        let [q, k, v, o, lse] = self.t;
+        // SAFETY: the caller's contract.
+        let (q, k, v) = unsafe { (q.slice::<T>()?, k.slice::<T>()?, v.slice::<T>()?) };
+        let cpu = flashattn::BackendChoice::Cpu;
+        let r = flashattn::varlen::forward(cpu, &self.p, q, k, v).map_err(err)?;
+        // SAFETY: as above.
+        unsafe { write_out::<T>((o, lse), &r.o, &r.lse)? };
+        Ok(r.ran)
+    }
+
+    unsafe fn cuda<T: GpuElement>(&self, id: i32) -> PyResult<String> {
+        let (p, what) = (&self.p, Some("flash_attn_varlen_func"));
+        // SAFETY: the caller's contract.
+        unsafe {
+            gpu::on_device(id, self.stream, |g| {
+                gpu::forward(g, self.t, what, |[q, k, v]: &Qkv<T>, o, l| {
+                    flashattn::cuda::varlen::forward_device(g, KernelKind::Wgmma, p, q, k, v, o, l)
+                })
+            })
+        }
+    }
+}
+
+/// A forward call on q, k, v, out, lse (`stream`, `current`, `torch` as [`forward`] takes
+/// them): takes the tensors, checks their devices, element types and memory, builds the
+/// problem with `problem` (which checks their layouts) and runs it.
+fn forward_call<P>(
+    named: [(&Bound<'_, PyAny>, &'static str); 5],
+    (stream, current, torch): (Option<usize>, bool, bool),
+    problem: impl FnOnce([&Borrowed; 5]) -> PyResult<P>,
+) -> PyResult<String>
+where
+    for<'a> Fwd<'a, P>: Job,
+{
+    let [tq, tk, tv, to, tl] = take_all(named, handshake(stream, current), torch)?;
+    let t = [&tq, &tk, &tv, &to, &tl];
+    let place = placement(&t)?;
+    let dtype = one_dtype(&t)?;
+    check_disjoint(&[&to, &tl], &[&tq, &tk, &tv])?;
+    let p = problem(t)?;
+    let stream = stream.unwrap_or(0);
+    // SAFETY: devices and dtypes checked above; the problem checked the layouts, so the slices
+    // cover what the strides address; a CUDA tensor's stream is the one its framework hands
+    // out as current.
+    unsafe { run(place, dtype, &Fwd { p, t, stream }) }
 }
 
 /// Runs attention: `q` `[batch, seqlen_q, heads_q, head_dim]`, `k`/`v` `[batch, seqlen_k,
@@ -119,24 +176,12 @@ pub(crate) fn forward<'py>(
     current: bool,
     torch: bool,
 ) -> PyResult<String> {
+    let window = (window_left, window_right);
+    let scores = Scores::new(softmax_scale, causal, window, softcap, alibi_slopes);
     let named = [(q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse")];
-    let [tq, tk, tv, to, tl] = take_all(named, handshake(stream, current), torch)?;
-    let t = [&tq, &tk, &tv, &to, &tl];
-    let place = placement(&t)?;
-    let dtype = one_dtype(&t)?;
-    check_disjoint(&[&to, &tl], &[&tq, &tk, &tv])?;
-    let scores = Scores {
-        softmax_scale,
-        causal,
-        window: (window_left, window_right),
-        softcap,
-        alibi_slopes,
-    };
-    let p = bshd_problem(t, &scores)?;
-    let stream = stream.unwrap_or(0);
-    // SAFETY: devices and dtypes checked above; the slices cover what the strides address; a
-    // CUDA tensor's stream is the one its framework hands out as current.
-    unsafe { run(place, dtype, &Forward { p, t, stream }) }
+    forward_call(named, (stream, current, torch), |t| {
+        bshd_problem(t, &scores)
+    })
 }
 
 struct Backward<'a> {
@@ -173,7 +218,11 @@ impl Job for Backward<'_> {
     unsafe fn cuda<T: GpuElement>(&self, id: i32) -> PyResult<String> {
         let (p, det) = (&self.p, self.deterministic);
         // SAFETY: the caller's contract.
-        unsafe { gpu::backward::<T>(id, self.stream, p, det, self.ins, self.grads) }
+        unsafe {
+            gpu::on_device(id, self.stream, |g| {
+                gpu::backward::<T>(g, p, det, self.ins, self.grads)
+            })
+        }
     }
 }
 
@@ -224,13 +273,8 @@ pub(crate) fn backward<'py>(
     let dtype = one_dtype(&all)?;
     let (ins, grads) = ([&tq, &tk, &tv, &to, &tl, &tdo], [&tdq, &tdk, &tdv]);
     check_disjoint(&grads, &ins)?;
-    let scores = Scores {
-        softmax_scale,
-        causal,
-        window: (window_left, window_right),
-        softcap,
-        alibi_slopes,
-    };
+    let window = (window_left, window_right);
+    let scores = Scores::new(softmax_scale, causal, window, softcap, alibi_slopes);
     let p = bshd_problem([&tq, &tk, &tv, &to, &tl], &scores)?;
     check_grads([&tq, &tk, &to, &tdo], grads)?;
     let (stream, deterministic) = (stream.unwrap_or(0), deterministic);
@@ -290,30 +334,6 @@ pub(crate) fn reference(
     }
 }
 
-struct Varlen<'a> {
-    p: VarlenProblem,
-    t: [&'a Borrowed; 5],
-    stream: usize,
-}
-
-impl Job for Varlen<'_> {
-    unsafe fn cpu<T: Element>(&self) -> PyResult<String> {
-        let [q, k, v, o, lse] = self.t;
-        // SAFETY: the caller's contract.
-        let (q, k, v) = unsafe { (q.slice::<T>()?, k.slice::<T>()?, v.slice::<T>()?) };
-        let cpu = flashattn::BackendChoice::Cpu;
-        let r = flashattn::varlen::forward(cpu, &self.p, q, k, v).map_err(err)?;
-        // SAFETY: as above.
-        unsafe { write_out::<T>((o, lse), &r.o, &r.lse)? };
-        Ok(r.ran)
-    }
-
-    unsafe fn cuda<T: GpuElement>(&self, id: i32) -> PyResult<String> {
-        // SAFETY: the caller's contract.
-        unsafe { gpu::varlen::<T>(id, self.stream, &self.p, self.t) }
-    }
-}
-
 /// Runs a packed variable-length batch (FlashAttention-2's varlen layout): `q` `[total_q,
 /// heads_q, head_dim]`, `k`/`v` `[total_k, heads_kv, head_dim]`, all contiguous, written into
 /// `out` (like q) and `lse` (f32 `[heads_q, total_q]`); the other arguments as [`forward`]'s.
@@ -338,31 +358,19 @@ pub(crate) fn varlen_forward<'py>(
     current: bool,
     torch: bool,
 ) -> PyResult<String> {
+    let window = (window_left, window_right);
+    let scores = Scores::new(softmax_scale, causal, window, softcap, alibi_slopes);
     let named = [(q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse")];
-    let [tq, tk, tv, to, tl] = take_all(named, handshake(stream, current), torch)?;
-    let t = [&tq, &tk, &tv, &to, &tl];
-    let place = placement(&t)?;
-    let dtype = one_dtype(&t)?;
-    check_disjoint(&[&to, &tl], &[&tq, &tk, &tv])?;
-    let scores = Scores {
-        softmax_scale,
-        causal,
-        window: (window_left, window_right),
-        softcap,
-        alibi_slopes,
-    };
-    let p = varlen_problem(t, cu_seqlens_q, cu_seqlens_k, &scores)?;
-    let stream = stream.unwrap_or(0);
-    // SAFETY: devices and dtypes checked; the tensors are compact with the sizes checked.
-    unsafe { run(place, dtype, &Varlen { p, t, stream }) }
+    forward_call(named, (stream, current, torch), |t| {
+        varlen_problem(t, cu_seqlens_q, cu_seqlens_k, &scores)
+    })
 }
 
 struct KvCache<'a> {
     p: KvCacheProblem,
-    q: &'a Borrowed,
-    caches: (&'a Borrowed, &'a Borrowed),
+    /// q, k_cache, v_cache, out, lse.
+    t: [&'a Borrowed; 5],
     new: Option<&'a (Borrowed, Borrowed)>,
-    outs: (&'a Borrowed, &'a Borrowed),
     /// `num_splits` (0: one on the CPU, the library's heuristic on the GPU).
     num_splits: usize,
     stream: usize,
@@ -370,26 +378,26 @@ struct KvCache<'a> {
 
 impl Job for KvCache<'_> {
     unsafe fn cpu<T: Element>(&self) -> PyResult<String> {
-        let ((kc, vc), splits) = (self.caches, self.num_splits.max(1));
+        let ([q, kc, vc, o, lse], splits) = (self.t, self.num_splits.max(1));
         // SAFETY: the caller's contract; the caches are written in place.
         let r = unsafe {
             let (kn, vn): (&[T], &[T]) = match self.new {
                 Some((k, v)) => (k.slice::<T>()?, v.slice::<T>()?),
                 None => (&[], &[]),
             };
-            let (q, kc, vc) = (self.q.slice::<T>()?, kc.slice_mut::<T>()?, vc.slice_mut()?);
+            let (q, kc, vc) = (q.slice::<T>()?, kc.slice_mut::<T>()?, vc.slice_mut()?);
             flashattn::kvcache::forward_cpu(&self.p, q, kc, vc, kn, vn, splits).map_err(err)?
         };
         // SAFETY: as above.
-        unsafe { write_out::<T>(self.outs, &r.o, &r.lse)? };
+        unsafe { write_out::<T>((o, lse), &r.o, &r.lse)? };
         Ok(format!("cpu ({splits} split(s))"))
     }
 
     unsafe fn cuda<T: GpuElement>(&self, id: i32) -> PyResult<String> {
         let splits = (self.num_splits > 0).then_some(self.num_splits);
-        let (p, q, caches, new, outs) = (&self.p, self.q, self.caches, self.new, self.outs);
+        let (p, t, new) = (&self.p, self.t, self.new);
         // SAFETY: the caller's contract.
-        unsafe { gpu::kvcache::<T>(id, self.stream, p, q, caches, new, outs, splits) }
+        unsafe { gpu::on_device(id, self.stream, |g| gpu::kvcache::<T>(g, p, t, new, splits)) }
     }
 }
 
@@ -459,22 +467,15 @@ pub(crate) fn kvcache_forward<'py>(
         block_table,
         max_blocks,
     };
-    let scores = Scores {
-        softmax_scale,
-        causal,
-        window: (window_left, window_right),
-        softcap,
-        alibi_slopes,
-    };
+    let window = (window_left, window_right);
+    let scores = Scores::new(softmax_scale, causal, window, softcap, alibi_slopes);
     let p = kvcache_problem([&tq, &tkc, &tvc, &to, &tl], new.as_ref(), index, &scores)?;
     // The caches (new rows appended in place), out and lse are written.
     check_disjoint(&[&tkc, &tvc, &to, &tl], &read)?;
     let job = KvCache {
         p,
-        q: &tq,
-        caches: (&tkc, &tvc),
+        t: [&tq, &tkc, &tvc, &to, &tl],
         new: new.as_ref(),
-        outs: (&to, &tl),
         num_splits,
         stream: stream.unwrap_or(0),
     };

@@ -434,20 +434,23 @@ impl Borrowed {
         }
     }
 
+    /// The first element's address and the count of elements from it to the last one the
+    /// shape and strides address.
+    fn first<T>(&self) -> PyResult<(*mut T, usize)> {
+        let t = self.t();
+        // DLPack: `data + byte_offset` is the first element (wrapping: only an address here).
+        let first = (t.data as *mut u8).wrapping_add(t.byte_offset as usize) as *mut T;
+        Ok((first, self.extent()?))
+    }
+
     /// The tensor as a slice of `T` covering every element its shape and strides address.
     ///
     /// # Safety
     /// The caller checked the dtype is `T` and the device is the CPU.
     pub(crate) unsafe fn slice<T>(&self) -> PyResult<&[T]> {
-        let len = self.extent()?;
-        let t = self.t();
-        // SAFETY: DLPack: `data + byte_offset` addresses every element of the tensor.
-        Ok(unsafe {
-            std::slice::from_raw_parts(
-                (t.data as *const u8).add(t.byte_offset as usize) as *const T,
-                len,
-            )
-        })
+        let (first, len) = self.first::<T>()?;
+        // SAFETY: DLPack: the producer's memory covers `len` elements from `first`.
+        Ok(unsafe { std::slice::from_raw_parts(first, len) })
     }
 
     /// As [`Self::slice`], writable.
@@ -456,15 +459,9 @@ impl Borrowed {
     /// As [`Self::slice`]; the caller writes only through the tensor's own strides.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn slice_mut<T>(&self) -> PyResult<&mut [T]> {
-        let len = self.extent()?;
-        let t = self.t();
+        let (first, len) = self.first::<T>()?;
         // SAFETY: as slice(); the producer handed out a writable buffer.
-        Ok(unsafe {
-            std::slice::from_raw_parts_mut(
-                (t.data as *mut u8).add(t.byte_offset as usize) as *mut T,
-                len,
-            )
-        })
+        Ok(unsafe { std::slice::from_raw_parts_mut(first, len) })
     }
 
     /// Elements from the first to one past the last addressed (0 for an empty tensor).

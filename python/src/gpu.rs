@@ -5,14 +5,12 @@
 
 use crate::dlpack::Borrowed;
 use crate::{FlashAttnError, err};
-use flashattn::AttnProblem;
 use flashattn::cuda::DevicePtr;
+use flashattn::cuda::LaunchInfo;
 use flashattn::cuda::backward::{BackwardOptions, backward_device};
-use flashattn::cuda::{
-    ContextGuard, ForeignSlice, Gpu, GpuElement, KernelKind, forward_device, stream_capturing,
-};
+use flashattn::cuda::{ContextGuard, ForeignSlice, Gpu, GpuElement, stream_capturing};
 use flashattn::kvcache::KvCacheProblem;
-use flashattn::varlen::VarlenProblem;
+use flashattn::{AttnProblem, Result};
 use pyo3::prelude::*;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -63,29 +61,26 @@ fn not_capturing(gpu: &Gpu, what: &str) -> PyResult<()> {
 
 /// Runs `call` on device `id` seen through `stream`; our context is bound for the call and
 /// the caller's current context (its framework's current device) is restored after it.
+/// Returns where it ran, as the natives do: the device, its name, the kernel `call` names,
+/// and why that kernel (when the library says).
 ///
 /// # Safety
 /// As [`on_stream`].
-unsafe fn on_device<R>(
+pub unsafe fn on_device(
     id: i32,
     stream: usize,
-    call: impl FnOnce(&Gpu) -> PyResult<R>,
-) -> PyResult<R> {
+    call: impl FnOnce(&Gpu) -> PyResult<(String, String)>,
+) -> PyResult<String> {
     let _restore = ContextGuard::save();
     // SAFETY: forwarded to the caller.
     let gpu = unsafe { on_stream(id, stream)? };
-    call(&gpu)
-}
-
-/// Where a call ran, as the natives return it: device, its name, the kernel, and why that
-/// kernel (when the library says).
-fn ran(id: i32, gpu: &Gpu, kernel: &str, why: &str) -> String {
+    let (kernel, why) = call(&gpu)?;
     let name = &gpu.info().name;
-    if why.is_empty() {
+    Ok(if why.is_empty() {
         format!("cuda:{id} {name} {kernel}")
     } else {
         format!("cuda:{id} {name} {kernel} ({why})")
-    }
+    })
 }
 
 /// The tensor's memory as a device slice of `T` covering every element it addresses.
@@ -98,7 +93,8 @@ unsafe fn foreign<T>(t: &Borrowed, gpu: &Gpu) -> PyResult<ForeignSlice<T>> {
     Ok(unsafe { ForeignSlice::new(start as u64, t.extent()?, gpu.stream().clone()) })
 }
 
-/// q, k, v, o (`T`) and lse (f32) of a call as device slices.
+/// Four tensors of `T` (q, k, v, o; or q and the caches, o) and lse (f32) of a call as
+/// device slices.
 ///
 /// # Safety
 /// As [`foreign`].
@@ -115,133 +111,93 @@ unsafe fn qkvo_lse<T>(
     }
 }
 
-/// Forward on CUDA tensors q, k, v, out, lse (checked by the caller: one device, dtype `T`,
-/// shapes and strides of `p`).
+/// q, k, v of a forward call as device slices.
+pub type Qkv<T> = [ForeignSlice<T>; 3];
+
+/// A forward call on CUDA tensors q, k, v, out, lse (checked by the caller: on `gpu`'s
+/// device, dtype `T`, the layouts of its problem): `launch` runs the library's dense or packed
+/// forward on their device slices. `from_host`: the Python function, when the call copies
+/// index arrays from the host (which a CUDA graph capture cannot record). Returns the kernel
+/// and why.
 ///
 /// # Safety
-/// As [`on_stream`] and [`foreign`].
+/// As [`foreign`].
 pub unsafe fn forward<T: GpuElement>(
-    id: i32,
-    stream: usize,
-    p: &AttnProblem,
+    gpu: &Gpu,
     t: [&Borrowed; 5],
-) -> PyResult<String> {
-    // SAFETY: forwarded to the caller.
-    unsafe {
-        on_device(id, stream, |gpu| {
-            let ([fq, fk, fv, mut fo], mut fl) = qkvo_lse::<T>(gpu, t)?;
-            let wgmma = KernelKind::Wgmma;
-            let info = forward_device(gpu, wgmma, None, p, &fq, &fk, &fv, &mut fo, &mut fl)
-                .map_err(err)?;
-            Ok(ran(id, gpu, &format!("attn_{}", info.kernel), &info.why))
-        })
+    from_host: Option<&str>,
+    launch: impl FnOnce(&Qkv<T>, &mut ForeignSlice<T>, &mut ForeignSlice<f32>) -> Result<LaunchInfo>,
+) -> PyResult<(String, String)> {
+    if let Some(what) = from_host {
+        not_capturing(gpu, what)?;
     }
+    // SAFETY: forwarded to the caller.
+    let ([fq, fk, fv, mut fo], mut fl) = unsafe { qkvo_lse::<T>(gpu, t)? };
+    let info = launch(&[fq, fk, fv], &mut fo, &mut fl).map_err(err)?;
+    Ok((format!("attn_{}", info.kernel), info.why))
 }
 
 /// Backward on CUDA tensors (checked by the caller as for [`forward`]; `d_o` with `o`'s
 /// strides; `dq`, `dk`, `dv` dense).
 ///
 /// # Safety
-/// As [`on_stream`] and [`foreign`].
-#[allow(clippy::too_many_arguments)]
+/// As [`foreign`].
 pub unsafe fn backward<T: GpuElement>(
-    id: i32,
-    stream: usize,
+    gpu: &Gpu,
     p: &AttnProblem,
     deterministic: bool,
     [q, k, v, o, lse, d_o]: [&Borrowed; 6],
     [dq, dk, dv]: [&Borrowed; 3],
-) -> PyResult<String> {
+) -> PyResult<(String, String)> {
     // SAFETY: forwarded to the caller.
-    unsafe {
-        on_device(id, stream, |gpu| {
-            let ([fq, fk, fv, fo], fl) = qkvo_lse::<T>(gpu, [q, k, v, o, lse])?;
-            let [fdo, fdq, fdk, fdv] = [d_o, dq, dk, dv].map(|t| foreign::<T>(t, gpu));
-            let (fdo, mut fdq, mut fdk, mut fdv) = (fdo?, fdq?, fdk?, fdv?);
-            let opts = BackwardOptions {
-                deterministic,
-                ..Default::default()
-            };
-            let info = backward_device(
-                gpu, p, opts, &fq, &fk, &fv, &fo, &fl, &fdo, &mut fdq, &mut fdk, &mut fdv,
-            )
-            .map_err(err)?;
-            Ok(ran(id, gpu, info.kernel, &info.why_not_wgmma))
-        })
-    }
+    let (([fq, fk, fv, fo], fl), [fdo, fdq, fdk, fdv]) = unsafe {
+        (
+            qkvo_lse::<T>(gpu, [q, k, v, o, lse])?,
+            [d_o, dq, dk, dv].map(|t| foreign::<T>(t, gpu)),
+        )
+    };
+    let (fdo, mut fdq, mut fdk, mut fdv) = (fdo?, fdq?, fdk?, fdv?);
+    let opts = BackwardOptions {
+        deterministic,
+        ..Default::default()
+    };
+    let info = backward_device(
+        gpu, p, opts, &fq, &fk, &fv, &fo, &fl, &fdo, &mut fdq, &mut fdk, &mut fdv,
+    )
+    .map_err(err)?;
+    Ok((info.kernel.to_string(), info.why_not_wgmma))
 }
 
-/// A packed variable-length batch on CUDA tensors q, k, v, out, lse (checked by the caller:
-/// one device, dtype `T`, compact, the sizes of `p`).
-///
-/// # Safety
-/// As [`on_stream`] and [`foreign`].
-pub unsafe fn varlen<T: GpuElement>(
-    id: i32,
-    stream: usize,
-    p: &VarlenProblem,
-    t: [&Borrowed; 5],
-) -> PyResult<String> {
-    // SAFETY: forwarded to the caller.
-    unsafe {
-        on_device(id, stream, |gpu| {
-            not_capturing(gpu, "flash_attn_varlen_func")?;
-            let ([fq, fk, fv, mut fo], mut fl) = qkvo_lse::<T>(gpu, t)?;
-            let (wgmma, run) = (KernelKind::Wgmma, flashattn::cuda::varlen::forward_device);
-            let info = run(gpu, wgmma, p, &fq, &fk, &fv, &mut fo, &mut fl).map_err(err)?;
-            Ok(ran(id, gpu, &format!("attn_{}", info.kernel), &info.why))
-        })
-    }
-}
-
-/// Decoding against a KV cache on CUDA tensors (checked by the caller as for [`varlen`]; the
+/// Decoding against a KV cache on CUDA tensors (checked by the caller as for [`forward`]; the
 /// caches written in place when `new` rows are given). `splits`: `None` for the library's
 /// heuristic.
 ///
 /// # Safety
-/// As [`on_stream`] and [`foreign`].
-#[allow(clippy::too_many_arguments)]
+/// As [`foreign`].
 pub unsafe fn kvcache<T: GpuElement>(
-    id: i32,
-    stream: usize,
+    gpu: &Gpu,
     p: &KvCacheProblem,
-    q: &Borrowed,
-    (kc, vc): (&Borrowed, &Borrowed),
+    [q, kc, vc, o, lse]: [&Borrowed; 5],
     new: Option<&(Borrowed, Borrowed)>,
-    (o, lse): (&Borrowed, &Borrowed),
     splits: Option<usize>,
-) -> PyResult<String> {
+) -> PyResult<(String, String)> {
+    not_capturing(gpu, "flash_attn_with_kvcache")?;
     // SAFETY: forwarded to the caller.
-    unsafe {
-        on_device(id, stream, |gpu| {
-            not_capturing(gpu, "flash_attn_with_kvcache")?;
-            let fq = foreign::<T>(q, gpu)?;
-            let (mut fkc, mut fvc) = (foreign::<T>(kc, gpu)?, foreign::<T>(vc, gpu)?);
-            let fnew = match new {
-                Some((k, v)) => Some((foreign::<T>(k, gpu)?, foreign::<T>(v, gpu)?)),
-                None => None,
-            };
-            let (mut fo, mut fl) = (foreign::<T>(o, gpu)?, foreign::<f32>(lse, gpu)?);
-            let info = flashattn::cuda::decode::forward_device(
-                gpu,
-                p,
-                &fq,
-                &mut fkc,
-                &mut fvc,
-                fnew.as_ref()
-                    .map(|(k, v)| (k as &dyn DevicePtr<T>, v as &dyn DevicePtr<T>)),
-                &mut fo,
-                &mut fl,
-                splits,
-            )
-            .map_err(err)?;
-            // attn_decode reports itself in the launch's configuration, not its kind.
-            Ok(ran(
-                id,
-                gpu,
-                info.config.as_deref().unwrap_or("attn_decode"),
-                &info.why,
-            ))
-        })
-    }
+    let (([fq, mut fkc, mut fvc, mut fo], mut fl), fnew) = unsafe {
+        let fnew = match new {
+            Some((k, v)) => Some((foreign::<T>(k, gpu)?, foreign::<T>(v, gpu)?)),
+            None => None,
+        };
+        (qkvo_lse::<T>(gpu, [q, kc, vc, o, lse])?, fnew)
+    };
+    let new = fnew
+        .as_ref()
+        .map(|(k, v)| (k as &dyn DevicePtr<T>, v as &dyn DevicePtr<T>));
+    let info = flashattn::cuda::decode::forward_device(
+        gpu, p, &fq, &mut fkc, &mut fvc, new, &mut fo, &mut fl, splits,
+    )
+    .map_err(err)?;
+    // attn_decode reports itself in the launch's configuration, not its kind.
+    let kernel = info.config.as_deref().unwrap_or("attn_decode").to_string();
+    Ok((kernel, info.why))
 }

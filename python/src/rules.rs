@@ -141,16 +141,27 @@ pub(crate) struct Scores<'py> {
     pub alibi_slopes: Option<Bound<'py, PyAny>>,
 }
 
-impl Scores<'_> {
-    /// Causal or not, with the default scale or `softmax_scale`, and nothing else.
-    pub(crate) fn plain(softmax_scale: Option<f32>, causal: bool) -> Self {
+impl<'py> Scores<'py> {
+    /// The arguments in the natives' order.
+    pub(crate) fn new(
+        softmax_scale: Option<f32>,
+        causal: bool,
+        window: (i64, i64),
+        softcap: f32,
+        alibi_slopes: Option<Bound<'py, PyAny>>,
+    ) -> Self {
         Scores {
             softmax_scale,
             causal,
-            window: (-1, -1),
-            softcap: 0.0,
-            alibi_slopes: None,
+            window,
+            softcap,
+            alibi_slopes,
         }
+    }
+
+    /// Causal or not, with the default scale or `softmax_scale`, and nothing else.
+    pub(crate) fn plain(softmax_scale: Option<f32>, causal: bool) -> Self {
+        Self::new(softmax_scale, causal, (-1, -1), 0.0, None)
     }
 
     /// `p` with these options; `batch` and `heads_q` judge the slopes' shape.
