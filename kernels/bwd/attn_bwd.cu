@@ -106,14 +106,6 @@ constexpr u32 OFF_D = OFF_L + 2 * BR * 4;
 constexpr u32 SMEM_BYTES = OFF_D + 2 * BR * 4;
 constexpr u32 QBUF = BR * RS * 2; // bytes of one Q (or dO) buffer
 
-FA_DEVICE void mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-#if IS_BF16
-    mma_bf16(d, a0, a1, a2, a3, b0, b1);
-#else
-    mma_f16(d, a0, a1, a2, a3, b0, b1);
-#endif
-}
-
 // acc (MT m-tiles of 16 rows x 8*NQ columns) += A (16 MT rows of `a_rows`, k = channels) B,
 // B[c][n] = row n of `b_rows` (both [rows, DP] tiles): the forward's S = Q K^T pattern. Each B
 // fragment serves the MT m-tiles.

@@ -146,79 +146,65 @@ FA_DEVICE u32 in_loop(u32 x) {
     return x;
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd_wgmma(const __grid_constant__ BwdWgmmaParams w) {
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const Smem sm{(smem_u32(smem_raw) + 1023u) & ~1023u};
+// ================================ producer =================================================
+// The producer warp (the first of warpgroup 0): K and V of the key block once, then each
+// step's Q and dO (lane 0, TMA) and its rows' lse and D (every lane) into the stage ring,
+// each behind the consumers' release of the stage.
+FA_DEVICE void producer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<BR, BC> &kb, int tid) {
     const BwdParams &bp = w.bp;
     const Params &p = bp.p;
-    const int tid = threadIdx.x, wg = tid / 128;
+    const int hk = kb.hk, b = kb.b;
+    if (tid >= 32) return;
+    const int lane = tid;
+    if (lane == 0) {
+        tma_prefetch(w.tq);
+        tma_prefetch(w.tdo);
+        mbar_arrive_expect_tx(sm.kv_full(), 2 * KV_BYTES);
+#pragma unroll
+        for (int j = 0; j < NSUB; ++j) {
+            tma_load_4d(sm.k() + j * SUB_K, w.tk, sm.kv_full(), 64 * j, kb.key0, hk, b);
+            tma_load_4d(sm.v() + j * SUB_K, w.tv, sm.kv_full(), 64 * j, kb.key0, hk, b);
+        }
+    }
+    for (int s = 0; s < kb.steps; ++s) {
+        const int stage = s % STAGES, use = s / STAGES;
+        if (use > 0) mbar_wait(sm.empty(stage), (u32)(use - 1) & 1);
+        const int h = kb.head_of(p, s), row0 = kb.row0_of(s);
+        if (lane == 0) {
+            mbar_arrive_expect_tx(sm.full(stage), 2 * Q_BYTES);
+#pragma unroll
+            for (int j = 0; j < NSUB; ++j) {
+                tma_load_4d(sm.q(stage) + j * SUB_Q, w.tq, sm.full(stage), 64 * j, row0, h, b);
+                tma_load_4d(sm.d_o(stage) + j * SUB_Q, w.tdo, sm.full(stage), 64 * j, row0, h, b);
+            }
+        }
+        // lse in log2 units and D of the step's rows (rows past the end: 0, and masked).
+        // Ordinary stores after the empty mbarrier's wait: each consumer warp's lane 0
+        // arrives on it after the warp's reads of this stage (release / acquire).
+        // compute-sanitizer's racecheck does not model mbarriers: its `hazard` report mode
+        // lists these stores as WAR hazards; the default `analysis` mode reports none
+        // (docs/perf-notes.md 40).
+        const i64 at = lse_offset(p, b, h, 0);
+        for (int r = lane; r < BR; r += 32) {
+            const bool ok = row0 + r < p.seqlen_q;
+            st_shared_u32(sm.lse(stage) + r * 4, __float_as_uint(ok ? p.lse[at + row0 + r] * LOG2E : 0.f));
+            st_shared_u32(sm.dsum(stage) + r * 4, __float_as_uint(ok ? bp.dsum[at + row0 + r] : 0.f));
+        }
+        mbar_arrive(sm.full(stage));
+    }
+}
 
-    // Key blocks in index order. (Starting each key block at a different step, so that the
-    // blocks of a head add to different dQ tiles at any one time, measured the same within 2
-    // %, run 70.)
-    const KeyBlock<BR, BC> kb(bp, false);
-    const int hk = kb.hk, b = kb.b, key0 = kb.key0, diag = kb.diag;
+// ================================ consumers ================================================
+// A consumer warpgroup (64 keys of the block): over the steps, S^T and dP^T, P^T and dS^T,
+// dV += P^T dO and dK += dS^T Q, dQ += dS K into the dQ tiles; then dK and dV out.
+FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<BR, BC> &kb, int tid, int wg) {
+    const BwdParams &bp = w.bp;
+    const Params &p = bp.p;
+    const int hk = kb.hk, b = kb.b, key0 = kb.key0;
     const int steps = kb.steps;
     const auto head_of = [&](int s) { return kb.head_of(p, s); };
     const auto row0_of = [&](int s) { return kb.row0_of(s); };
-
-    if (tid == 0) {
-        mbar_init(sm.kv_full(), 1);
-#pragma unroll
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(sm.full(s), 1 + 32); // lane 0's expect_tx, then every lane after lse/D
-            mbar_init(sm.empty(s), 8);     // one arrival per consumer warp
-        }
-        fence_mbar_init();
-    }
-    __syncthreads();
-
-    // ================================ producer =================================================
-    if (wg == 0) {
-        setmaxnreg_dec<PRODUCER_REGS>();
-        if (tid >= 32) return;
-        const int lane = tid;
-        if (lane == 0) {
-            tma_prefetch(w.tq);
-            tma_prefetch(w.tdo);
-            mbar_arrive_expect_tx(sm.kv_full(), 2 * KV_BYTES);
-#pragma unroll
-            for (int j = 0; j < NSUB; ++j) {
-                tma_load_4d(sm.k() + j * SUB_K, w.tk, sm.kv_full(), 64 * j, key0, hk, b);
-                tma_load_4d(sm.v() + j * SUB_K, w.tv, sm.kv_full(), 64 * j, key0, hk, b);
-            }
-        }
-        for (int s = 0; s < steps; ++s) {
-            const int stage = s % STAGES, use = s / STAGES;
-            if (use > 0) mbar_wait(sm.empty(stage), (u32)(use - 1) & 1);
-            const int h = head_of(s), row0 = row0_of(s);
-            if (lane == 0) {
-                mbar_arrive_expect_tx(sm.full(stage), 2 * Q_BYTES);
-#pragma unroll
-                for (int j = 0; j < NSUB; ++j) {
-                    tma_load_4d(sm.q(stage) + j * SUB_Q, w.tq, sm.full(stage), 64 * j, row0, h, b);
-                    tma_load_4d(sm.d_o(stage) + j * SUB_Q, w.tdo, sm.full(stage), 64 * j, row0, h, b);
-                }
-            }
-            // lse in log2 units and D of the step's rows (rows past the end: 0, and masked).
-            // Ordinary stores after the empty mbarrier's wait: each consumer warp's lane 0
-            // arrives on it after the warp's reads of this stage (release / acquire).
-            // compute-sanitizer's racecheck does not model mbarriers: its `hazard` report mode
-            // lists these stores as WAR hazards; the default `analysis` mode reports none
-            // (docs/perf-notes.md 40).
-            const i64 at = lse_offset(p, b, h, 0);
-            for (int r = lane; r < BR; r += 32) {
-                const bool ok = row0 + r < p.seqlen_q;
-                st_shared_u32(sm.lse(stage) + r * 4, __float_as_uint(ok ? p.lse[at + row0 + r] * LOG2E : 0.f));
-                st_shared_u32(sm.dsum(stage) + r * 4, __float_as_uint(ok ? bp.dsum[at + row0 + r] : 0.f));
-            }
-            mbar_arrive(sm.full(stage));
-        }
-        return;
-    }
-
-    // ================================ consumers ================================================
-    setmaxnreg_inc<CONSUMER_REGS>();
+    const int diag = kb.diag;
     const int cons = wg - 1;          // keys 64 cons .. 64 cons + 63 of the block
     const int ctid = tid - 128 * wg;
     const int warp = ctid / 32, lane = ctid % 32;
@@ -398,6 +384,37 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd_wgmma(const __grid_
             }
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd_wgmma(const __grid_constant__ BwdWgmmaParams w) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const Smem sm{(smem_u32(smem_raw) + 1023u) & ~1023u};
+    const int tid = threadIdx.x, wg = tid / 128;
+
+    // Key blocks in index order. (Starting each key block at a different step, so that the
+    // blocks of a head add to different dQ tiles at any one time, measured the same within 2
+    // %, run 70.)
+    const KeyBlock<BR, BC> kb(w.bp, false);
+
+    if (tid == 0) {
+        mbar_init(sm.kv_full(), 1);
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(sm.full(s), 1 + 32); // lane 0's expect_tx, then every lane after lse/D
+            mbar_init(sm.empty(s), 8);     // one arrival per consumer warp
+        }
+        fence_mbar_init();
+    }
+    __syncthreads();
+
+    // The roles: the producer warp, then the consumer warpgroups.
+    if (wg == 0) {
+        setmaxnreg_dec<PRODUCER_REGS>();
+        producer(w, sm, kb, tid);
+        return;
+    }
+    setmaxnreg_inc<CONSUMER_REGS>();
+    consumer(w, sm, kb, tid, wg);
 }
 
 // The tiled dQ workspace (dq_tile_index) to the element type, dense [batch, seqlen_q,

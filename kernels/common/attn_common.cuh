@@ -1,7 +1,8 @@
 // attn_common.cuh: what every attention kernel shares: specialisation defaults, the parameter
 // block (mirrored field by field by `FlashParams` in src/cuda/attention.rs), element
-// conversion, the causal rule, and the block -> (query block, head, batch) map.
-// Included after ptx.cuh.
+// conversion, the causal rule, the key ranges and score modifiers (the mask/score rules).
+// The block -> (query block, head, batch) map is tile_scheduler.cuh, the online softmax
+// softmax.cuh. Included after ptx.cuh.
 #pragma once
 
 #ifndef HEAD_DIM
@@ -90,27 +91,13 @@ FA_DEVICE i64 lse_offset(const Params &p, int b, int h, int q0) {
 }
 
 // ---- 16-bit elements (f16 or bf16 by IS_BF16) ----
-FA_DEVICE float to_f32(u16 x) {
-#if IS_BF16
-    return bf16_to_f32(x);
-#else
-    return f16_to_f32(x);
-#endif
-}
-FA_DEVICE u16 from_f32(float x) {
-#if IS_BF16
-    return f32_to_bf16(x);
-#else
-    return f32_to_f16(x);
-#endif
-}
+FA_DEVICE float to_f32(u16 x) { return elem_to_f32<IS_BF16>(x); }
+FA_DEVICE u16 from_f32(float x) { return elem_from_f32<IS_BF16>(x); }
 // Two floats as one register of 16-bit pairs, `lo` in the low half (an A-fragment pair).
-FA_DEVICE u32 pack2(float lo, float hi) {
-#if IS_BF16
-    return pack_bf16x2(lo, hi);
-#else
-    return pack_f16x2(lo, hi);
-#endif
+FA_DEVICE u32 pack2(float lo, float hi) { return elem_pack2<IS_BF16>(lo, hi); }
+// d += a b, mma.m16n8k16 with f32 accumulators, on the element type.
+FA_DEVICE void mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    elem_mma<IS_BF16>(d, a0, a1, a2, a3, b0, b1);
 }
 // Eight 16-bit values (one 16-byte chunk) as floats.
 FA_DEVICE void unpack8(const uint4 &raw, float (&f)[8]) {
@@ -220,51 +207,4 @@ FA_DEVICE void score_row(const Params &p, At &&at, int lo, int hi, int center, f
 FA_DEVICE float alibi_coef(const Params &p, int b, int h) {
     if (!HAS_ALIBI) return 0.f;
     return p.alibi[(i64)b * p.alibi_sb + h] * p.alibi_unit;
-}
-
-// ---- which (query block, head, batch) this block owns ----
-struct BlockCoords {
-    int m_block, h, b, hk; // hk: the kv head of query head h (GQA)
-};
-// Causal: query blocks from last to first (the last see the most keys, so the heaviest work
-// starts first). With CAUSAL_L2_MB > 0 that order runs within groups of (batch, head) pairs
-// whose K and V fit in that many MiB of L2, group after group (FA3's scheduler does the
-// same): otherwise the blocks resident at once belong to as many heads as there are SMs, and
-// every block streams its K and V from HBM. HEAD_MAJOR (non-causal): consecutive blocks are
-// consecutive query blocks of one head, so the blocks resident at once share K and V in L2.
-#ifndef CAUSAL_L2_MB
-#define CAUSAL_L2_MB 0
-#endif
-FA_DEVICE BlockCoords block_coords(const Params &p, unsigned block = blockIdx.x) {
-    const int bh = p.batch * p.heads_q;
-#if HEAD_MAJOR && !IS_CAUSAL
-    const int m_block = (int)(block % p.num_m_blocks);
-    const int rem = (int)(block / p.num_m_blocks);
-#elif IS_CAUSAL && CAUSAL_L2_MB > 0
-    // Pairs per group: K and V of one kv head are seqlen_k * D * 4 bytes, shared by the
-    // p.group query heads next to each other in the pair order. The budget's keys per kv head
-    // are a compile-time constant, so one 32-bit division remains (a 64-bit one is a called
-    // routine, on every tile's path); any group size gives a permutation of the tiles.
-    constexpr i64 KEYS_IN_BUDGET = ((i64)CAUSAL_L2_MB << 20) / (D * 4);
-    const i64 keys = KEYS_IN_BUDGET * p.group;
-    const int fit = (int)((unsigned)(keys < 0x7fffffff ? keys : 0x7fffffff) / (unsigned)max(p.seqlen_k, 1));
-    const int g = fit < 1 ? 1 : (fit > bh ? bh : fit);
-    const int m = p.num_m_blocks;
-    const i64 full = (i64)(bh / g) * g * m; // tiles in full groups
-    int m_block, rem;
-    if ((i64)block < full) {
-        const int grp = (int)(block / ((unsigned)g * m)), r = (int)(block % ((unsigned)g * m));
-        m_block = m - 1 - r / g;
-        rem = grp * g + r % g;
-    } else {
-        const int last = bh - bh / g * g, r = (int)((i64)block - full);
-        m_block = m - 1 - r / last;
-        rem = bh / g * g + r % last;
-    }
-#else
-    const int m_block = p.num_m_blocks - 1 - (int)(block / bh);
-    const int rem = (int)(block % bh);
-#endif
-    const int h = rem % p.heads_q;
-    return BlockCoords{m_block, h, rem / p.heads_q, h / p.group};
 }

@@ -140,6 +140,20 @@ FA_DEVICE u16 f32_to_bf16(float f) {
     return h;
 }
 
+// ---- 16-bit elements by type: BF16 (a compile-time 0 or 1) picks bf16 over f16, so each of
+// these is the one conversion (or mma) it names. The kernels wrap them with their own define.
+template <int BF16> FA_DEVICE float elem_to_f32(u16 x) { return BF16 ? bf16_to_f32(x) : f16_to_f32(x); }
+template <int BF16> FA_DEVICE u16 elem_from_f32(float x) { return BF16 ? f32_to_bf16(x) : f32_to_f16(x); }
+template <int BF16> FA_DEVICE u32 elem_pack2(float lo, float hi) {
+    return BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
+}
+template <int BF16> FA_DEVICE void elem_mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    if (BF16)
+        mma_bf16(d, a0, a1, a2, a3, b0, b1);
+    else
+        mma_f16(d, a0, a1, a2, a3, b0, b1);
+}
+
 // ---- fast math (9.7.3.x): 2^x with flush-to-zero; ex2(-inf) = +0.
 FA_DEVICE float ex2(float x) {
     float y;

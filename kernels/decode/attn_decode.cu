@@ -28,6 +28,7 @@
 #include "ptx.cuh"
 #include "attn_common.cuh"
 #include "kv_cache.cuh"
+#include "softmax.cuh"
 #ifndef BULK
 #define BULK 0
 #endif
@@ -75,14 +76,6 @@ struct DecodeParams {
     int num_splits;
     CacheMap map;
 };
-
-FA_DEVICE void mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-#if IS_BF16
-    mma_bf16(d, a0, a1, a2, a3, b0, b1);
-#else
-    mma_f16(d, a0, a1, a2, a3, b0, b1);
-#endif
-}
 
 // A tile is BC / 16 groups of 16 keys. A group never crosses a page (page sizes are multiples
 // of 16, groups start at multiples of 16), so its keys are consecutive rows of the cache: one
@@ -351,21 +344,13 @@ extern "C" __global__ void __launch_bounds__(NT_ALL) attn_decode(const Params p_
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             float mx = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
-            mx = fmaxf(mx, shfl_xor(mx, 1));
-            mx = fmaxf(mx, shfl_xor(mx, 2));
-            const float m_cand = fmul_rn(mx, p.scale_log2);
-            const float m_new = m_cand > row_max[r] + (float)RESCALE_SLACK ? m_cand : row_max[r];
-            // A row that has seen only masked keys keeps max -inf: subtract 0 instead, so that
-            // exp2(-inf - (-inf)) never makes a NaN.
-            const float m_use = m_new == neg_inf() ? 0.f : m_new;
-            alpha[r] = ex2(row_max[r] - m_use);
-            moved |= m_new != row_max[r];
-            row_max[r] = m_new;
+            mx = quad_max(mx);
+            const float m_use = row_max_step<RESCALE_SLACK>(row_max[r], mx, p.scale_log2, alpha[r], moved);
             float sum = 0.f;
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt) {
-                const float p0 = ex2(fmul_rn(s[nt][2 * r], p.scale_log2) - m_use);
-                const float p1 = ex2(fmul_rn(s[nt][2 * r + 1], p.scale_log2) - m_use);
+                const float p0 = exp_scaled(s[nt][2 * r], p.scale_log2, m_use);
+                const float p1 = exp_scaled(s[nt][2 * r + 1], p.scale_log2, m_use);
                 sum += p0 + p1;
                 pf[nt][r] = pack2(p0, p1);
             }
@@ -408,9 +393,7 @@ extern "C" __global__ void __launch_bounds__(NT_ALL) attn_decode(const Params p_
     float *sL = sM + NWARPS * ROWS;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        float l = row_sum[r];
-        l += shfl_xor(l, 1);
-        l += shfl_xor(l, 2);
+        const float l = quad_sum(row_sum[r]);
         const int row = lane / 4 + 8 * r;
         if (lane % 4 == 0) {
             sM[warp * ROWS + row] = row_max[r];
@@ -456,8 +439,8 @@ extern "C" __global__ void __launch_bounds__(NT_ALL) attn_decode(const Params p_
         // the combine propagates it instead of weighing it 0 (fmaxf skips a NaN max, which
         // would otherwise leave such a row looking empty).
         const float qnan = __int_as_float(0x7fc00000);
-        const float inv = nan ? qnan : (l > 0.f ? 1.f / l : 0.f);
-        const float lse = nan ? qnan : (l > 0.f ? (m + lg2(l)) * LN2 : neg_inf());
+        const float inv = nan ? qnan : row_inv(l);
+        const float lse = nan ? qnan : row_lse(m, l);
         const int i = gr / p.group, h = hk * p.group + gr % p.group;
         const i64 lrow = ((i64)b * p.heads_q + h) * p.seqlen_q + i; // [batch, heads_q, seqlen_q]
         if (partial) {

@@ -8,12 +8,13 @@
 //   HEAD_DIM (multiple of 8, <= 256), MT (m16 tiles per warp), NWARPS, BC (keys per tile,
 //   multiple of 16), IS_BF16, IS_CAUSAL, Q_IN_REGS (keep Q's A fragments in registers),
 //   RESCALE_SLACK (how far a row max may rise before O is rescaled; 0 = always),
-//   PIPE_FRAGS (double-buffer the S = Q K^T fragments in registers), HEAD_MAJOR (block order,
-//   see attn_common.cuh), SMEM_EPILOGUE (write O through shared memory in 16-byte pieces),
-//   MIN_BLOCKS (blocks per SM that the register allocation must allow); and the score
-//   modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP, HAS_ALIBI).
+//   HEAD_MAJOR (block order, see tile_scheduler.cuh), SMEM_EPILOGUE (write O through shared
+//   memory in 16-byte pieces), MIN_BLOCKS (blocks per SM that the register allocation must
+//   allow); and the score modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP, HAS_ALIBI).
 #include "ptx.cuh"
 #include "attn_common.cuh"
+#include "tile_scheduler.cuh"
+#include "softmax.cuh"
 
 #ifndef MT
 #define MT 2
@@ -26,9 +27,6 @@
 #endif
 #ifndef Q_IN_REGS
 #define Q_IN_REGS 0
-#endif
-#ifndef PIPE_FRAGS
-#define PIPE_FRAGS 0
 #endif
 #ifndef SMEM_EPILOGUE
 #define SMEM_EPILOGUE 0
@@ -54,14 +52,6 @@ constexpr int NS = BC / 8;       // n8 tiles of S
 constexpr int ND = DP / 8;       // n8 tiles of O
 constexpr int PK = BC / 16;      // k-steps of O += P V
 static_assert(BC % 16 == 0, "BC must be a multiple of 16");
-
-FA_DEVICE void mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-#if IS_BF16
-    mma_bf16(d, a0, a1, a2, a3, b0, b1);
-#else
-    mma_f16(d, a0, a1, a2, a3, b0, b1);
-#endif
-}
 
 // K/V tile loads when every thread's chunks of a tile sit in one column (NT a multiple of CH):
 // rows r0, r0 + NT/CH, ... of column chunk c. The thread keeps one cursor, its chunk of row r0
@@ -191,47 +181,6 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
             for (int nt = 0; nt < NS; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
-#if PIPE_FRAGS
-        // Fragments of k-step kk+1 are loaded before the mma of k-step kk (two register
-        // buffers), so shared-memory latency hides behind Tensor Core work.
-        u32 fa[2][MT][4], fb[2][NS / 2][4];
-        auto load_frags = [&](int kk, int buf) {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-#if Q_IN_REGS
-#pragma unroll
-                for (int e = 0; e < 4; ++e) fa[buf][mt][e] = qf[mt][kk][e];
-#else
-                const int r = warp * WM + mt * 16 + (lane % 16);
-                const int c = kk * 2 + lane / 16;
-                ldmatrix_x4(fa[buf][mt][0], fa[buf][mt][1], fa[buf][mt][2], fa[buf][mt][3],
-                            sQ + (u32)(r * RS + c * 8) * 2);
-#endif
-            }
-#pragma unroll
-            for (int np = 0; np < NS / 2; ++np) {
-                const int r = np * 16 + (lane % 8) + (lane / 16) * 8;
-                const int c = kk * 2 + (lane / 8) % 2;
-                ldmatrix_x4(fb[buf][np][0], fb[buf][np][1], fb[buf][np][2], fb[buf][np][3],
-                            cK + (u32)(r * RS + c * 8) * 2);
-            }
-        };
-        load_frags(0, 0);
-#pragma unroll
-        for (int kk = 0; kk < KS; ++kk) {
-            if (kk + 1 < KS) load_frags(kk + 1, (kk + 1) & 1);
-            const int cb = kk & 1;
-#pragma unroll
-            for (int np = 0; np < NS / 2; ++np)
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma(s[mt][2 * np], fa[cb][mt][0], fa[cb][mt][1], fa[cb][mt][2], fa[cb][mt][3],
-                        fb[cb][np][0], fb[cb][np][1]);
-                    mma(s[mt][2 * np + 1], fa[cb][mt][0], fa[cb][mt][1], fa[cb][mt][2], fa[cb][mt][3],
-                        fb[cb][np][2], fb[cb][np][3]);
-                }
-        }
-#else
 #pragma unroll
         for (int kk = 0; kk < KS; ++kk) {
             u32 a[MT][4];
@@ -260,7 +209,6 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
                 }
             }
         }
-#endif
 
         // Score modifiers and mask from C-fragment coordinates (attn_common.cuh score_row):
         // element e of n-tile nt sits at row g + 8*(e/2), column 8*nt + 2t + (e%2). Only tiles
@@ -316,22 +264,14 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
 #pragma unroll
                 for (int nt = 0; nt < NS; ++nt)
                     mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
-                mx = fmaxf(mx, shfl_xor(mx, 1));
-                mx = fmaxf(mx, shfl_xor(mx, 2));
-                const float m_old = row_max[mt][r];
-                const float m_cand = fmul_rn(mx, p.scale_log2);
-                const float m_new = m_cand > m_old + (float)RESCALE_SLACK ? m_cand : m_old;
-                // A row that has seen only masked keys keeps max -inf; subtract 0 instead so
-                // that exp2(-inf - (-inf)) never makes a NaN.
-                const float m_use = m_new == neg_inf() ? 0.f : m_new;
-                alpha[mt][r] = ex2(m_old - m_use);
-                moved |= m_new != m_old;
-                row_max[mt][r] = m_new;
+                mx = quad_max(mx);
+                const float m_use =
+                    row_max_step<RESCALE_SLACK>(row_max[mt][r], mx, p.scale_log2, alpha[mt][r], moved);
                 float sum = 0.f;
 #pragma unroll
                 for (int nt = 0; nt < NS; ++nt) {
-                    const float p0 = ex2(fmul_rn(s[mt][nt][2 * r], p.scale_log2) - m_use);
-                    const float p1 = ex2(fmul_rn(s[mt][nt][2 * r + 1], p.scale_log2) - m_use);
+                    const float p0 = exp_scaled(s[mt][nt][2 * r], p.scale_log2, m_use);
+                    const float p1 = exp_scaled(s[mt][nt][2 * r + 1], p.scale_log2, m_use);
                     sum += p0 + p1;
                     pf[mt][nt][r] = pack2(p0, p1);
                 }
@@ -408,12 +348,9 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            float l = row_sum[mt][r];
-            l += shfl_xor(l, 1);
-            l += shfl_xor(l, 2);
+            const float l = quad_sum(row_sum[mt][r]);
             const int row = ewrow0 + mt * 16 + eg + 8 * r;
-            // A row that saw no key: o = 0 and lse = -inf (never NaN).
-            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const float inv = row_inv(l);
 #if SMEM_EPILOGUE
             const int rl = mt * 16 + eg + 8 * r;
 #pragma unroll
@@ -432,7 +369,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
             }
 #endif
             if (et == 0)
-                lse[row] = l > 0.f ? (row_max[mt][r] + lg2(l)) * 0.6931471805599453f : neg_inf();
+                lse[row] = row_lse(row_max[mt][r], l);
         }
 #if SMEM_EPILOGUE
     __syncwarp();

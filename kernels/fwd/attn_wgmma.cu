@@ -41,11 +41,13 @@
 // 256; channels past the real head_dim are zero-filled by TMA and never stored), BC (keys per
 // tile, a multiple of 16), STAGES (K/V ring depth), PINGPONG, RESCALE_SLACK (as attn_mma),
 // IS_BF16, IS_CAUSAL, HEAD_MAJOR, DYNAMIC, SMEM_LIMIT (decides where O is staged), CONSUMERS
-// (consumer warpgroups), CONSUMER_REGS / PRODUCER_REGS (setmaxnreg targets), PACK_SPLIT and
-// ROWSUM_V, SPEC_MAX (below), and the score modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP,
+// (consumer warpgroups), CONSUMER_REGS / PRODUCER_REGS (setmaxnreg targets), ROWSUM_V,
+// SPEC_MAX (below), and the score modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP,
 // HAS_ALIBI).
 #include "ptx.cuh"
 #include "attn_common.cuh"
+#include "tile_scheduler.cuh"
+#include "softmax.cuh"
 #include "hopper.cuh"
 #if IS_BF16
 #define WG_AB "bf16"
@@ -81,11 +83,6 @@ static_assert(!IS_VARLEN, "packed variable-length batches run on attn_mma (TMA b
 #endif
 #ifndef TRACE
 #define TRACE 0
-#endif
-// 1: P packed into the A-operand registers inside the softmax, half by half, the P V issued as
-// two commit groups (J, docs/perf-notes.md 36-37; a knob); 0: packed after the softmax.
-#ifndef PACK_SPLIT
-#define PACK_SPLIT 0
 #endif
 // The row sums of P on the Tensor Cores, at no cost in instructions: each V stage carries one
 // more 64-column sub-tile, all ones, so P V (N = head_dim + 8) also writes P's row sums into 4
@@ -123,8 +120,6 @@ static_assert(NPV <= 256, "ROWSUM_V needs head_dim <= 248 (wgmma N <= 256)");
 // The ones start at column DP, which must begin a sub-tile of their own: at DP 96 it would lie
 // inside V's second TMA box, which TMA zero-fills past head_dim (the row sums came out 0).
 static_assert(!ROWSUM_V || DP % 64 == 0, "ROWSUM_V needs a padded head_dim that is a multiple of 64");
-// PACK_SPLIT's first commit group and first packed half must be the same keys.
-static_assert(!PACK_SPLIT || PSTEPS % 2 == 0, "PACK_SPLIT needs BC a multiple of 32");
 static_assert(DP % 16 == 0 && DP >= 64 && DP <= 256, "HEAD_DIM (padded) must be a multiple of 16 in 64..256");
 static_assert(BC % 16 == 0 && BC >= 16 && BC <= 256, "BC must be a multiple of 16 up to 256");
 static_assert(STAGES >= 2 && STAGES <= 8, "STAGES in 2..8");
@@ -259,131 +254,79 @@ FA_DEVICE int block_row0(const Params &p, int m_block) {
     return m_block * BR - shift;
 }
 
-// Persistent: block b runs tile b first, then, with DYNAMIC, whichever tile an atomic counter
-// hands out next (FA3's scheduler: blocks that drew short causal tiles take more), else b +
-// gridDim.x, b + 2 gridDim.x, ... The order is attn_common.cuh's block order (causal: longest
-// first; non-causal head-major: the resident blocks share K/V in L2). The launcher sizes the
-// grid to the SMs (or to the tile count for a one-tile-per-block launch).
-extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_constant__ WgmmaParams w) {
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    Smem sm;
-    sm.q = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    sm.k = sm.q + Q_BYTES;
-    sm.v = sm.k + STAGES * KV_BYTES;
-    sm.o = O_OWN ? sm.v + STAGES * V_STAGE_BYTES : sm.q;
-    sm.bars = sm.q + CORE_BYTES + (O_OWN ? Q_BYTES : 0);
-
+// ================================ producer =================================================
+// Thread 0 of the producer warpgroup: for each tile the block takes (the scheduler's order),
+// the Q tile once and the K and V tiles its rows need into the stage ring, each behind the
+// consumers' release of the stage; then the next tile.
+FA_DEVICE void producer(const WgmmaParams &w, const Smem &sm, int tiles) {
     const Params &p = w.p;
-    const int tid = threadIdx.x, wg = tid / 128;
-    const int tiles = p.num_m_blocks * p.heads_q * p.batch;
-
-    if (tid == 0) {
-        mbar_init(sm.q_full(), 1);
-        mbar_init(sm.q_empty(), Q_EMPTY_COUNT);
+    tma_prefetch(w.tq);
+    tma_prefetch(w.tk);
+    tma_prefetch(w.tv);
+    // The K/V ring position as a stage index and the parity of its current use (kept
+    // incrementally: the producer has PRODUCER_REGS registers). `wrapped` turns on once every stage
+    // has been filled once, from then on each load waits for the stage's release.
+    int stage = 0;
+    u32 use_parity = 0;
+    bool wrapped = false;
+    int tile = blockIdx.x;
+    for (u32 round = 0;; ++round) {
+        // The previous round's consumers are done with the Q tile (and have read the
+        // tile slot of two rounds ago).
+        if (round > 0) mbar_wait(sm.q_empty(), (round - 1) & 1);
+        u32 *tr = trace_row(w.trace, round, 0);
+        trace_start(tr, tile);
+        trace_clock(tr, 4);
+        st_shared_u32(sm.tile_slot(round), tile < tiles ? (u32)tile : 0xFFFFFFFFu);
 #pragma unroll
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(sm.k_full(s), 1);
-            mbar_init(sm.v_full(s), 1);
-            mbar_init(sm.k_empty(s), NCONS * 4); // one arrival per consumer warp
-            mbar_init(sm.v_empty(s), NCONS * 4);
-        }
-        fence_mbar_init();
-    }
-    if (ROWSUM_V && tid >= 128) {
-        // The ones sub-tile of every V stage (TMA never writes it), by the consumers.
-#if IS_BF16
-        constexpr u32 ONE_PAIR = 0x3F803F80u; // bf16 1.0, twice
-#else
-        constexpr u32 ONE_PAIR = 0x3C003C00u; // f16 1.0, twice
-#endif
-        for (u32 i = 4 * (u32)(tid - 128); i < STAGES * SUB_KV; i += 4 * (NT - 128))
-            st_shared_u32(sm.v + (i / SUB_KV) * V_STAGE_BYTES + NSUB * SUB_KV + i % SUB_KV, ONE_PAIR);
-        fence_proxy_async(); // written by the generic proxy, read by wgmma (the async proxy)
-    }
-    __syncthreads();
-
-    // ================================ producer =================================================
-    if (wg == 0) {
-        setmaxnreg_dec<PRODUCER_REGS>();
-        if (tid == 0) {
-            tma_prefetch(w.tq);
-            tma_prefetch(w.tk);
-            tma_prefetch(w.tv);
-            // The K/V ring position as a stage index and the parity of its current use (kept
-            // incrementally: the producer has PRODUCER_REGS registers). `wrapped` turns on once every stage
-            // has been filled once, from then on each load waits for the stage's release.
-            int stage = 0;
-            u32 use_parity = 0;
-            bool wrapped = false;
-            int tile = blockIdx.x;
-            for (u32 round = 0;; ++round) {
-                // The previous round's consumers are done with the Q tile (and have read the
-                // tile slot of two rounds ago).
-                if (round > 0) mbar_wait(sm.q_empty(), (round - 1) & 1);
-                u32 *tr = trace_row(w.trace, round, 0);
-                trace_start(tr, tile);
-                trace_clock(tr, 4);
-                st_shared_u32(sm.tile_slot(round), tile < tiles ? (u32)tile : 0xFFFFFFFFu);
+        for (int c = 0; c < NCONS; ++c) named_arrive_unaligned(BAR_TILE + c, TILE_HANDOFF_THREADS);
+        if (tile >= tiles) break; // the consumers read -1 and stop
+        const BlockCoords bc = block_coords(p, (unsigned)tile);
+        const int row0 = block_row0(p, bc.m_block);
+        mbar_arrive_expect_tx(sm.q_full(), Q_BYTES);
 #pragma unroll
-                for (int c = 0; c < NCONS; ++c) named_arrive_unaligned(BAR_TILE + c, TILE_HANDOFF_THREADS);
-                if (tile >= tiles) break; // the consumers read -1 and stop
-                const BlockCoords bc = block_coords(p, (unsigned)tile);
-                const int row0 = block_row0(p, bc.m_block);
-                mbar_arrive_expect_tx(sm.q_full(), Q_BYTES);
+        for (int j = 0; j < NSUB; ++j) tma_load_4d(sm.q + j * SUB_Q, w.tq, sm.q_full(), 64 * j, row0, bc.h, bc.b);
+        trace_clock(tr, 5);
+        // Key tile n of K or V (`map`) into its stage at `dst`. This use of the stage waits for
+        // the consumers' release (`empty`) of the previous one (whose phase had the other parity).
+        const KeyTiles kt = key_tiles(p, row0);
+        for (int n = kt.begin; n < kt.end; ++n) {
+            // K, then V, of key tile n into the stage. A use of the stage waits for the
+            // consumers' release of the previous one (whose phase had the other parity). (One
+            // lambda for both loads changed ptxas's register allocation: written out twice.)
+            if (wrapped) mbar_wait(sm.k_empty(stage), use_parity ^ 1);
+            mbar_arrive_expect_tx(sm.k_full(stage), KV_BYTES);
 #pragma unroll
-                for (int j = 0; j < NSUB; ++j) tma_load_4d(sm.q + j * SUB_Q, w.tq, sm.q_full(), 64 * j, row0, bc.h, bc.b);
-                trace_clock(tr, 5);
-                const KeyTiles kt = key_tiles(p, row0);
-                for (int n = kt.begin; n < kt.end; ++n) {
-                    // This use of the stage waits for the consumers' release of the previous one
-                    // (whose phase had the other parity).
-                    if (wrapped) mbar_wait(sm.k_empty(stage), use_parity ^ 1);
-                    mbar_arrive_expect_tx(sm.k_full(stage), KV_BYTES);
+            for (int j = 0; j < NSUB; ++j)
+                tma_load_4d(sm.k_stage(stage) + j * SUB_KV, w.tk, sm.k_full(stage), 64 * j, n * BC, bc.hk, bc.b);
+            trace_iter(tr, n - kt.begin, 0);
+            if (wrapped) mbar_wait(sm.v_empty(stage), use_parity ^ 1);
+            mbar_arrive_expect_tx(sm.v_full(stage), KV_BYTES);
 #pragma unroll
-                    for (int j = 0; j < NSUB; ++j)
-                        tma_load_4d(sm.k_stage(stage) + j * SUB_KV, w.tk, sm.k_full(stage), 64 * j, n * BC, bc.hk, bc.b);
-                    trace_iter(tr, n - kt.begin, 0);
-                    if (wrapped) mbar_wait(sm.v_empty(stage), use_parity ^ 1);
-                    mbar_arrive_expect_tx(sm.v_full(stage), KV_BYTES);
-#pragma unroll
-                    for (int j = 0; j < NSUB; ++j)
-                        tma_load_4d(sm.v_stage(stage) + j * SUB_KV, w.tv, sm.v_full(stage), 64 * j, n * BC, bc.hk, bc.b);
-                    trace_iter(tr, n - kt.begin, 1);
-                    if (++stage == STAGES) {
-                        stage = 0;
-                        use_parity ^= 1;
-                        wrapped = true;
-                    }
-                }
-                trace_clock(tr, 6);
-#if DYNAMIC
-                // (Without a counter, as in a CUDA graph's capture, the static order.)
-                tile = w.tile_counter ? (int)gridDim.x + (int)atomicAdd(w.tile_counter, 1u) : tile + (int)gridDim.x;
-#else
-                tile += gridDim.x;
-#endif
+            for (int j = 0; j < NSUB; ++j)
+                tma_load_4d(sm.v_stage(stage) + j * SUB_KV, w.tv, sm.v_full(stage), 64 * j, n * BC, bc.hk, bc.b);
+            trace_iter(tr, n - kt.begin, 1);
+            if (++stage == STAGES) {
+                stage = 0;
+                use_parity ^= 1;
+                wrapped = true;
             }
-#if DYNAMIC
-            // This block's draws (its last one failed) are ordered before its count; the last
-            // block to count knows every draw is done and zeroes both for the next launch
-            // (CUDA Programming Guide, memory fence functions: the last-block pattern).
-            if (w.tile_counter) {
-                __threadfence();
-                if (atomicAdd(w.tile_counter + 1, 1u) == gridDim.x - 1) {
-                    atomicExch(w.tile_counter, 0u);
-                    atomicExch(w.tile_counter + 1, 0u);
-                }
-            }
-#endif
         }
-        return;
+        trace_clock(tr, 6);
+        tile = next_tile<DYNAMIC>(w.tile_counter, tile);
     }
+    tile_counter_reset<DYNAMIC>(w.tile_counter);
+}
 
-    // ================================ consumers ================================================
-    setmaxnreg_inc<CONSUMER_REGS>();
+// ================================ consumers ================================================
+// A consumer warpgroup (64 query rows of each tile): S = Q K^T, the softmax, O += P V over the
+// key tiles its rows see, then O and lse out.
+FA_DEVICE void consumer(const WgmmaParams &w, const Smem &sm, int tid, int wg) {
+    const Params &p = w.p;
     // Rows 64*cons .. 64*cons+63 of the block. Broadcast from lane 0, so that ptxas knows it
     // is warp-uniform (as CUTLASS's canonical_warp_group_idx): without it, the d64
-    // three-consumer kernels spilled 8-16 bytes with PACK_SPLIT.
+    // three-consumer kernels spilled 8-16 bytes with P packed inside the softmax (a
+    // knob since removed).
     const int cons = shfl_lane0(wg) - 1;
     const int ctid = tid - 128 * wg;         // thread in the warpgroup
     const int warp = ctid / 32, lane = ctid % 32;
@@ -456,27 +399,19 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             for (int kk = 0; kk < KSTEPS; ++kk) wgmma_ss<BC, 0>(s, q_desc(sq_rows, kk), k_desc(sk, kk), kk > 0);
             wgmma_commit();
         };
-        // PACK_SPLIT: two commit groups, keys 0..BC/2-1 then the rest, so that the next
-        // softmax can pack the first half of P into pf as soon as the first group has read it.
         auto gemm_pv = [&](int stage) {
             const u32 sv = sm.v_stage(stage);
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < PSTEPS; ++kk) {
+            for (int kk = 0; kk < PSTEPS; ++kk)
                 wgmma_rs<NPV, 1>(o, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3], v_desc(sv, kk), 1);
-                if ((PACK_SPLIT && kk == PSTEPS / 2 - 1) || kk == PSTEPS - 1) wgmma_commit();
-            }
+            wgmma_commit();
         };
         auto rescale_o = [&]() {
             if (vote_any(moved)) {
 #pragma unroll
                 for (int i = 0; i < NPV / 2; ++i) o[i] *= alpha[(i / 2) % 2];
             }
-        };
-        // P into pf, registers r0 <= r < r1: the A operand of P V.
-        auto pack = [&](int r0, int r1) {
-#pragma unroll
-            for (int r = r0; r < r1; ++r) pf[r] = pack2(s[2 * r], s[2 * r + 1]);
         };
         // Score modifiers, mask and online softmax of key tile n (absolute index) in s[];
         // leaves p = 2^(s*scale - m) in s[] and the rescale factor of O in alpha[]. Only the
@@ -547,16 +482,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
 #pragma unroll
                 for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], shfl_xor(mx[h], 2));
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const float m_old = row_max[h];
-                    const float m_cand = fmul_rn(mx[h], p.scale_log2);
-                    const float m_new = m_cand > m_old + (float)RESCALE_SLACK ? m_cand : m_old;
-                    // A row that has seen only masked keys keeps max -inf: subtract 0 instead.
-                    m_use[h] = m_new == neg_inf() ? 0.f : m_new;
-                    alpha[h] = ex2(m_old - m_use[h]);
-                    moved |= m_new != m_old;
-                    row_max[h] = m_new;
-                }
+                for (int h = 0; h < 2; ++h)
+                    m_use[h] = row_max_step<RESCALE_SLACK>(row_max[h], mx[h], p.scale_log2, alpha[h], moved);
             }
             // Two partial sums per row: shorter FADD chains.
             float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
@@ -567,11 +494,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             // take the exact two-step path, whose max element gives exactly 2^0. The choice is
             // per thread (its two rows), so the branch can diverge.
             const bool fused = fabsf(m_use[0]) < 4194304.f && fabsf(m_use[1]) < 4194304.f;
-            // The exponentials of column groups nt0 <= nt < nt1.
-            auto exps = [&](int nt0, int nt1) {
+            // The exponentials of every score, by the formula of the path taken. (Both loops
+            // stand inside one lambda: with the branch around two calls of a lambda that takes
+            // the formula, or with no lambda, ptxas lays the branch out differently.)
+            auto exps = [&]() {
                 if (fused) {
 #pragma unroll
-                    for (int nt = nt0; nt < nt1; ++nt)
+                    for (int nt = 0; nt < BC / 8; ++nt)
 #pragma unroll
                         for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -582,43 +511,28 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                             }
                 } else {
 #pragma unroll
-                    for (int nt = nt0; nt < nt1; ++nt)
+                    for (int nt = 0; nt < BC / 8; ++nt)
 #pragma unroll
                         for (int h = 0; h < 2; ++h)
 #pragma unroll
                             for (int e = 0; e < 2; ++e) {
                                 const int i = 4 * nt + 2 * h + e;
-                                s[i] = ex2(fmul_rn(s[i], p.scale_log2) - m_use[h]);
+                                s[i] = exp_scaled(s[i], p.scale_log2, m_use[h]);
                                 if (!ROWSUM_V) sum[h][e] += s[i];
                             }
                 }
             };
-            if (PACK_SPLIT) {
-                // Half by half: the first half of P once the previous P V's first commit group
-                // has read it (wait_group 1), while the second half's exponentials are in
-                // flight; the second once the whole P V has (wait_group 0). Nothing is in
-                // flight in the prologue: both waits return at once. The waits stand outside
-                // the divergent branch of exps: wgmma.wait_group is .aligned (PTX ISA 9.7.15.6:
-                // every thread of the warpgroup executes the same one), and inside it a warp
-                // whose rows took both paths hung (run 106).
-                exps(0, BC / 16);
-                wgmma_wait<1>();
-                pack(0, NS / 4);
-                exps(BC / 16, BC / 8);
-                wgmma_wait<0>();
-                pack(NS / 4, NS / 2);
-            } else {
-                exps(0, BC / 8);
-            }
+            exps();
             if (!ROWSUM_V) {
 #pragma unroll
                 for (int h = 0; h < 2; ++h)
                     row_sum[h] = row_sum[h] * alpha[h] + (sum[h][0] + sum[h][1]); // per-lane partial; the quad sums it at the end
             }
         };
-        // Without PACK_SPLIT, P into pf after the softmax (with it, softmax() has done this).
+        // P into pf after the softmax: the A operand of P V.
         auto pack_p = [&]() {
-            if (!PACK_SPLIT) pack(0, NS / 2);
+#pragma unroll
+            for (int r = 0; r < NS / 2; ++r) pf[r] = pack2(s[2 * r], s[2 * r + 1]);
         };
         auto stage_of = [&](int n) { return (it + n) % STAGES; };
         auto parity_of = [&](int n) { return (u32)((it + n) / STAGES) & 1; };
@@ -688,12 +602,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
                 gemm_pv(stage_of(n - 1));
                 turn_pass();
                 trace_iter(tr, n, 2);
-                wgmma_wait<PACK_SPLIT ? 2 : 1>(); // S_n done (P V_{n-1} is one or two groups)
+                wgmma_wait<1>(); // S_n done (P V_{n-1} is the one group left)
                 fence_regs(s);
                 trace_iter(tr, n, 3);
                 release(sm.k_empty(stage_of(n)));
                 if (O_OWN && n == n_mine - 1) release(sm.q_empty());
-                softmax(nc + n); // PACK_SPLIT: waits for P_{n-1} V_{n-1} as it packs P_n
+                softmax(nc + n);
                 trace_iter(tr, n, 4);
                 wgmma_wait<0>(); // P_{n-1} V_{n-1} done
                 fence_regs(o);
@@ -738,7 +652,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
             for (int h = 0; h < 2; ++h) l[h] += shfl_xor(l[h], 2);
         }
 #pragma unroll
-        for (int h = 0; h < 2; ++h) inv[h] = l[h] > 0.f ? 1.f / l[h] : 0.f; // a row that saw no key: o = 0, lse = -inf
+        for (int h = 0; h < 2; ++h) inv[h] = row_inv(l[h]);
         if (O_OWN) {
             // The previous tile's store must have read the staging tile before it is rewritten.
             if (ctid == 0) bulk_wait_read0();
@@ -781,8 +695,61 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int row = wrow + 8 * h;
-            if (t == 0 && row < p.seqlen_q) lse[row] = l[h] > 0.f ? (row_max[h] + lg2(l[h])) * LN2 : neg_inf();
+            if (t == 0 && row < p.seqlen_q) lse[row] = row_lse(row_max[h], l[h]);
         }
     }
     if (ctid == 0) bulk_wait_read0(); // the last store has read shared memory before exit
+}
+
+// The kernel wires the roles: shared memory and barriers, then the producer and the consumers.
+// Persistent: block b runs tile b first, then the tiles tile_scheduler.cuh's next_tile hands it
+// (with DYNAMIC from an atomic counter), in block_coords' order (causal: longest first;
+// non-causal head-major: the resident blocks share K/V in L2). The launcher sizes the grid to
+// the SMs (or to the tile count for a one-tile-per-block launch).
+extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_constant__ WgmmaParams w) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    Smem sm;
+    sm.q = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    sm.k = sm.q + Q_BYTES;
+    sm.v = sm.k + STAGES * KV_BYTES;
+    sm.o = O_OWN ? sm.v + STAGES * V_STAGE_BYTES : sm.q;
+    sm.bars = sm.q + CORE_BYTES + (O_OWN ? Q_BYTES : 0);
+
+    const Params &p = w.p;
+    const int tid = threadIdx.x, wg = tid / 128;
+    const int tiles = p.num_m_blocks * p.heads_q * p.batch;
+
+    if (tid == 0) {
+        mbar_init(sm.q_full(), 1);
+        mbar_init(sm.q_empty(), Q_EMPTY_COUNT);
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(sm.k_full(s), 1);
+            mbar_init(sm.v_full(s), 1);
+            mbar_init(sm.k_empty(s), NCONS * 4); // one arrival per consumer warp
+            mbar_init(sm.v_empty(s), NCONS * 4);
+        }
+        fence_mbar_init();
+    }
+    if (ROWSUM_V && tid >= 128) {
+        // The ones sub-tile of every V stage (TMA never writes it), by the consumers.
+#if IS_BF16
+        constexpr u32 ONE_PAIR = 0x3F803F80u; // bf16 1.0, twice
+#else
+        constexpr u32 ONE_PAIR = 0x3C003C00u; // f16 1.0, twice
+#endif
+        for (u32 i = 4 * (u32)(tid - 128); i < STAGES * SUB_KV; i += 4 * (NT - 128))
+            st_shared_u32(sm.v + (i / SUB_KV) * V_STAGE_BYTES + NSUB * SUB_KV + i % SUB_KV, ONE_PAIR);
+        fence_proxy_async(); // written by the generic proxy, read by wgmma (the async proxy)
+    }
+    __syncthreads();
+
+    // The roles: the producer warpgroup (one thread issues every copy), then the consumers.
+    if (wg == 0) {
+        setmaxnreg_dec<PRODUCER_REGS>();
+        if (tid == 0) producer(w, sm, tiles);
+        return;
+    }
+    setmaxnreg_inc<CONSUMER_REGS>();
+    consumer(w, sm, tid, wg);
 }

@@ -18,6 +18,8 @@
 // (src/cuda/simt.rs, SimtTile) computes the same shared-memory size.
 #include "ptx.cuh"
 #include "attn_common.cuh"
+#include "tile_scheduler.cuh"
+#include "softmax.cuh"
 
 #ifndef RW
 #define RW 8
@@ -184,16 +186,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_simt(const Params p) {
             for (int kp = 1; kp < KPL; ++kp) mx = fmaxf(mx, s[r][kp]);
 #pragma unroll
             for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, shfl_xor(mx, off));
+            // The plain rule here (fmaxf, no slack): the running max always follows the data.
             const float m_new = fmaxf(row_max[r], fmul_rn(mx, p.scale_log2));
-            // A row that has seen only masked keys keeps max -inf; subtract 0 instead so that
-            // 2^(-inf - (-inf)) never makes a NaN.
-            const float m_use = m_new == neg_inf() ? 0.f : m_new;
+            const float m_use = exp_offset(m_new);
             const float alpha = ex2(row_max[r] - m_use);
             row_max[r] = m_new;
             float sum = 0.f;
 #pragma unroll
             for (int kp = 0; kp < KPL; ++kp) {
-                const float pe = ex2(fmul_rn(s[r][kp], p.scale_log2) - m_use);
+                const float pe = exp_scaled(s[r][kp], p.scale_log2, m_use);
                 s[r][kp] = pe;
                 sum += pe;
             }
@@ -245,14 +246,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_simt(const Params p) {
         for (int off = 16; off > 0; off /= 2) l += shfl_xor(l, off);
         const int row = wrow0 + r;
         if (row >= p.seqlen_q) continue;
-        // A row that saw no key: o = 0 and lse = -inf (never NaN).
-        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float inv = row_inv(l);
         u16 *orow = ob + (i64)row * p.o_ss;
 #pragma unroll
         for (int i = 0; i < NCH; ++i) {
             const int c = lane + 32 * i;
             if (D % 32 == 0 || c < D) orow[c] = from_f32(acc_o[r][i] * inv);
         }
-        if (lane == 0) lse[row] = l > 0.f ? (row_max[r] + lg2(l)) * 0.6931471805599453f : neg_inf();
+        if (lane == 0) lse[row] = row_lse(row_max[r], l);
     }
 }

@@ -36,28 +36,10 @@
 #define PROBE_REGS 10
 #define HANDOFF_REGS 16
 
-FA_DEVICE u16 to16(float x) {
-#if PROBE_BF16
-    return f32_to_bf16(x);
-#else
-    return f32_to_f16(x);
-#endif
-}
-
-FA_DEVICE u32 pack16(float lo, float hi) {
-#if PROBE_BF16
-    return pack_bf16x2(lo, hi);
-#else
-    return pack_f16x2(lo, hi);
-#endif
-}
-
+FA_DEVICE u16 to16(float x) { return elem_from_f32<PROBE_BF16>(x); }
+FA_DEVICE u32 pack16(float lo, float hi) { return elem_pack2<PROBE_BF16>(lo, hi); }
 FA_DEVICE void mma16(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-#if PROBE_BF16
-    mma_bf16(d, a0, a1, a2, a3, b0, b1);
-#else
-    mma_f16(d, a0, a1, a2, a3, b0, b1);
-#endif
+    elem_mma<PROBE_BF16>(d, a0, a1, a2, a3, b0, b1);
 }
 
 // Row address for ldmatrix.x4 of a row-major 16x16 tile as A fragments a0..a3: lane l gives

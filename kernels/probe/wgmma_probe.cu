@@ -44,13 +44,7 @@ struct ProbeMaps {
     TmaMap a, b, c; // 2D maps (64 columns x rows boxes) of the global inputs
 };
 
-FA_DEVICE u32 pack16(float lo, float hi) {
-#if IS_BF16
-    return pack_bf16x2(lo, hi);
-#else
-    return pack_f16x2(lo, hi);
-#endif
-}
+FA_DEVICE u32 pack16(float lo, float hi) { return elem_pack2<IS_BF16>(lo, hi); }
 
 FA_DEVICE u64 kdesc(u32 tile, int kk, u32 sub_bytes) {
 #if PROBE_FAULT

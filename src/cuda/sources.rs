@@ -5,8 +5,12 @@
 
 /// The shared PTX wrappers.
 pub const PTX_CUH: &str = include_str!("../../kernels/common/ptx.cuh");
-/// What the attention kernels share (parameters, conversions, causal rule, block map).
+/// What the attention kernels share (parameters, conversions, causal rule, score rules).
 pub const ATTN_COMMON_CUH: &str = include_str!("../../kernels/common/attn_common.cuh");
+/// The tile scheduler: which (query block, head, batch) a block or tile index takes.
+pub const TILE_SCHEDULER_CUH: &str = include_str!("../../kernels/common/tile_scheduler.cuh");
+/// The online softmax of one query row (running max and sum, the row's end).
+pub const SOFTMAX_CUH: &str = include_str!("../../kernels/common/softmax.cuh");
 /// The Hopper wrappers: TMA, mbarrier, wgmma ordering and descriptors, setmaxnreg.
 pub const HOPPER_CUH: &str = include_str!("../../kernels/common/hopper.cuh");
 /// The wgmma.mma_async wrappers (written by scripts/gen_wgmma_ops.py).
@@ -16,8 +20,10 @@ pub const KV_CACHE_CUH: &str = include_str!("../../kernels/decode/kv_cache.cuh")
 /// What the two backward kernels share (parameters, D and dQ-conversion kernels, step ranges).
 pub const BWD_COMMON_CUH: &str = include_str!("../../kernels/bwd/bwd_common.cuh");
 /// Headers a kernel may include, by the name in its `#include "..."` line.
-const HEADERS: [(&str, &str); 6] = [
+const HEADERS: [(&str, &str); 8] = [
     ("bwd_common.cuh", BWD_COMMON_CUH),
+    ("tile_scheduler.cuh", TILE_SCHEDULER_CUH),
+    ("softmax.cuh", SOFTMAX_CUH),
     ("kv_cache.cuh", KV_CACHE_CUH),
     ("ptx.cuh", PTX_CUH),
     ("attn_common.cuh", ATTN_COMMON_CUH),
