@@ -21,10 +21,8 @@ dump() { # dump <checkout> <out>
     (cd "$1" && CARGO_TARGET_DIR="$top/target/sass-compare" FLASHATTN_REQUIRE_NVRTC=1 \
         FLASHATTN_CUBIN_DIR="$2" cargo test --release --quiet --test kernels_compile \
         every_kernel_compiles >/dev/null)
-    for f in "$2"/*.cubin; do
-        "$nvd"/nvidia/cu13/bin/nvdisasm -c "$f" >"${f%.cubin}.sass"
-    done
 }
+disasm() { "$nvd"/nvidia/cu13/bin/nvdisasm -c "$1" >"${1%.cubin}.sass"; }
 # A commit's SASS does not change: the base's dump is kept in .deps/sass/<commit>.
 base_id=$(git rev-parse "$base^{commit}")
 cache=$top/.deps/sass/$base_id
@@ -32,9 +30,9 @@ if ! ls "$cache"/*.sass >/dev/null 2>&1; then
     git worktree add --detach "$work/base" "$base" >/dev/null
     rm -rf "$cache.tmp"; mkdir -p "$cache.tmp"
     dump "$work/base" "$cache.tmp"
+    for f in "$cache.tmp"/*.cubin; do disasm "$f"; done
     rm -rf "$cache"; mv "$cache.tmp" "$cache"
 fi
-mkdir -p "$work/a"; cp "$cache"/*.sass "$work/a/"
 if [ -n "$head" ]; then
     git worktree add --detach "$work/head" "$head" >/dev/null
     dump "$work/head" "$work/b"
@@ -42,11 +40,17 @@ if [ -n "$head" ]; then
 else
     dump "$top" "$work/b"
 fi
+# Equal CUBINs have equal SASS; only the others are disassembled and diffed.
 same=0; differ=0; missing=0
-for f in "$work"/a/*.sass; do
-    n=$(basename "$f")
-    if [ ! -f "$work/b/$n" ]; then missing=$((missing + 1)); echo "only in $base: ${n%.sass}"; continue; fi
-    if cmp -s "$f" "$work/b/$n"; then same=$((same + 1)); else differ=$((differ + 1)); echo "SASS differs: ${n%.sass}"; fi
+for f in "$cache"/*.cubin; do
+    n=$(basename "$f" .cubin)
+    g=$work/b/$n.cubin
+    if [ ! -f "$g" ]; then missing=$((missing + 1)); echo "only in $base: $n"; continue; fi
+    if cmp -s "$f" "$g"; then same=$((same + 1)); continue; fi
+    disasm "$g"
+    if cmp -s "$cache/$n.sass" "$work/b/$n.sass"; then same=$((same + 1)); else
+        differ=$((differ + 1)); echo "SASS differs: $n"
+    fi
 done
-echo "$same identical, $differ different, $missing missing of $(ls "$work"/a/*.sass | wc -l) specialisations"
+echo "$same identical, $differ different, $missing missing of $(ls "$cache"/*.cubin | wc -l) specialisations"
 [ "$differ" -eq 0 ]
