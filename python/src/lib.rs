@@ -8,6 +8,13 @@
 //! DLPack stream handshake, without a copy or a device synchronisation (`gpu.rs`); the
 //! variable-length and KV-cache calls plan from host copies of their index arrays, which the
 //! Python layer makes.
+//!
+//! - `dlpack.rs`: tensor intake (the DLPack capsule or a PyTorch tensor's attributes: device,
+//!   element type, shape, strides, memory span).
+//! - `rules.rs`: the argument rules, each once; what the library checks is left to it, and its
+//!   [`AttnError`] becomes a [`FlashAttnError`] (`err`).
+//! - `api.rs`: the `#[pyfunction]`s, which wire intake, rules and the library, on the CPU or
+//!   through `gpu.rs` on a CUDA device.
 
 mod api;
 mod dlpack;
@@ -25,6 +32,7 @@ pyo3::create_exception!(
     "An invalid call: the message says what is wrong and what to do."
 );
 
+/// The library's typed error as the Python exception, its message unchanged.
 pub(crate) fn err(e: AttnError) -> PyErr {
     FlashAttnError::new_err(e.to_string())
 }
