@@ -6,7 +6,7 @@ use crate::dlpack::{Borrowed, handshake, placement, take_all};
 use crate::gpu::Qkv;
 use crate::rules::{
     CacheIndex, CacheSeqlens, Scores, bshd, bshd_problem, check_disjoint, check_grads, cuda_dtype,
-    kvcache_problem, one_dtype, problem, varlen_problem,
+    kvcache_problem, new_rows, one_dtype, problem, varlen_problem,
 };
 use crate::{err, gpu};
 use flashattn::Element;
@@ -442,17 +442,12 @@ pub(crate) fn kvcache_forward<'py>(
         (lse, "lse"),
     ];
     let [tq, tkc, tvc, to, tl] = take_all(named, hs, false)?;
-    let new = match (k_new, v_new) {
-        (Some(k), Some(v)) => {
+    let new = match new_rows(k_new, v_new)? {
+        Some((k, v)) => {
             let [k, v] = take_all([(k, "k"), (v, "v")], hs, false)?;
             Some((k, v))
         }
-        (None, None) => None,
-        _ => {
-            return Err(crate::FlashAttnError::new_err(
-                "pass both k and v (new rows), or neither",
-            ));
-        }
+        None => None,
     };
     let mut all = vec![&tq, &tkc, &tvc, &to, &tl];
     let mut read = vec![&tq];

@@ -385,6 +385,15 @@ pub(crate) struct CacheIndex {
     pub max_blocks: usize,
 }
 
+/// The KV cache's new rows: both `k` and `v`, or neither.
+pub(crate) fn new_rows<T>(k: Option<T>, v: Option<T>) -> PyResult<Option<(T, T)>> {
+    match (k, v) {
+        (Some(k), Some(v)) => Ok(Some((k, v))),
+        (None, None) => Ok(None),
+        _ => Err(invalid("pass both k and v (new rows), or neither".into())),
+    }
+}
+
 /// The problem of a KV-cache call: q `[batch, seqlen_q, heads_q, head_dim]`; caches
 /// `[batch, seqlen_cache, heads_kv, head_dim]` or paged `[num_blocks, page_size, heads_kv,
 /// head_dim]`; new rows `[batch, seqlen_new, heads_kv, head_dim]`; out like q; lse `[batch,
