@@ -394,16 +394,6 @@ fn jobs() -> Vec<Job> {
         let defines = t.defines(DType::F16, causal);
         out.push(wgmma_job(&t, 128, DType::F16, causal, defines, "wg3"));
     }
-    // J's packing (`split`, a knob: perf-notes 36-37) at d64 (three consumers) and d128, so
-    // that it stays free of spills and of serialised wgmmas.
-    for d in [64, 128] {
-        let t = WgmmaTile::default_for(d)
-            .expect("served head_dim")
-            .with_spec("split")
-            .expect("valid spec");
-        let defines = t.defines(DType::F16, false);
-        out.push(wgmma_job(&t, d, DType::F16, false, defines, "split"));
-    }
     // The timeline build (`trace`, a diagnostics knob): d64 causal (three consumers, the
     // producer at 32 registers) and d256 causal, so that it keeps compiling without spills.
     for d in [64, 256] {

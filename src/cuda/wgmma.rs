@@ -65,10 +65,6 @@ pub struct WgmmaTile {
     pub max_blocks: u32,
     /// The diagnostics build that records a timeline ([`super::wgmma_trace`]).
     pub trace: bool,
-    /// P packed into the P V operand registers inside the softmax, half by half (the P V in
-    /// two commit groups) rather than after it (flag `split`; off by default: with the row
-    /// sums in P V it measured 0-2 % slower, run 108).
-    pub pack_split: bool,
     /// The row sums of P on the Tensor Cores where they fit ([`Self::row_sums_in_pv`]): each V
     /// stage carries a sub-tile of ones, so P V (N = head_dim + 8) also sums P's rows and the
     /// softmax issues no FADD per score (flag `fsum`: summed by the softmax instead).
@@ -128,7 +124,6 @@ impl WgmmaTile {
             causal_l2_mb: CAUSAL_L2_MB,
             max_blocks: 0,
             trace: false,
-            pack_split: false,
             rowsum_v: true,
             spec_max: true,
         })
@@ -158,22 +153,22 @@ impl WgmmaTile {
     }
 
     /// Applies a
-    /// `[bc,stages,][nopp][,nohm][,np][,static][,wg3][,trace][,split][,fsum][,spec|nospec][,l2=MiB][,grid=N]`
+    /// `[bc,stages,][nopp][,nohm][,np][,static][,wg3][,trace][,fsum][,spec|nospec][,l2=MiB][,grid=N]`
     /// override (see [`TILE_ENV`]): no pingpong, no head-major order, not persistent, no tile
-    /// counter, three consumers, the timeline build ([`super::wgmma_trace`]), P packed inside the
-    /// softmax (J, runs 105-108), the row sums by the softmax (as before run 108), the speculative
-    /// maxima on or off ([`Self::spec_max`]), the causal
-    /// order's L2 budget (0: off), at most N persistent
-    /// blocks (so that small problems run many tiles per block: a test knob). With
-    /// `bc,stages` the tile is two consumers with pingpong unless the flags say otherwise; without them (a spec of flags only) the default tile of each call keeps
-    /// its Bc, stages, consumers and pingpong, and only the flags change it.
+    /// counter, three consumers, the timeline build ([`super::wgmma_trace`]), the row sums by
+    /// the softmax (as before run 108), the speculative maxima on or off ([`Self::spec_max`]),
+    /// the causal order's L2 budget (0: off), at most N persistent blocks (so that small
+    /// problems run many tiles per block: a test knob). With `bc,stages` the tile is two
+    /// consumers with pingpong unless the flags say otherwise; without them (a spec of flags
+    /// only) the default tile of each call keeps its Bc, stages, consumers and pingpong, and only
+    /// the flags change it.
     ///
     /// # Errors
     /// [`AttnError::InvalidInput`] naming the expected form.
     pub fn with_spec(self, spec: &str) -> Result<Self> {
         let bad = || AttnError::InvalidInput {
             what: format!(
-                "wgmma tile '{spec}': expected [bc,stages,]flags with flags from nopp, nohm, np, static, wg3, trace, split, fsum, spec, nospec, l2=MiB, grid=N; bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128 or head_dim 96-128 with bc <= 64, split only with bc a multiple of 32, MiB in 0..=1024 and N in 1..=4096"
+                "wgmma tile '{spec}': expected [bc,stages,]flags with flags from nopp, nohm, np, static, wg3, trace, fsum, spec, nospec, l2=MiB, grid=N; bc a multiple of 16 in 16..=256, stages in 2..=8, wg3 only at head_dim 64 with bc <= 128 or head_dim 96-128 with bc <= 64, MiB in 0..=1024 and N in 1..=4096"
             ),
         };
         let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
@@ -211,13 +206,12 @@ impl WgmmaTile {
             causal_l2_mb: l2.unwrap_or(self.causal_l2_mb),
             max_blocks: grid.unwrap_or(0),
             trace: has("trace"),
-            pack_split: self.pack_split || has("split"),
             rowsum_v: self.rowsum_v && !has("fsum"),
             spec_max: (self.spec_max || has("spec")) && !has("nospec"),
             ..self
         };
-        const SWITCHES: [&str; 10] = [
-            "nopp", "nohm", "np", "static", "wg3", "trace", "split", "fsum", "spec", "nospec",
+        const SWITCHES: [&str; 9] = [
+            "nopp", "nohm", "np", "static", "wg3", "trace", "fsum", "spec", "nospec",
         ];
         const VALUED: [&str; 2] = ["l2=", "grid="];
         if flags
@@ -228,7 +222,6 @@ impl WgmmaTile {
             || (t.consumers == 3 && !Self::three_consumers_fit(t.head_dim, t.bc))
             || t.bc == 0
             || !t.bc.is_multiple_of(16)
-            || (t.pack_split && !t.bc.is_multiple_of(32))
             || t.bc > 256
             || !(2..=8).contains(&t.stages)
         {
@@ -344,9 +337,6 @@ impl WgmmaTile {
         if self.trace {
             d.push(("TRACE".into(), "1".into()));
         }
-        if self.pack_split {
-            d.push(("PACK_SPLIT".into(), "1".into()));
-        }
         if !self.row_sums_in_pv() {
             d.push(("ROWSUM_V".into(), "0".into()));
         }
@@ -361,7 +351,7 @@ impl fmt::Display for WgmmaTile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "Br{}xBc{} d{} ({} stages{}{}{}{}{})",
+            "Br{}xBc{} d{} ({} stages{}{}{}{})",
             self.br(),
             self.bc,
             self.head_dim,
@@ -374,11 +364,6 @@ impl fmt::Display for WgmmaTile {
             },
             if self.row_sums_in_pv() {
                 ", row sums in P V"
-            } else {
-                ""
-            },
-            if self.pack_split {
-                ", split packing"
             } else {
                 ""
             },
@@ -732,24 +717,15 @@ mod tests {
                 .any(|(k, _)| k == "TRACE")
         };
         assert!(has_trace(&traced) && !has_trace(&w3d));
-        // J's packing (P packed inside the softmax: a knob since run 108): one define more,
-        // and only when asked for.
-        let split = w3d.with_spec("split").unwrap();
-        assert_eq!(
-            split,
-            WgmmaTile {
-                pack_split: true,
-                ..w3d
-            }
-        );
+        // J's packing (P packed inside the softmax, `split`: measured 0-2 % slower, run 108)
+        // is gone: its flag is refused.
+        assert!(w3d.with_spec("split").is_err());
         let define = |t: &WgmmaTile, key: &str| {
             t.defines(DType::F16, false)
                 .iter()
                 .find(|(k, _)| k == key)
                 .map(|(_, v)| v.clone())
         };
-        assert_eq!(define(&split, "PACK_SPLIT").as_deref(), Some("1"));
-        assert_eq!(define(&w3d, "PACK_SPLIT"), None);
         // The maxima kept without the quad's shuffles: on by default, off for bf16 at d64
         // (run 111) and under `nospec`, forced on by `spec`; one define when on.
         let off = w3d.with_spec("nospec").unwrap();
@@ -771,8 +747,6 @@ mod tests {
         assert!(!t.with_spec("176,2").unwrap().row_sums_in_pv());
         let t144 = t.with_spec("144,2").unwrap();
         assert!(!t144.row_sums_in_pv() && t144.o_own());
-        // J's two halves are whole k16 steps of P V.
-        assert!(t.with_spec("96,2,split").is_ok() && t.with_spec("80,2,split").is_err());
         for d in [64, 128, 192] {
             let t = WgmmaTile::default_for(d).unwrap();
             assert!(t.row_sums_in_pv(), "d{d}");
