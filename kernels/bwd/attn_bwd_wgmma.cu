@@ -29,7 +29,7 @@
 // Layouts: shared tiles are TMA boxes of 64 channels x rows, 128-byte swizzled (hopper.cuh);
 // accumulator i of a lane: row 16 warp + g + 8((i/2)%2), column 8(i/4) + 2t + i%2; the A
 // fragment of k-step kk from an accumulator is {pack(a[8kk], a[8kk+1]), ..., pack(a[8kk+6],
-// a[8kk+7])}: both proven by kernels/wgmma_probe.cu and used by attn_wgmma.cu.
+// a[8kk+7])}: both proven by kernels/probe/wgmma_probe.cu and used by attn_wgmma.cu.
 //
 // Specialised at NVRTC time by HEAD_DIM (the real head_dim: 64, or 72..128 padded to 128 by
 // TMA's zero fill), BWD_BR (rows per step), STAGES, IS_BF16, IS_CAUSAL, IS_LOCAL (attn_common.cuh's key range),

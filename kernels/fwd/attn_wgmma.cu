@@ -23,7 +23,7 @@
 // shared memory allows, else the warpgroup's rows of the Q tile; same 128-byte swizzle) and
 // stored with TMA; lse as in attn_mma.
 //
-// Layouts (proven by kernels/wgmma_probe.cu against src/layout_wgmma.rs):
+// Layouts (proven by kernels/probe/wgmma_probe.cu against src/layout_wgmma.rs):
 // - shared tiles are TMA boxes of 64 channels x rows, 128-byte swizzled: row r of a box is 128
 //   bytes at r*128, its 16-byte chunk c stored at chunk c ^ (r % 8); a head_dim of DP channels
 //   is DP/64 such boxes one after another (NSUB sub-tiles);
