@@ -11,18 +11,23 @@ fn git(args: &[&str]) -> Option<String> {
 }
 
 fn main() {
+    // Paths are relative to this package (tools/); the stamp covers the library too. The git
+    // files are asked of git, since in a worktree `.git` is a file and they live elsewhere.
     for path in [
-        ".git/HEAD",
-        ".git/index",
-        ".git/refs",
-        ".git/packed-refs",
         "src",
-        "kernels",
-        "bench",
         "build.rs",
         "Cargo.toml",
+        "bench",
+        "../src",
+        "../kernels",
+        "../Cargo.toml",
     ] {
         println!("cargo:rerun-if-changed={path}");
+    }
+    for name in ["HEAD", "index", "refs", "packed-refs"] {
+        if let Some(path) = git(&["rev-parse", "--path-format=absolute", "--git-path", name]) {
+            println!("cargo:rerun-if-changed={path}");
+        }
     }
     let commit = git(&["rev-parse", "HEAD"]).filter(|c| !c.is_empty());
     if let Some(commit) = commit {

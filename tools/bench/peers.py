@@ -34,9 +34,9 @@ Response (JSON, to --out FILE or stdout):
 A backend that raises is recorded as skipped with its message; without torch or a GPU the
 response has ok = false and the reason in "error". Progress goes to stderr.
 
-  python3 bench/peers.py [REQUEST] [--out FILE]   run the peers
-  python3 bench/peers.py --fake [REQUEST] [--out FILE]   fake timings (no torch; for tests)
-  python3 bench/peers.py --selftest               check the parts that need no torch
+  python3 tools/bench/peers.py [REQUEST] [--out FILE]   run the peers
+  python3 tools/bench/peers.py --fake [REQUEST] [--out FILE]   fake timings (no torch; for tests)
+  python3 tools/bench/peers.py --selftest               check the parts that need no torch
 """
 
 import argparse

@@ -27,7 +27,7 @@
 //! scatters and gathers through the map functions, so a test of the emulator against a plain
 //! matrix product is a test of the maps.
 
-use crate::dtype::DType;
+use flashattn::dtype::DType;
 
 /// Lanes in a warp.
 pub const WARP: usize = 32;

@@ -23,14 +23,14 @@
 //! probe case and A^T of the transposed-A case without `.trans` (`-DPROBE_FAULT=1` on the GPU,
 //! `trans = false` in the emulator): the checker must then fail and name the lanes.
 
-use crate::cuda::{Gpu, KernelSource, device::cuda_err};
-use crate::dtype::DType;
-use crate::error::{AttnError, Result};
 use crate::layout::{
     self, Acc16x8, Input16, LdmatrixNum, Mat16x8, Mat16x16, WARP, Warp, a_cell, a_x4_addrs,
     a_x4_trans_addrs, b_cell, b_x4_trans_addrs, cd_cell, first_two, last_two,
 };
 use cudarc::driver::{LaunchConfig, PushKernelArg};
+use flashattn::cuda::{Gpu, KernelSource, device::cuda_err};
+use flashattn::dtype::DType;
+use flashattn::error::{AttnError, Result};
 use std::fmt;
 
 /// 32-bit words each lane writes in `layout_probe` and `layout_trans_a`: a0..a3, b0..b1,

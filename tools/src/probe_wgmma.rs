@@ -19,17 +19,17 @@
 //! The fault (`-DPROBE_FAULT=1`, or `inject_fault` in the emulator) gives the K-major
 //! descriptors a 64-byte swizzle and V's an SBO of 512: kmajor and pv must then fail.
 
-use crate::cuda::launch::set_dynamic_smem;
-use crate::cuda::tma::{TiledMap, TmaMap};
-use crate::cuda::{Gpu, KernelSource, device::cuda_err};
-use crate::dtype::DType;
-use crate::error::{AttnError, Result};
 use crate::layout::{Input16, pack};
 use crate::layout_wgmma::{
     self as lw, AOperand, Descriptor, Major, Swizzle, WARPGROUP, a_cell, acc_cell,
 };
 use crate::probe::{ProbeReport, Section, show};
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use flashattn::cuda::launch::set_dynamic_smem;
+use flashattn::cuda::tma::{TiledMap, TmaMap};
+use flashattn::cuda::{Gpu, KernelSource, device::cuda_err};
+use flashattn::dtype::DType;
+use flashattn::error::{AttnError, Result};
 
 /// Words each thread dumps in wg_probe_acc / wg_probe_kmajor / wg_probe_pv.
 pub const ACC_WORDS: usize = 32;

@@ -5,10 +5,12 @@
 #[path = "../src/cli/bench.rs"]
 mod cli_bench;
 
-use flashattn::bench::peers::{self, PeerRequest, PeerResponse};
-use flashattn::bench::report::PEERS;
-use flashattn::bench::run::{finish, new_report};
-use flashattn::bench::{BenchOptions, BenchReport, LineResult, Source, Timing, plot, stats, table};
+use flashattn_tools::bench::peers::{self, PeerRequest, PeerResponse};
+use flashattn_tools::bench::report::PEERS;
+use flashattn_tools::bench::run::{finish, new_report};
+use flashattn_tools::bench::{
+    BenchOptions, BenchReport, LineResult, Source, Timing, plot, stats, table,
+};
 use std::path::{Path, PathBuf};
 
 fn opts(args: &[&str]) -> BenchOptions {
@@ -453,7 +455,7 @@ fn gpu_bench() {
 fn backward_sweep_has_bwd_bwd_mma_and_bwd_det_lines_and_two_and_a_half_forward_flops() {
     let o = opts(&["--backward", "--quick"]);
     let sweep = o.sweep().unwrap();
-    let names = |s: &flashattn::bench::sweep::Sweep| {
+    let names = |s: &flashattn_tools::bench::sweep::Sweep| {
         s.lines.iter().map(|l| l.name.clone()).collect::<Vec<_>>()
     };
     assert_eq!(names(&sweep), ["bwd", "bwd-mma", "bwd-det"]);
@@ -464,7 +466,7 @@ fn backward_sweep_has_bwd_bwd_mma_and_bwd_det_lines_and_two_and_a_half_forward_f
     assert_eq!(names(&picked), ["bwd", "bwd-det"]);
     for c in &sweep.cases {
         assert!(c.backward && c.id().ends_with("-bwd"), "{}", c.id());
-        let forward = flashattn::bench::Case {
+        let forward = flashattn_tools::bench::Case {
             backward: false,
             ..c.clone()
         };

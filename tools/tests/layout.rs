@@ -1,6 +1,6 @@
 //! The fragment-layout maps and the warp emulator built on them (no GPU needed).
 
-use flashattn::layout::{
+use flashattn_tools::layout::{
     self, Input16, LdmatrixNum, WARP, Warp, a_cell, a_owner, a_x4_addrs, b_cell, b_owner,
     b_x4_trans_addrs, cd_cell, cd_owner, first_two, last_two, ldmatrix, ldmatrix_cell,
     ldmatrix_owner,

@@ -1,14 +1,14 @@
-//! The warpgroup layout model (src/layout_wgmma.rs) and the wgmma probe on its emulator:
+//! The warpgroup layout model (tools/src/layout_wgmma.rs) and the wgmma probe on its emulator:
 //! the maps are bijections, the emulated TMA + descriptor + wgmma path computes plain matrix
 //! products in every form attn_wgmma uses, and the probe passes, and catches its faults, with
 //! the thread and register of each wrong cell.
 
 use flashattn::DType;
-use flashattn::layout::{Input16, pack};
-use flashattn::layout_wgmma::{
+use flashattn_tools::layout::{Input16, pack};
+use flashattn_tools::layout_wgmma::{
     self as lw, AOperand, Descriptor, Major, Swizzle, WARPGROUP, a_cell, acc_cell, acc_owner,
 };
-use flashattn::probe_wgmma::{self, WgmmaDump};
+use flashattn_tools::probe_wgmma::{self, WgmmaDump};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 #[test]
@@ -233,5 +233,20 @@ fn checker_names_swapped_accumulators() {
         lines[0].contains("d4") && lines[0].contains("expected D[17][10]"),
         "{}",
         lines[0]
+    );
+}
+
+/// The probe kernels' defines: `tests/kernels_compile.rs` (in the library, which cannot see
+/// this crate) compiles the probe with these two flags written out, so they are held here.
+#[test]
+fn probe_defines_are_the_two_flags_the_compile_test_writes() {
+    let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+    assert_eq!(
+        probe_wgmma::defines(Input16::BF16, true),
+        vec![pair("IS_BF16", "1"), pair("PROBE_FAULT", "1")]
+    );
+    assert_eq!(
+        probe_wgmma::defines(Input16::F16, false),
+        vec![pair("IS_BF16", "0"), pair("PROBE_FAULT", "0")]
     );
 }

@@ -3,8 +3,8 @@
 use flashattn::DType;
 use flashattn::cuda::nvrtc::nvrtc_present;
 use flashattn::cuda::{CI_ARCHS, KernelSource, compile_cubin};
-use flashattn::layout::{Input16, WARP};
-use flashattn::probe::{self, HANDOFF_REGS, PROBE_REGS, RegisterDump};
+use flashattn_tools::layout::{Input16, WARP};
+use flashattn_tools::probe::{self, HANDOFF_REGS, PROBE_REGS, RegisterDump};
 
 const PASS_LINES: [&str; 9] = [
     "[PASS] A[i][j] = i: all 256 cells",

@@ -1,4 +1,4 @@
-//! `flashattn bench --decode`: decoding against a KV cache ([`crate::cuda::decode`]), timed
+//! `flashattn bench --decode`: decoding against a KV cache ([`flashattn::cuda::decode`]), timed
 //! as a decoding loop runs it (a [`DecodePlan`] made once, then launches only), contiguous and
 //! paged, against a read-only pass over the same bytes in the same run (the bandwidth
 //! ceiling) and, with `--peers`, against PyTorch SDPA on the same contiguous cache.
@@ -15,13 +15,13 @@ use super::peers::{PeerResponse, find_script, python, run_script};
 use super::plot;
 use super::report::io_err;
 use super::stats;
-use crate::cuda::decode::{DecodePlan, DecodeTile};
-use crate::cuda::device::cuda_err;
-use crate::cuda::{Gpu, GpuElement, KernelSource};
-use crate::dtype::DType;
-use crate::error::{AttnError, Result};
-use crate::kvcache::{CacheLayout, KvCacheProblem, shuffled_pages};
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg, sys};
+use flashattn::cuda::decode::{DecodePlan, DecodeTile};
+use flashattn::cuda::device::cuda_err;
+use flashattn::cuda::{Gpu, GpuElement, KernelSource};
+use flashattn::dtype::DType;
+use flashattn::error::{AttnError, Result};
+use flashattn::kvcache::{CacheLayout, KvCacheProblem, shuffled_pages};
 use half::{bf16, f16};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -85,7 +85,7 @@ pub struct DecodeShape {
     pub peers: Vec<PeerLine>,
 }
 
-/// Case as bench/peers.py takes it (GQA through `heads_kv`, `seqlen_q` rows of queries;
+/// Case as tools/bench/peers.py takes it (GQA through `heads_kv`, `seqlen_q` rows of queries;
 /// `flops` carries the bytes, so its "TFLOP/s" are TB/s).
 #[derive(Debug, Clone, Serialize)]
 struct PeerCase {
@@ -152,7 +152,7 @@ pub fn run(opts: &BenchOptions) -> Result<String> {
     if opts
         .decode_splits
         .iter()
-        .any(|&s| s == 0 || s > crate::kvcache::MAX_SPLITS)
+        .any(|&s| s == 0 || s > flashattn::kvcache::MAX_SPLITS)
     {
         return bad("--decode-splits: counts from 1 to 128");
     }
@@ -403,7 +403,7 @@ fn shape_set<T: GpuElement>(
     for &sq in &opts.decode_q {
         let nq = batch * sq * heads_q * d;
         let q = stream
-            .clone_htod(&crate::compare::random_vec::<T>(nq, 7))
+            .clone_htod(&flashattn::compare::random_vec::<T>(nq, 7))
             .map_err(cuda_err("copying q"))?;
         let mut o: CudaSlice<T> = stream.alloc_zeros(nq).map_err(cuda_err("allocating o"))?;
         let mut lse: CudaSlice<f32> = stream
@@ -536,8 +536,8 @@ fn read_pass<T: GpuElement>(
             // SAFETY: both buffers hold at least `chunks` 16-byte pieces; the sink one word
             // per block.
             unsafe { l.launch(cfg) }.map_err(cuda_err("read_pass launch"))?;
-            Ok(crate::cuda::LaunchInfo {
-                kernel: crate::cuda::KernelKind::Mma,
+            Ok(flashattn::cuda::LaunchInfo {
+                kernel: flashattn::cuda::KernelKind::Mma,
                 why: "read pass".into(),
                 config: None,
                 registers: k.stats.registers,

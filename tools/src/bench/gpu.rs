@@ -4,12 +4,12 @@
 use super::report::{LineResult, Source};
 use super::stats;
 use super::sweep::{Case, Line};
-use crate::cuda::backward::{BackwardOptions, BwdKernel, backward_device};
-use crate::cuda::device::cuda_err;
-use crate::cuda::{Gpu, GpuElement, KernelKind, forward_device};
-use crate::error::{AttnError, Result};
-use crate::{AttnProblem, DType, Element};
 use cudarc::driver::{CudaSlice, sys};
+use flashattn::cuda::backward::{BackwardOptions, BwdKernel, backward_device};
+use flashattn::cuda::device::cuda_err;
+use flashattn::cuda::{Gpu, GpuElement, KernelKind, forward_device};
+use flashattn::error::{AttnError, Result};
+use flashattn::{AttnProblem, DType, Element};
 use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -277,7 +277,7 @@ fn time_line<T: GpuElement>(
     let what = format!(
         "{} on {}",
         line.name,
-        crate::cuda::launch::launch_context(line.kernel.name(), p)
+        flashattn::cuda::launch::launch_context(line.kernel.name(), p)
     );
     let Inputs {
         sets: bufs, o, lse, ..
@@ -340,7 +340,7 @@ fn time_backward<T: GpuElement>(
     let what = format!(
         "{} on {}",
         line.name,
-        crate::cuda::launch::launch_context("attn_bwd", p)
+        flashattn::cuda::launch::launch_context("attn_bwd", p)
     );
     let len = p.shape.batch * p.shape.seqlen_q * p.shape.heads_q * p.shape.head_dim;
     let Inputs {
@@ -387,7 +387,7 @@ fn time_backward<T: GpuElement>(
                 info.kernel
             ),
         };
-        Ok(crate::cuda::LaunchInfo {
+        Ok(flashattn::cuda::LaunchInfo {
             kernel: KernelKind::Mma,
             why: if info.why_not_wgmma.is_empty() {
                 format!("the backward ({})", info.kernel)
@@ -412,7 +412,7 @@ pub(crate) struct Timed {
     /// Milliseconds of each timed launch (CUDA events).
     pub times: Vec<f64>,
     /// What the memory launch reported.
-    pub info: crate::cuda::LaunchInfo,
+    pub info: flashattn::cuda::LaunchInfo,
     /// Free device memory before, right after and after the memory launch (bytes).
     pub free: (i64, i64, i64),
     /// Median host time of one `launch` call in the timed loop, microseconds: what the
@@ -430,7 +430,7 @@ pub(crate) fn time_launches(
     what: &str,
     iters: usize,
     (warmup, warmup_ms): (usize, u64),
-    mut launch: impl FnMut(usize) -> Result<crate::cuda::LaunchInfo>,
+    mut launch: impl FnMut(usize) -> Result<flashattn::cuda::LaunchInfo>,
 ) -> Result<Timed> {
     let stream = gpu.stream();
     let ctx = gpu.context();

@@ -5,7 +5,7 @@
 //! - [`sweep`]: cases (batch x seqlen = 16384, heads x head_dim = 2048) and lines (kernels, tiles).
 //! - [`gpu`]: input sets rotated past L2, events around each launch, extra memory.
 //! - [`stats`]: median / min / p90, TFLOP/s, ratios, input-set count.
-//! - [`peers`]: runs `bench/peers.py` and merges its JSON.
+//! - [`peers`]: runs `tools/bench/peers.py` and merges its JSON.
 //! - [`report`]: the record written as bench.json; [`table`]: the text table;
 //!   [`plot`]: SVG and PNG figures (built-in font: no system fonts needed).
 //! - [`mod@run`]: the whole command ([`run()`]); [`varlen`]: `--varlen`, packed batches;

@@ -2,10 +2,10 @@
 //! through [`BenchOptions::from_args`]).
 
 use super::sweep::{self, Line, Sweep};
-use crate::DType;
-use crate::cuda::KernelKind;
-use crate::error::{AttnError, Result};
 use clap::{Args, Parser, ValueEnum};
+use flashattn::DType;
+use flashattn::cuda::KernelKind;
+use flashattn::error::{AttnError, Result};
 use std::path::PathBuf;
 
 /// Which masks to run.
@@ -70,7 +70,7 @@ pub struct BenchOptions {
     /// Where bench.json, bench.txt and the plots go (at most 6 files).
     #[arg(long = "out-dir", default_value = "out/bench", value_name = "DIR")]
     pub out_dir: PathBuf,
-    /// Also time PyTorch SDPA (flash, cuDNN, efficient) with bench/peers.py after our kernels.
+    /// Also time PyTorch SDPA (flash, cuDNN, efficient) with tools/bench/peers.py after our kernels.
     #[arg(long)]
     pub peers: bool,
     /// Small sweep: seqlen 1k,4k; head_dim 64,128; f16; both masks (explicit options win).

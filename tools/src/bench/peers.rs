@@ -1,4 +1,4 @@
-//! Running bench/peers.py (PyTorch SDPA: flash, cuDNN, efficient) and merging its results.
+//! Running tools/bench/peers.py (PyTorch SDPA: flash, cuDNN, efficient) and merging its results.
 
 use super::report::{BenchReport, LineResult, PEERS, PeerEnv, PeersInfo, Source};
 use super::stats::{self, Timing};
@@ -141,7 +141,10 @@ pub fn parse_response(text: &str) -> Result<PeerResponse, String> {
     serde_json::from_str(text).map_err(|e| format!("peers.py output is not the expected JSON: {e}"))
 }
 
-/// Finds peers.py: `$FLASHATTN_PEERS_SCRIPT`, else `bench/peers.py` under the current
+/// Where peers.py sits in the repository.
+pub const SCRIPT: &str = "tools/bench/peers.py";
+
+/// Finds peers.py: `$FLASHATTN_PEERS_SCRIPT`, else [`SCRIPT`] under the current
 /// directory, else under the executable's folder or one of its ancestors (so that
 /// `target/release/flashattn` finds the repository's script).
 pub fn find_script() -> Result<PathBuf, String> {
@@ -162,14 +165,14 @@ pub fn find_script() -> Result<PathBuf, String> {
         roots.extend(exe.ancestors().skip(1).take(5).map(Path::to_path_buf));
     }
     for root in roots {
-        let p = root.join("bench").join("peers.py");
+        let p = root.join(SCRIPT);
         if p.is_file() {
             return Ok(p);
         }
         tried.push(p.display().to_string());
     }
     Err(format!(
-        "bench/peers.py not found (tried {}); set FLASHATTN_PEERS_SCRIPT",
+        "{SCRIPT} not found (tried {}); set FLASHATTN_PEERS_SCRIPT",
         tried.join(", ")
     ))
 }

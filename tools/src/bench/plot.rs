@@ -3,12 +3,12 @@
 //!
 //! Drawn with [`plotters`] and written as `bench-<dtype>.svg` and `bench-<dtype>.png`. Text is
 //! measured and rasterised by plotters' `ab_glyph` feature from DejaVu Sans embedded in the
-//! binary (`assets/fonts/`), so no system font library (fontconfig, freetype) is needed at run
+//! binary (`tools/assets/fonts/`), so no system font library (fontconfig, freetype) is needed at run
 //! time. Everything fails soft: a figure that cannot be drawn is reported in
 //! [`PlotOutput::errors`], never a panic or an abort.
 
 use super::report::BenchReport;
-use crate::error::Result;
+use flashattn::error::Result;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::register_font;
@@ -17,7 +17,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-/// DejaVu Sans (Bitstream Vera licence, see `assets/fonts/LICENSE-DejaVu.txt`).
+/// DejaVu Sans (Bitstream Vera licence, see `tools/assets/fonts/LICENSE-DejaVu.txt`).
 const FONT_BYTES: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
 /// The family every text of the figures uses; the embedded font is registered under it.
 const FAMILY: &str = "sans-serif";
@@ -646,7 +646,7 @@ pub fn write_figures(figs: Vec<Figure>, out_dir: &Path, stem: &str) -> PlotOutpu
 /// Reads a bench.json and writes its plots into `out_dir` (`flashattn bench-plot`).
 ///
 /// # Errors
-/// [`crate::AttnError::Io`] when the JSON cannot be read; drawing errors are in the output.
+/// [`flashattn::AttnError::Io`] when the JSON cannot be read; drawing errors are in the output.
 pub fn from_json(json: &Path, out_dir: &Path) -> Result<PlotOutput> {
     let report = BenchReport::read(json)?;
     Ok(write_all(&report, out_dir))

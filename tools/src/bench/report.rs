@@ -3,7 +3,7 @@
 
 use super::stats::{self, Timing};
 use super::sweep::Case;
-use crate::error::{AttnError, Result};
+use flashattn::error::{AttnError, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -13,7 +13,7 @@ use std::path::Path;
 pub enum Source {
     /// One of our kernels.
     Ours,
-    /// A PyTorch SDPA backend run by bench/peers.py.
+    /// A PyTorch SDPA backend run by tools/bench/peers.py.
     Peer,
 }
 
@@ -104,7 +104,7 @@ pub struct CaseReport {
     pub id: String,
     /// The case.
     pub case: Case,
-    /// FLOPs of one forward pass ([`crate::AttnProblem::flops`]).
+    /// FLOPs of one forward pass ([`flashattn::AttnProblem::flops`]).
     pub flops: f64,
     /// Input sets rotated between launches.
     pub sets: usize,
@@ -193,7 +193,7 @@ pub struct BenchReport {
     pub git_commit: String,
     /// UTC, RFC 3339.
     pub timestamp: String,
-    /// The device ([`crate::cuda::DeviceInfo`]), or null without a GPU.
+    /// The device ([`flashattn::cuda::DeviceInfo`]), or null without a GPU.
     #[serde(default)]
     pub device: serde_json::Value,
     /// Why our kernels could not run at all, if so.

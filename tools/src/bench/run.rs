@@ -5,8 +5,8 @@ use super::options::BenchOptions;
 use super::report::{self, BenchReport, CaseReport, LineResult, Method, PeersInfo, Source};
 use super::sweep::Sweep;
 use super::{peers, plot, table};
-use crate::cuda::Gpu;
-use crate::error::Result;
+use flashattn::cuda::Gpu;
+use flashattn::error::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -120,7 +120,7 @@ fn measure(gpu: &Gpu, sweep: &Sweep, report: &mut BenchReport) {
 pub fn run(opts: &BenchOptions) -> Result<BenchOutcome> {
     let sweep = opts.sweep()?;
     if opts.peers && sweep.cases.iter().all(|c| c.has_score_mods()) {
-        return Err(crate::AttnError::InvalidInput {
+        return Err(flashattn::AttnError::InvalidInput {
             what: "--peers with --window, --softcap or --alibi: SDPA's fused backends have none of them, so there is nothing to compare; drop --peers".into(),
         });
     }
@@ -149,7 +149,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchOutcome> {
         }
     }
     if opts.peers {
-        eprintln!("flashattn bench: running the PyTorch SDPA peers (bench/peers.py)");
+        eprintln!("flashattn bench: running the PyTorch SDPA peers (tools/bench/peers.py)");
         let outcome = peers::run(&report);
         peers::merge(&mut report, outcome);
     }

@@ -4,10 +4,10 @@
 //! size are held fixed (16384 and 2048), so every case moves the same bytes and the FLOPs grow
 //! with seqlen.
 
-use crate::cuda::{KernelKind, MmaTile};
-use crate::error::{AttnError, Result};
-use crate::scores::{Alibi, ScoreMods, Window};
-use crate::{AttnProblem, AttnShape, DType, Mask};
+use flashattn::cuda::{KernelKind, MmaTile};
+use flashattn::error::{AttnError, Result};
+use flashattn::scores::{Alibi, ScoreMods, Window};
+use flashattn::{AttnProblem, AttnShape, DType, Mask};
 use serde::{Deserialize, Serialize};
 
 /// Tokens per case (`batch * seqlen`) in FlashAttention's benchmark.

@@ -1,4 +1,4 @@
-//! `flashattn bench --varlen MIX`: a packed variable-length batch ([`crate::varlen`]) timed as
+//! `flashattn bench --varlen MIX`: a packed variable-length batch ([`flashattn::varlen`]) timed as
 //! the library runs it (`auto`), as one packed `attn_mma` launch, as the same sequences through
 //! the dense API one by one, and, for a uniform mix, as the dense kernels on the same shape as
 //! one batch. TFLOP/s count each sequence's visible pairs; the
@@ -8,13 +8,13 @@ use super::gpu::time_launches;
 use super::options::BenchOptions;
 use super::report::io_err;
 use super::stats;
-use crate::cuda::{Gpu, GpuElement, KernelKind, LaunchInfo, forward_device};
-use crate::error::{AttnError, Result};
-use crate::scores::ScoreMods;
-use crate::shape::{AttnProblem, AttnShape};
-use crate::varlen::{VarlenProblem, offsets};
-use crate::{DType, compare::random_vec};
 use cudarc::driver::CudaSlice;
+use flashattn::cuda::{Gpu, GpuElement, KernelKind, LaunchInfo, forward_device};
+use flashattn::error::{AttnError, Result};
+use flashattn::scores::ScoreMods;
+use flashattn::shape::{AttnProblem, AttnShape};
+use flashattn::varlen::{VarlenProblem, offsets};
+use flashattn::{DType, compare::random_vec};
 use half::{bf16, f16};
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -240,7 +240,7 @@ fn case<T: GpuElement>(
     let up = |x: Vec<T>| -> Result<CudaSlice<T>> {
         stream
             .clone_htod(&x)
-            .map_err(crate::cuda::device::cuda_err("copying bench inputs"))
+            .map_err(flashattn::cuda::device::cuda_err("copying bench inputs"))
     };
     let (q, k, v) = (
         up(random_vec(n, 1))?,
@@ -250,7 +250,7 @@ fn case<T: GpuElement>(
     let mut o = up(vec![T::from_f32(0.0); n])?;
     let mut lse: CudaSlice<f32> = stream
         .alloc_zeros(heads * total)
-        .map_err(crate::cuda::device::cuda_err("allocating lse"))?;
+        .map_err(flashattn::cuda::device::cuda_err("allocating lse"))?;
     // One dense batch-1 problem per sequence, with its first packed row (the per-sequence
     // lines).
     let seqs: Vec<(AttnProblem, usize)> = mix
@@ -289,7 +289,7 @@ fn case<T: GpuElement>(
         ("packed mma", KernelKind::Mma),
     ] {
         let timed = time_launches(gpu, name, iters, warm, |_| {
-            crate::cuda::varlen::forward_device(gpu, kernel, &p, &q, &k, &v, &mut o, &mut lse)
+            flashattn::cuda::varlen::forward_device(gpu, kernel, &p, &q, &k, &v, &mut o, &mut lse)
         })?;
         line(name, timed, flops)?;
     }

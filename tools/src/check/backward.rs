@@ -1,5 +1,5 @@
-//! The GPU backward ([`crate::cuda::backward`]) against the exact f64 gradients
-//! ([`crate::reference_grad`]), on both main kernels where attn_bwd_wgmma takes the head_dim
+//! The GPU backward ([`flashattn::cuda::backward`]) against the exact f64 gradients
+//! ([`flashattn::reference_grad`]), on both main kernels where attn_bwd_wgmma takes the head_dim
 //! (the default and attn_bwd by name): both dtypes, head dims 8 to 256 (36 and 160 padded),
 //! no mask, causal (seqlen_q
 //! below, equal to and above seqlen_k) and sliding windows, GQA and MQA, lengths that are not
@@ -9,16 +9,16 @@
 //! Problems the GPU backward does not take must be refused with a typed error.
 
 use super::CaseResult;
-use crate::compare::{Tolerance, diff, random_inputs, random_vec, widen};
-use crate::cuda::backward::{BackwardOptions, BwdKernel, backward_host, unsupported};
-use crate::cuda::backward_wgmma::padded_head_dim;
-use crate::cuda::{Gpu, GpuElement, KernelKind};
-use crate::dtype::DType;
-use crate::error::Result;
-use crate::mask::Mask;
-use crate::scores::{ScoreMods, Window};
-use crate::shape::{AttnProblem, AttnShape};
-use crate::{cpu, reference_grad};
+use flashattn::compare::{Tolerance, diff, random_inputs, random_vec, widen};
+use flashattn::cuda::backward::{BackwardOptions, BwdKernel, backward_host, unsupported};
+use flashattn::cuda::backward_wgmma::padded_head_dim;
+use flashattn::cuda::{Gpu, GpuElement, KernelKind};
+use flashattn::dtype::DType;
+use flashattn::error::Result;
+use flashattn::mask::Mask;
+use flashattn::scores::{ScoreMods, Window};
+use flashattn::shape::{AttnProblem, AttnShape};
+use flashattn::{cpu, reference_grad};
 use half::{bf16, f16};
 
 /// One backward call of the sweep.
@@ -234,7 +234,7 @@ pub fn refusals(gpu: &Gpu) -> Vec<(String, bool, String)> {
         .expect("valid softcap");
     let alibi = p(64)
         .with_scores(ScoreMods {
-            alibi: Some(crate::scores::Alibi::geometric(2)),
+            alibi: Some(flashattn::scores::Alibi::geometric(2)),
             ..ScoreMods::default()
         })
         .expect("valid ALiBi");

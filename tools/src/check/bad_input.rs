@@ -2,11 +2,11 @@
 //! context must stay usable afterwards.
 
 use super::CaseResult;
-use crate::cuda::device::cuda_err;
-use crate::cuda::{Gpu, KernelKind, forward_device};
-use crate::error::{AttnError, Result};
-use crate::shape::{AttnProblem, AttnShape, Strides};
 use cudarc::driver::{CudaContext, CudaSlice};
+use flashattn::cuda::device::cuda_err;
+use flashattn::cuda::{Gpu, KernelKind, forward_device};
+use flashattn::error::{AttnError, Result};
+use flashattn::shape::{AttnProblem, AttnShape, Strides};
 use half::f16;
 
 /// An invalid call: what it is, what came back, and which error kind it must be.

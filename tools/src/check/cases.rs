@@ -3,10 +3,10 @@
 //! attention kernels have failed on in the field (decoding, 2^16 boundaries, huge logits,
 //! non-finite inputs).
 
-use crate::dtype::DType;
-use crate::mask::Mask;
-use crate::scores::{Alibi, ScoreMods, Window};
-use crate::shape::{AttnProblem, AttnShape, Strides};
+use flashattn::dtype::DType;
+use flashattn::mask::Mask;
+use flashattn::scores::{Alibi, ScoreMods, Window};
+use flashattn::shape::{AttnProblem, AttnShape, Strides};
 use serde::Serialize;
 
 /// Which input tensor a special value goes into.

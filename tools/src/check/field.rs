@@ -3,8 +3,8 @@
 //! Every value is a small integer or a multiple of 1/8, exact in f16 and bf16, except the
 //! d4 rows (0.1 and 0.3, rounded to the element type like any input).
 
-use crate::dtype::Element;
-use crate::shape::AttnProblem;
+use flashattn::dtype::Element;
+use flashattn::shape::AttnProblem;
 use serde::Serialize;
 
 /// Which report an input reproduces.

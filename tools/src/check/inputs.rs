@@ -11,11 +11,11 @@
 //! - with [`Inputs::Constant`] inputs `o` must equal `v` exactly.
 
 use super::cases::{Case, Inputs, Tensor};
-use crate::compare::{Diff, Tolerance, diff, diff_rows, random_inputs};
-use crate::dtype::Element;
-use crate::error::Result;
-use crate::reference::{self, RowPrecision};
-use crate::shape::AttnProblem;
+use flashattn::compare::{Diff, Tolerance, diff, diff_rows, random_inputs};
+use flashattn::dtype::Element;
+use flashattn::error::Result;
+use flashattn::reference::{self, RowPrecision};
+use flashattn::shape::AttnProblem;
 
 /// How far (in keys) below a poisoned `v` key the GPU exception above can reach: one query
 /// block of the largest tile.
@@ -224,7 +224,7 @@ pub fn judge(case: &Case, oracle: &Oracle, o: &[f64], lse: &[f32], tol: &Toleran
 mod tests {
     use super::*;
     use crate::check::cases::cases;
-    use crate::dtype::DType;
+    use flashattn::dtype::DType;
     use half::f16;
 
     /// The verdict on the exact answer passes, on a perturbed one fails, for ordinary inputs

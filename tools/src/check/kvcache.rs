@@ -1,5 +1,5 @@
-//! Decoding against a KV cache ([`crate::kvcache`]) on the GPU against the f64 oracle
-//! ([`crate::cuda::decode`]), with the cases the decoding issue names: cache lengths 0 and at
+//! Decoding against a KV cache ([`flashattn::kvcache`]) on the GPU against the f64 oracle
+//! ([`flashattn::cuda::decode`]), with the cases the decoding issue names: cache lengths 0 and at
 //! capacity; page sizes 16, 64 and 256 (and 48, 144) with shuffled block tables; lengths that differ within
 //! a batch, including a sequence with fewer key blocks than splits; appended rows crossing a
 //! page boundary; seqlen_q 1, 2, 4, 16 with GQA 1, 4, 8 and MQA; every split count from 1 to
@@ -11,18 +11,18 @@
 //! heuristic's split count must give the same bytes on a second run.
 
 use super::{CaseResult, Poisoned, to_bits};
-use crate::compare::{Tolerance, diff_rows, random_vec};
-use crate::cuda::decode::forward_device;
-use crate::cuda::device::cuda_err;
-use crate::cuda::{Gpu, GpuElement, KernelKind};
-use crate::dtype::{DType, Element};
-use crate::error::Result;
-use crate::kvcache::{
+use flashattn::compare::{Tolerance, diff_rows, random_vec};
+use flashattn::cuda::decode::forward_device;
+use flashattn::cuda::device::cuda_err;
+use flashattn::cuda::{Gpu, GpuElement, KernelKind};
+use flashattn::dtype::{DType, Element};
+use flashattn::error::Result;
+use flashattn::kvcache::{
     CacheLayout, KvCacheProblem, MAX_SPLITS, SPLIT_BLOCK, append, place, reference, shuffled_pages,
 };
-use crate::mask::Mask;
-use crate::reference::Reference;
-use crate::scores::{Alibi, ScoreMods, Window};
+use flashattn::mask::Mask;
+use flashattn::reference::Reference;
+use flashattn::scores::{Alibi, ScoreMods, Window};
 use half::{bf16, f16};
 
 /// One decoding call of the sweep.
@@ -422,7 +422,7 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &KvCase, seed: u64) -> Result<CaseR
     Ok(result)
 }
 
-/// A decoding loop on one [`crate::cuda::decode::DecodePlan`]: four steps of one new token per
+/// A decoding loop on one [`flashattn::cuda::decode::DecodePlan`]: four steps of one new token per
 /// sequence on a paged cache (pages of 16, shuffled), the plan handed each step's lengths with
 /// `update`; every step's o and lse against the oracle and the device caches against the CPU's
 /// appends. One result per dtype.
@@ -444,7 +444,7 @@ pub fn loop_label(dtype: DType) -> String {
 }
 
 fn run_loop_typed<T: GpuElement>(gpu: &Gpu, seed: u64) -> Result<CaseResult> {
-    use crate::cuda::decode::DecodePlan;
+    use flashattn::cuda::decode::DecodePlan;
     let start = vec![30, 0, 47];
     let base = KvCacheProblem::new(
         3,

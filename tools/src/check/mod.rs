@@ -18,11 +18,11 @@ pub mod varlen;
 
 pub use cases::{Case, Inputs, Tensor, cases};
 
-use crate::compare::{Tolerance, dense_o};
-use crate::cuda::device::cuda_err;
-use crate::cuda::{Gpu, GpuElement, KernelKind, MmaTile, forward_device};
-use crate::dtype::DType;
-use crate::error::Result;
+use flashattn::compare::{Tolerance, dense_o};
+use flashattn::cuda::device::cuda_err;
+use flashattn::cuda::{Gpu, GpuElement, KernelKind, MmaTile, forward_device};
+use flashattn::dtype::DType;
+use flashattn::error::Result;
 use half::{bf16, f16};
 use serde::Serialize;
 
@@ -226,7 +226,7 @@ fn run_case<T: GpuElement>(
         let mut outs = Poisoned::<T>::new(gpu, o_len, lse_len)?;
         let mut o_view = outs.o.slice_mut(0..o_len);
         let mut lse_view = outs.lse.slice_mut(0..lse_len);
-        let what = crate::cuda::launch::launch_context(kernel.name(), p);
+        let what = flashattn::cuda::launch::launch_context(kernel.name(), p);
         let launched = forward_device(
             gpu,
             kernel,
@@ -279,7 +279,7 @@ impl CaseResult {
     pub(crate) fn launched(
         &mut self,
         kernel: KernelKind,
-        launched: Result<crate::cuda::LaunchInfo>,
+        launched: Result<flashattn::cuda::LaunchInfo>,
     ) -> bool {
         match launched {
             Err(e) => {

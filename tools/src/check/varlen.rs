@@ -1,5 +1,5 @@
-//! Packed variable-length batches ([`crate::varlen`]) on the GPU against the f64 oracle: one
-//! launch over every sequence ([`crate::cuda::varlen`]), with the cases the variable-length
+//! Packed variable-length batches ([`flashattn::varlen`]) on the GPU against the f64 oracle: one
+//! launch over every sequence ([`flashattn::cuda::varlen`]), with the cases the variable-length
 //! issue names: zero-length query and/or key sequences inside a batch, seqlen_q = 1 with GQA
 //! 8:1, one sequence much longer than the rest, seqlen_q != seqlen_k per sequence, causal,
 //! window, softcap and per-(batch, head) ALiBi, odd lengths, head dims 40 to 256, both dtypes.
@@ -7,14 +7,14 @@
 //! written (o = 0, lse = -inf for rows that see no key) and nothing past the end.
 
 use super::{CaseResult, Poisoned};
-use crate::compare::{Tolerance, random_vec};
-use crate::cuda::device::cuda_err;
-use crate::cuda::{Gpu, GpuElement, KernelKind};
-use crate::dtype::DType;
-use crate::error::Result;
-use crate::mask::Mask;
-use crate::scores::{Alibi, ScoreMods, Window};
-use crate::varlen::{self, VarlenOutput, VarlenProblem, offsets};
+use flashattn::compare::{Tolerance, random_vec};
+use flashattn::cuda::device::cuda_err;
+use flashattn::cuda::{Gpu, GpuElement, KernelKind};
+use flashattn::dtype::DType;
+use flashattn::error::Result;
+use flashattn::mask::Mask;
+use flashattn::scores::{Alibi, ScoreMods, Window};
+use flashattn::varlen::{self, VarlenOutput, VarlenProblem, offsets};
 use half::{bf16, f16};
 
 /// One packed batch of the sweep.
@@ -195,7 +195,7 @@ fn run_typed<T: GpuElement>(
     for &kernel in kernels.iter().filter(|k| k.has_score_mods()) {
         let mut result = CaseResult::new(&case.label, kernel);
         let mut outs = Poisoned::<T>::new(gpu, nq, n_lse)?;
-        let launched = crate::cuda::varlen::forward_device(
+        let launched = flashattn::cuda::varlen::forward_device(
             gpu,
             kernel,
             p,

@@ -1,7 +1,7 @@
 //! `flashattn bench` and `flashattn bench-plot`.
 
 use flashattn::Result;
-use flashattn::bench::{self, BenchOptions};
+use flashattn_tools::bench::{self, BenchOptions};
 use std::path::Path;
 
 /// Runs the benchmark, prints the table on stdout (notes and file list on stderr) and returns

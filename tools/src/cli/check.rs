@@ -1,10 +1,10 @@
-//! `flashattn check`: the GPU kernels against the f64 oracle (see `flashattn::check`).
+//! `flashattn check`: the GPU kernels against the f64 oracle (see `flashattn_tools::check`).
 
 use clap::Args;
-use flashattn::check::{self, CheckOptions};
 use flashattn::compare::random_seed;
 use flashattn::cuda::{KernelKind, MmaTile, shared_gpu};
 use flashattn::{AttnError, Result};
+use flashattn_tools::check::{self, CheckOptions};
 use std::path::PathBuf;
 
 /// Options of `flashattn check`.

@@ -34,9 +34,9 @@ pub enum Command {
     /// Check every GPU kernel against the f64 oracle over a sweep of shapes; exit 1 on any failure.
     Check(check::CheckArgs),
     /// Time our kernels against PyTorch SDPA (flash, cuDNN, memory-efficient): table, JSON, plots.
-    Bench(Box<flashattn::bench::BenchOptions>),
+    Bench(Box<flashattn_tools::bench::BenchOptions>),
     /// Redraw the benchmark plots from a bench.json.
-    BenchPlot(flashattn::bench::PlotOptions),
+    BenchPlot(flashattn_tools::bench::PlotOptions),
     /// Print what this machine offers (CPU threads, GPU).
     Info,
     /// The fragment-layout experiments: one warp (mma.m16n8k16, ldmatrix, the S->P hand-off)

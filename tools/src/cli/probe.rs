@@ -3,8 +3,9 @@
 //! warpgroup experiments of `wgmma` + TMA + descriptors (sm_90 only on a GPU).
 
 use flashattn::cuda::Gpu;
-use flashattn::probe::{self, ProbeReport};
-use flashattn::{DType, Result, probe_wgmma};
+use flashattn::{DType, Result};
+use flashattn_tools::probe::{self, ProbeReport};
+use flashattn_tools::probe_wgmma;
 
 /// Which experiment a report is of.
 #[derive(Clone, Copy, PartialEq, Eq)]
