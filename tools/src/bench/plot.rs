@@ -17,7 +17,13 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-/// DejaVu Sans (Bitstream Vera licence, see `tools/assets/fonts/LICENSE-DejaVu.txt`).
+/// DejaVu Sans (Bitstream Vera licence, see `tools/assets/fonts/LICENSE-DejaVu.txt`),
+/// subset to the characters figures can hold (the labels are ASCII: kernel, peer and GPU
+/// names, numbers), so that the binary carries 56 KB instead of 750 KB. Glyph outlines and
+/// advances are those of the full font. Made with fonttools 4.68:
+/// `pyftsubset DejaVuSans.ttf --unicodes=U+0020-007E,U+00A0-00FF,U+2013-2014,U+2018-201D,`
+/// `U+2026,U+2212,U+2264-2265,U+00D7 --layout-features=kern --glyph-names --name-IDs='*'`
+/// `--name-legacy --name-languages='*' --notdef-outline`.
 const FONT_BYTES: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
 /// The family every text of the figures uses; the embedded font is registered under it.
 const FAMILY: &str = "sans-serif";
