@@ -1,6 +1,6 @@
 //! Running tools/bench/peers.py (PyTorch SDPA: flash, cuDNN, efficient) and merging its results.
 
-use super::report::{BenchReport, LineResult, PEERS, PeerEnv, PeersInfo, Source};
+use super::report::{BenchReport, LineResult, MatmulResult, PEERS, PeerEnv, PeersInfo, Source};
 use super::stats::{self, Timing};
 use super::sweep::Case;
 use serde::{Deserialize, Serialize};
@@ -113,24 +113,6 @@ pub struct PeerResponse {
     /// One per (case, peer).
     #[serde(default)]
     pub results: Vec<PeerResult>,
-}
-
-/// peers.py's dense matrix product (torch.matmul, `n`^3, the cases' warm-up and timing).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct MatmulResult {
-    /// `f16` or `bf16`.
-    pub dtype: String,
-    /// Matrix side.
-    pub n: usize,
-    /// Median ms.
-    #[serde(default)]
-    pub median_ms: Option<f64>,
-    /// TFLOP/s at the median (2 n^3 FLOPs).
-    #[serde(default)]
-    pub tflops: Option<f64>,
-    /// Why it was not measured.
-    #[serde(default)]
-    pub skipped: Option<String>,
 }
 
 /// Parses peers.py's output.

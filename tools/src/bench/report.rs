@@ -149,6 +149,25 @@ pub struct Method {
     pub l2_bytes: Option<u64>,
 }
 
+/// peers.py's dense matrix product (kept here, with the rest of what the report holds,
+/// so that the report does not import the module that runs the peers): (torch.matmul, `n`^3, the cases' warm-up and timing).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MatmulResult {
+    /// `f16` or `bf16`.
+    pub dtype: String,
+    /// Matrix side.
+    pub n: usize,
+    /// Median ms.
+    #[serde(default)]
+    pub median_ms: Option<f64>,
+    /// TFLOP/s at the median (2 n^3 FLOPs).
+    #[serde(default)]
+    pub tflops: Option<f64>,
+    /// Why it was not measured.
+    #[serde(default)]
+    pub skipped: Option<String>,
+}
+
 /// The software and GPU under the peers, as peers.py reports them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PeerEnv {
@@ -181,7 +200,7 @@ pub struct PeersInfo {
     pub env: PeerEnv,
     /// The dense matrix-product rate per dtype, measured by peers.py in the same run.
     #[serde(default)]
-    pub matmul: Vec<super::peers::MatmulResult>,
+    pub matmul: Vec<MatmulResult>,
 }
 
 /// The whole benchmark record (bench.json).

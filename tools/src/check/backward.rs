@@ -8,7 +8,7 @@
 //! deterministic mode runs 5 times per case and must give the same bytes every time.
 //! Problems the GPU backward does not take must be refused with a typed error.
 
-use super::CaseResult;
+use super::outcome::CaseResult;
 use flashattn::compare::{Tolerance, diff, random_inputs, random_vec, widen};
 use flashattn::cuda::backward::{BackwardOptions, BwdKernel, backward_host, unsupported};
 use flashattn::cuda::backward_wgmma::padded_head_dim;

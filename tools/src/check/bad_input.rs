@@ -1,7 +1,7 @@
 //! Invalid calls on the GPU path: each must return its typed error before any launch, and the
 //! context must stay usable afterwards.
 
-use super::CaseResult;
+use super::outcome::CaseResult;
 use cudarc::driver::{CudaContext, CudaSlice};
 use flashattn::cuda::device::cuda_err;
 use flashattn::cuda::{Gpu, KernelKind, forward_device};

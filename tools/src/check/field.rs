@@ -4,7 +4,7 @@
 //! d4 rows (0.1 and 0.3, rounded to the element type like any input).
 
 use flashattn::dtype::Element;
-use flashattn::shape::AttnProblem;
+use flashattn::shape::{AttnProblem, AttnShape};
 use serde::Serialize;
 
 /// Which report an input reproduces.
@@ -50,8 +50,15 @@ impl FieldInput {
             FieldInput::Logits150 => (1, 33, 33, 6, 2, 128),
             FieldInput::D4ConstantRows => (1, 4, 4, 1, 1, 4),
         };
-        let p = AttnProblem::new(super::cases::shape(b, sq, sk, hq, hkv, d))
-            .expect("field shapes are valid");
+        let shape = AttnShape {
+            batch: b,
+            seqlen_q: sq,
+            seqlen_k: sk,
+            heads_q: hq,
+            heads_kv: hkv,
+            head_dim: d,
+        };
+        let p = AttnProblem::new(shape).expect("field shapes are valid");
         match self {
             FieldInput::LseNear5e4 => p.with_scale(1.0 / 16.0).expect("valid scale"),
             _ => p,

@@ -10,7 +10,7 @@
 //! past the end, the caches after the call must equal the CPU's append byte for byte, and the
 //! heuristic's split count must give the same bytes on a second run.
 
-use super::{CaseResult, Poisoned, to_bits};
+use super::outcome::{CaseResult, Poisoned, to_bits};
 use flashattn::compare::{Tolerance, diff_rows, random_vec};
 use flashattn::cuda::decode::forward_device;
 use flashattn::cuda::device::cuda_err;

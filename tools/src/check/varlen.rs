@@ -6,7 +6,7 @@
 //! Outputs are poisoned (with a guard past the end) as in the dense sweep: every row must be
 //! written (o = 0, lse = -inf for rows that see no key) and nothing past the end.
 
-use super::{CaseResult, Poisoned};
+use super::outcome::{CaseResult, Poisoned};
 use flashattn::compare::{Tolerance, random_vec};
 use flashattn::cuda::device::cuda_err;
 use flashattn::cuda::{Gpu, GpuElement, KernelKind};
