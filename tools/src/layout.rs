@@ -175,6 +175,16 @@ impl Input16 {
         }
     }
 
+    /// The NVRTC defines of a probe kernel: `bf16_define` (the kernel's name for "inputs are
+    /// bf16") and `PROBE_FAULT`, each "1" or "0".
+    pub fn probe_defines(self, bf16_define: &str, inject_fault: bool) -> Vec<(String, String)> {
+        let flag = |b: bool| if b { "1" } else { "0" }.to_string();
+        vec![
+            (bf16_define.to_string(), flag(self == Input16::BF16)),
+            ("PROBE_FAULT".to_string(), flag(inject_fault)),
+        ]
+    }
+
     /// The matching [`DType`].
     pub fn dtype(self) -> DType {
         match self {

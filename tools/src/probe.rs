@@ -656,23 +656,31 @@ pub fn check(dump: &RegisterDump, source: impl Into<String>) -> ProbeReport {
 /// With `inject_fault`, B is loaded without `.trans` and the report must fail.
 /// f32 gives a failed report saying that only f16 and bf16 can be probed.
 pub fn run_emulated(dtype: DType, inject_fault: bool) -> ProbeReport {
+    emulated(dtype, "mma.m16n8k16", |input| {
+        check(&emulate(input, inject_fault), "emulator")
+    })
+}
+
+/// `run(input)` for a 16-bit dtype; for f32 a failed report saying that `instruction` takes
+/// only f16 and bf16 (the emulators of both probes).
+pub(crate) fn emulated(
+    dtype: DType,
+    instruction: &str,
+    run: impl FnOnce(Input16) -> ProbeReport,
+) -> ProbeReport {
     match Input16::from_dtype(dtype) {
-        Some(input) => check(&emulate(input, inject_fault), "emulator"),
+        Some(input) => run(input),
         None => ProbeReport::unsupported(
             dtype,
             "emulator",
-            "mma.m16n8k16 takes f16 or bf16 inputs; probe one of those",
+            &format!("{instruction} takes f16 or bf16 inputs; probe one of those"),
         ),
     }
 }
 
 /// The NVRTC defines of `kernels/layout_probe.cu` for a dtype and fault switch.
 pub fn defines(input: Input16, inject_fault: bool) -> Vec<(String, String)> {
-    let flag = |b: bool| if b { "1" } else { "0" }.to_string();
-    vec![
-        ("PROBE_BF16".to_string(), flag(input == Input16::BF16)),
-        ("PROBE_FAULT".to_string(), flag(inject_fault)),
-    ]
+    input.probe_defines("PROBE_BF16", inject_fault)
 }
 
 /// Launches `function` of the probe module with one warp on a buffer of `words` u32 that is

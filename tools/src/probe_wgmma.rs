@@ -463,23 +463,14 @@ pub fn check(dump: &WgmmaDump, source: impl Into<String>) -> ProbeReport {
 
 /// Runs the emulator and checks it (f32 is reported as unsupported).
 pub fn run_emulated(dtype: DType, inject_fault: bool) -> ProbeReport {
-    match Input16::from_dtype(dtype) {
-        Some(input) => check(&emulate(input, inject_fault), "emulator"),
-        None => ProbeReport::unsupported(
-            dtype,
-            "emulator",
-            "wgmma takes f16 or bf16 inputs; probe one of those",
-        ),
-    }
+    crate::probe::emulated(dtype, "wgmma", |input| {
+        check(&emulate(input, inject_fault), "emulator")
+    })
 }
 
 /// The NVRTC defines of `kernels/wgmma_probe.cu`.
 pub fn defines(input: Input16, inject_fault: bool) -> Vec<(String, String)> {
-    let flag = |b: bool| if b { "1" } else { "0" }.to_string();
-    vec![
-        ("IS_BF16".to_string(), flag(input == Input16::BF16)),
-        ("PROBE_FAULT".to_string(), flag(inject_fault)),
-    ]
+    input.probe_defines("IS_BF16", inject_fault)
 }
 
 /// The probe kernels' tensor-map parameter (`ProbeMaps`).

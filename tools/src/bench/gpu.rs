@@ -263,6 +263,12 @@ fn ensure<T: GpuElement>(
     Ok(())
 }
 
+/// Names the line, kernel and shape in an error.
+fn line_context(line: &Line, kernel: &str, p: &AttnProblem) -> String {
+    let launch = flashattn::cuda::launch::launch_context(kernel, p);
+    format!("{} on {launch}", line.name)
+}
+
 /// Warm-up, one launch for memory, `iters` timed launches, then an lse check.
 fn time_line<T: GpuElement>(
     gpu: &Gpu,
@@ -274,11 +280,7 @@ fn time_line<T: GpuElement>(
     warmup: (usize, u64),
 ) -> Result<LineResult> {
     let stream = gpu.stream();
-    let what = format!(
-        "{} on {}",
-        line.name,
-        flashattn::cuda::launch::launch_context(line.kernel.name(), p)
-    );
+    let what = line_context(line, line.kernel.name(), p);
     let Inputs {
         sets: bufs, o, lse, ..
     } = inputs;
@@ -337,11 +339,7 @@ fn time_backward<T: GpuElement>(
     warmup: (usize, u64),
 ) -> Result<LineResult> {
     let stream = gpu.stream();
-    let what = format!(
-        "{} on {}",
-        line.name,
-        flashattn::cuda::launch::launch_context("attn_bwd", p)
-    );
+    let what = line_context(line, "attn_bwd", p);
     let len = p.shape.batch * p.shape.seqlen_q * p.shape.heads_q * p.shape.head_dim;
     let Inputs {
         sets: bufs, o, lse, ..
