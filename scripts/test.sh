@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine, with no GPU: installs NVRTC 13.0 (the runtime
 # compiler only, from PyPI) so that every kernel is compiled to CUBIN for every supported arch,
-# then runs clippy and every test. Called by .ci/run; the README's test command.
+# then runs fmt, clippy and every test of the workspace. Called by .ci/run; the README's test
+# command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deps=.deps/nvrtc
@@ -12,10 +13,12 @@ fi
 export LD_LIBRARY_PATH="$PWD/$deps/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # The NVRTC compile tests fail (not skip) when the library is missing.
 export FLASHATTN_REQUIRE_NVRTC=1
-cargo fmt --check
-cargo clippy --all-targets --release -- -D warnings
-cargo test --release --all-targets
-cargo test --release --doc
+# The whole workspace: the library (root), flashattn-tools (tools/: the binary, check, bench,
+# probes, the import-circle check) and the binding's Rust side (python/).
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --release -- -D warnings
+cargo test --release --workspace --all-targets
+cargo test --release --workspace --doc
 # The Python package (python/): clippy on the binding, then build the wheel, install it in a
 # fresh virtual environment and run its tests on the CPU with NumPy inputs (from outside the
 # source tree, so that the installed wheel is what is imported).

@@ -2,7 +2,8 @@
 //! which (row, key) pairs its mask keeps, and where P and dS are rounded to the element type.
 //! The kernel computes the same formulas on the GPU; here they run on host buffers so that the
 //! unit tests can hold them against the exact gradients ([`crate::reference_grad`]) without a
-//! GPU (the fragment layouts the kernel relies on are the probe's business, [`crate::probe`]).
+//! GPU (the fragment layouts the kernel relies on are the probe's business: `flashattn-tools`'
+//! `probe` module).
 
 use crate::dtype::Element;
 use crate::shape::AttnProblem;

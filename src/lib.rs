@@ -6,11 +6,12 @@
 //! Layout `[batch, seqlen, heads, head_dim]`, `lse` f32 `[batch, heads_q, seqlen_q]` in
 //! natural log. See [`AttnProblem`] for the problem description and [`forward`] for the
 //! host-memory entry point that picks a backend.
+//!
+//! The command line, the GPU checks, benchmarks and layout probes live in the
+//! `flashattn-tools` crate (`tools/`), so that this crate builds none of their dependencies.
 
 pub mod backend;
 pub mod backward_tiles;
-pub mod bench;
-pub mod check;
 pub mod compare;
 pub mod cpu;
 pub mod cpu_backward;
@@ -20,12 +21,8 @@ pub mod dtype;
 pub mod error;
 pub mod io;
 pub mod kvcache;
-pub mod layout;
-pub mod layout_wgmma;
 pub mod mask;
 pub mod merge;
-pub mod probe;
-pub mod probe_wgmma;
 pub mod reference;
 pub mod reference_grad;
 pub mod scores;

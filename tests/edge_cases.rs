@@ -1,5 +1,5 @@
 //! Field edge cases (issue: "Edge cases from the field") on the CPU backend; the same cases run
-//! on every GPU kernel in `flashattn check` (src/check/cases.rs). Seeds are printed; replay with
+//! on every GPU kernel in `flashattn check` (tools/src/check/cases.rs). Seeds are printed; replay with
 //! FLASHATTN_SEED=<seed>.
 
 use flashattn::compare::{Tolerance, dense_o, diff, random_inputs, random_seed};

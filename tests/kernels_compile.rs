@@ -449,16 +449,21 @@ fn jobs() -> Vec<Job> {
             out.push(wgmma_job(&t, d, DType::F16, causal, defines, name));
         }
     }
+    let flag = |b: bool| if b { "1" } else { "0" }.to_string();
     for dtype in DTYPES {
         for fault in [false, true] {
-            let input = flashattn::layout::Input16::from_dtype(dtype).expect("16-bit");
             out.push(Job {
                 source: KernelSource::WgmmaProbe,
                 arch: "sm_90a",
                 d: 64,
                 dtype,
                 causal: fault,
-                defines: flashattn::probe_wgmma::defines(input, fault),
+                // The probe's host side is in flashattn-tools (`probe_wgmma::defines`, which
+                // tools/tests/layout_wgmma.rs holds to these two flags).
+                defines: vec![
+                    ("IS_BF16".to_string(), flag(dtype == DType::BF16)),
+                    ("PROBE_FAULT".to_string(), flag(fault)),
+                ],
                 functions: &["wg_probe_acc", "wg_probe_kmajor", "wg_probe_pv"],
                 smem: 33 * 1024,
                 tile: if fault { "probe, fault" } else { "probe" }.into(),

@@ -249,8 +249,8 @@ pub struct LaunchInfo {
     pub smem_bytes: usize,
 }
 
-/// Names the kernel and shape in a driver error.
-pub(crate) fn launch_context(kernel: &str, p: &AttnProblem) -> String {
+/// Names the kernel and shape in a driver error (also used by the tools' check and bench).
+pub fn launch_context(kernel: &str, p: &AttnProblem) -> String {
     format!("{kernel} launch ({}, mask {})", p.shape, p.mask.name())
 }
 
@@ -260,11 +260,7 @@ pub(crate) fn launch_context(kernel: &str, p: &AttnProblem) -> String {
 ///
 /// # Errors
 /// [`AttnError::Cuda`] when the driver refuses either attribute.
-pub(crate) fn set_dynamic_smem(
-    f: &cudarc::driver::CudaFunction,
-    bytes: usize,
-    what: &str,
-) -> Result<()> {
+pub fn set_dynamic_smem(f: &cudarc::driver::CudaFunction, bytes: usize, what: &str) -> Result<()> {
     if bytes > 48 * 1024 {
         f.set_attribute(
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

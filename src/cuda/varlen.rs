@@ -331,23 +331,3 @@ pub fn forward_host<T: GpuElement>(
         .map_err(cuda_err("varlen launch: copying lse back"))?;
     Ok((o, lse, info))
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_check_batch_has_a_valid_envelope() {
-        for c in crate::check::varlen::cases() {
-            let env = envelope(&c.problem).unwrap();
-            check_gpu_problem(&env, KernelKind::Mma).unwrap();
-            assert_eq!(env.shape.batch, c.problem.batch());
-            assert_eq!(env.shape.seqlen_q, c.problem.max_seqlen_q().max(1));
-        }
-        let odd = VarlenProblem::new(vec![0, 3], vec![0, 3], 1, 1, 36).unwrap();
-        assert!(matches!(
-            envelope(&odd),
-            Err(AttnError::UnsupportedHeadDim { .. })
-        ));
-    }
-}

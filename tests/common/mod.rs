@@ -30,13 +30,3 @@ pub fn problem(
         .unwrap()
         .with_mask(mask)
 }
-
-/// Runs the `flashattn` binary: (success, stdout, stderr).
-pub fn flashattn(args: &[&str]) -> (bool, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flashattn"))
-        .args(args)
-        .output()
-        .unwrap();
-    let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
-    (out.status.success(), text(out.stdout), text(out.stderr))
-}

@@ -1,0 +1,30 @@
+//! Benchmark: our kernels against PyTorch SDPA (flash, cuDNN, memory-efficient) on
+//! FlashAttention's sweep, timed with CUDA events; a table, bench.json and plots.
+//!
+//! - [`options`]: `flashattn bench` / `bench-plot` options (clap `Args`).
+//! - [`sweep`]: cases (batch x seqlen = 16384, heads x head_dim = 2048) and lines (kernels, tiles).
+//! - [`gpu`]: input sets rotated past L2, events around each launch, extra memory.
+//! - [`stats`]: median / min / p90, TFLOP/s, ratios, input-set count.
+//! - [`peers`]: runs `tools/bench/peers.py` and merges its JSON.
+//! - [`report`]: the record written as bench.json; [`table`]: the text table;
+//!   [`plot`]: SVG and PNG figures (built-in font: no system fonts needed).
+//! - [`mod@run`]: the whole command ([`run()`]); [`varlen`]: `--varlen`, packed batches;
+//!   [`decode`]: `--decode`, KV-cache decoding.
+
+pub mod decode;
+pub mod gpu;
+pub mod options;
+pub mod peers;
+pub mod plot;
+pub mod report;
+pub mod run;
+pub mod stats;
+pub mod sweep;
+pub mod table;
+pub mod varlen;
+
+pub use options::{BenchOptions, CausalChoice, DTypeChoice, PlotOptions};
+pub use report::{BenchReport, CaseReport, LineResult, Source};
+pub use run::{BenchOutcome, run};
+pub use stats::Timing;
+pub use sweep::{Case, Line, Sweep};

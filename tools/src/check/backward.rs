@@ -1,0 +1,278 @@
+//! The GPU backward ([`flashattn::cuda::backward`]) against the exact f64 gradients
+//! ([`flashattn::reference_grad`]), on both main kernels where attn_bwd_wgmma takes the head_dim
+//! (the default and attn_bwd by name): both dtypes, head dims 8 to 256 (36 and 160 padded),
+//! no mask, causal (seqlen_q
+//! below, equal to and above seqlen_k) and sliding windows, GQA and MQA, lengths that are not
+//! multiples of the tiles. o and lse come from the CPU forward, so that a forward error cannot
+//! hide a backward one; the gradients start as NaN (an element the kernels skip fails). The
+//! deterministic mode runs 5 times per case and must give the same bytes every time.
+//! Problems the GPU backward does not take must be refused with a typed error.
+
+use super::outcome::CaseResult;
+use flashattn::compare::{Tolerance, diff, random_inputs, random_vec, widen};
+use flashattn::cuda::backward::{BackwardOptions, BwdKernel, backward_host, unsupported};
+use flashattn::cuda::backward_wgmma::padded_head_dim;
+use flashattn::cuda::{Gpu, GpuElement, KernelKind};
+use flashattn::dtype::DType;
+use flashattn::error::Result;
+use flashattn::mask::Mask;
+use flashattn::scores::{ScoreMods, Window};
+use flashattn::shape::{AttnProblem, AttnShape};
+use flashattn::{cpu, reference_grad};
+use half::{bf16, f16};
+
+/// One backward call of the sweep.
+#[derive(Debug, Clone)]
+pub struct BwdCase {
+    /// Label (`f16 backward b=.. sq=.. ...`).
+    pub label: String,
+    /// Element type.
+    pub dtype: DType,
+    /// The problem (dense layouts).
+    pub problem: AttnProblem,
+    /// Run in the deterministic mode, [`DETERMINISTIC_RUNS`] times: every run must give the
+    /// same bytes.
+    pub deterministic: bool,
+    /// The main kernel asked for: `Auto` (attn_bwd_wgmma where it serves the call), or `Mma`
+    /// to hold attn_bwd to the same cases.
+    pub kernel: BwdKernel,
+}
+
+/// Runs of a deterministic case (issue 14: identical bytes across 5 runs).
+pub const DETERMINISTIC_RUNS: usize = 5;
+
+/// The sweep: (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim) x masks x dtypes.
+pub fn cases() -> Vec<BwdCase> {
+    let shapes = [
+        (1, 17, 17, 2, 2, 64),
+        (2, 33, 65, 4, 1, 40),
+        (1, 65, 20, 4, 2, 8),
+        (1, 1, 129, 8, 1, 128),
+        (2, 100, 100, 4, 2, 128),
+        (1, 300, 257, 6, 2, 96),
+        (1, 128, 128, 2, 2, 64),
+        (2, 64, 200, 8, 8, 128),
+        (1, 513, 513, 2, 1, 64),
+        (1, 700, 900, 4, 2, 128),
+        (1, 77, 130, 4, 2, 36),
+        (2, 90, 70, 2, 1, 160),
+        (1, 200, 300, 4, 2, 256),
+    ];
+    let mut out = Vec::new();
+    for dtype in [DType::F16, DType::BF16] {
+        for &(b, sq, sk, hq, hkv, d) in &shapes {
+            let mut shape = AttnShape::new(b, sq, hq, d);
+            shape.seqlen_k = sk;
+            shape.heads_kv = hkv;
+            let base = AttnProblem::new(shape).expect("valid case");
+            let window = ScoreMods {
+                window: Window::from_fa(40, 8).expect("valid window"),
+                ..ScoreMods::default()
+            };
+            let variants = [
+                ("none", base.clone()),
+                ("causal", base.clone().with_mask(Mask::Causal)),
+                (
+                    "window(40,8)",
+                    base.clone().with_scores(window).expect("valid window"),
+                ),
+            ];
+            // The deterministic mode where more than one key block adds to a dQ row (more
+            // than 128 keys): every shape in f16, the GQA one in bf16 too.
+            let det = sk > 128 && (dtype == DType::F16 || hq != hkv && d == 96);
+            // Where attn_bwd_wgmma takes the head_dim, the non-deterministic cases run on both
+            // kernels (the default and attn_bwd by name).
+            let kernels: &[BwdKernel] = if padded_head_dim(d).is_some() {
+                &[BwdKernel::Auto, BwdKernel::Mma]
+            } else {
+                &[BwdKernel::Auto]
+            };
+            for (name, problem) in variants {
+                for deterministic in [false, true] {
+                    if deterministic && !det {
+                        continue;
+                    }
+                    for &kernel in kernels {
+                        if deterministic && kernel != BwdKernel::Auto {
+                            continue;
+                        }
+                        out.push(BwdCase {
+                            label: format!(
+                                "{dtype} backward b={b} sq={sq} sk={sk} hq={hq} hkv={hkv} d={d} {name}{}{}",
+                                if deterministic { " deterministic" } else { "" },
+                                if kernel == BwdKernel::Mma { " mma" } else { "" }
+                            ),
+                            dtype,
+                            problem: problem.clone(),
+                            deterministic,
+                            kernel,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Runs one case on the GPU and judges dq, dk, dv against the exact gradients: rel-L2 within
+/// twice the forward's o bound for the dtype (P and dS go through 16-bit values, as in
+/// FlashAttention-2), and no NaN or Inf where the exact value is finite.
+///
+/// # Errors
+/// Only oracle failures on a valid case; kernel failures are a failed result.
+pub fn run_case(gpu: &Gpu, case: &BwdCase, seed: u64) -> Result<CaseResult> {
+    match case.dtype {
+        DType::BF16 => run_typed::<bf16>(gpu, case, seed),
+        _ => run_typed::<f16>(gpu, case, seed),
+    }
+}
+
+fn run_typed<T: GpuElement>(gpu: &Gpu, case: &BwdCase, seed: u64) -> Result<CaseResult> {
+    let p = &case.problem;
+    let s = p.shape;
+    let mut result = CaseResult::new(&case.label, KernelKind::Mma);
+    result.kernel = "bwd".into();
+    let (q, k, v) = random_inputs::<T>(p, seed);
+    let n_o = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
+    let mut o = vec![T::default(); n_o];
+    let mut lse = vec![0.0f32; s.lse_len()];
+    cpu::forward(p, &q, &k, &v, &mut o, &mut lse)?;
+    let d_o: Vec<T> = random_vec(n_o, seed ^ 0xd0);
+    let exact = reference_grad::backward(p, &q, &k, &v, &d_o)?;
+    let opts = BackwardOptions {
+        deterministic: case.deterministic,
+        kernel: case.kernel,
+    };
+    let got = match backward_host(gpu, p, opts, &q, &k, &v, &o, &lse, &d_o) {
+        Ok(g) => g,
+        Err(e) => {
+            result.message = e.to_string();
+            return Ok(result);
+        }
+    };
+    // The kernel that ran, in the result's kernel column: bwd (attn_bwd) or bwd-wg.
+    if got.info.kernel == "attn_bwd_wgmma" {
+        result.kernel = "bwd-wg".into();
+    }
+    // The deterministic mode: the other runs must give the bytes of the first.
+    let mut same = Vec::new();
+    if case.deterministic {
+        let bits = |x: &[T]| x.iter().map(|e| e.to_f32().to_bits()).collect::<Vec<u32>>();
+        for run in 2..=DETERMINISTIC_RUNS {
+            let again = match backward_host(gpu, p, opts, &q, &k, &v, &o, &lse, &d_o) {
+                Ok(g) => g,
+                Err(e) => {
+                    result.message = format!("run {run}: {e}");
+                    return Ok(result);
+                }
+            };
+            for (name, a, b) in [
+                ("dq", &got.dq, &again.dq),
+                ("dk", &got.dk, &again.dk),
+                ("dv", &got.dv, &again.dv),
+            ] {
+                let differ = bits(a)
+                    .iter()
+                    .zip(bits(b))
+                    .filter(|(x, y)| **x != *y)
+                    .count();
+                if differ > 0 {
+                    same.push(format!(
+                        "run {run}: {differ} {name} elements differ from run 1"
+                    ));
+                }
+            }
+        }
+    }
+    let bound = 2.0 * Tolerance::for_dtype(T::DTYPE).o_rel_l2;
+    let mut notes = Vec::new();
+    if !got.info.why_not_wgmma.is_empty() {
+        notes.push(format!("attn_bwd: {}", got.info.why_not_wgmma));
+    }
+    let (mut worst_rel, mut worst_abs) = (0.0f64, 0.0f64);
+    let mut ok = true;
+    for (name, g, want) in [
+        ("dq", &got.dq, &exact.dq),
+        ("dk", &got.dk, &exact.dk),
+        ("dv", &got.dv, &exact.dv),
+    ] {
+        let d = diff(widen(g), want);
+        worst_rel = worst_rel.max(d.rel_l2);
+        worst_abs = worst_abs.max(d.max_abs);
+        notes.push(format!("{name} rel-L2 {:.2e}", d.rel_l2));
+        if !d.is_clean() || d.rel_l2.is_nan() || d.rel_l2 > bound {
+            ok = false;
+            notes.push(format!("{name}: {d} (bound {bound:.1e})"));
+        }
+    }
+    if case.deterministic {
+        if same.is_empty() {
+            notes.push(format!("{DETERMINISTIC_RUNS} runs identical"));
+        } else {
+            ok = false;
+            notes.extend(same);
+        }
+    }
+    result.o_rel_l2 = worst_rel;
+    result.o_max_abs = worst_abs;
+    result.lse_max_abs = 0.0;
+    result.passed = ok;
+    result.message = notes.join(", ");
+    Ok(result)
+}
+
+/// Problems the GPU backward must refuse with a typed error (softcap, ALiBi),
+/// each checked through [`backward_host`]: `(label, passed, message)`.
+pub fn refusals(gpu: &Gpu) -> Vec<(String, bool, String)> {
+    let p = |d| AttnProblem::new(AttnShape::new(1, 32, 2, d)).expect("valid shape");
+    let softcap = p(64)
+        .with_scores(ScoreMods {
+            softcap: Some(30.0),
+            ..ScoreMods::default()
+        })
+        .expect("valid softcap");
+    let alibi = p(64)
+        .with_scores(ScoreMods {
+            alibi: Some(flashattn::scores::Alibi::geometric(2)),
+            ..ScoreMods::default()
+        })
+        .expect("valid ALiBi");
+    [("softcap", softcap), ("ALiBi", alibi)]
+        .into_iter()
+        .map(|(label, prob)| {
+            let s = prob.shape;
+            let n_q = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
+            let n_k = s.batch * s.seqlen_k * s.heads_kv * s.head_dim;
+            let x = vec![f16::from_f32(0.5); n_q.max(n_k)];
+            let lse = vec![0.0f32; s.lse_len()];
+            let r = backward_host(
+                gpu,
+                &prob,
+                BackwardOptions::default(),
+                &x,
+                &x,
+                &x,
+                &x,
+                &lse,
+                &x,
+            );
+            let expected = unsupported(&prob).map(|e| e.to_string());
+            match (r, expected) {
+                (Err(e), Some(want)) if e.to_string() == want => {
+                    (format!("backward {label}"), true, e.to_string())
+                }
+                (Err(e), _) => (
+                    format!("backward {label}"),
+                    false,
+                    format!("refused with an unexpected error: {e}"),
+                ),
+                (Ok(_), _) => (
+                    format!("backward {label}"),
+                    false,
+                    "accepted a problem the GPU backward does not serve".into(),
+                ),
+            }
+        })
+        .collect()
+}

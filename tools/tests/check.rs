@@ -1,0 +1,117 @@
+//! The check's fixed inputs held to what they claim, on the CPU (no GPU needed): every varlen
+//! batch of `check` fits the GPU's padded envelope, and the field reports' large-logit inputs
+//! are what the reports describe and pass the CPU backend within the oracle's allowance.
+//! Moved here from the library's tests with `check` (issue 39).
+
+use flashattn::compare::{Tolerance, dense_o, diff_reference, random_inputs};
+use flashattn::cuda::KernelKind;
+use flashattn::cuda::attention::check_gpu_problem;
+use flashattn::cuda::varlen::envelope;
+use flashattn::varlen::VarlenProblem;
+use flashattn::{AttnError, AttnProblem, Element, Mask, cpu, reference};
+use half::{bf16, f16};
+
+/// Every batch the varlen check runs has an envelope the GPU accepts, with the batch's sizes;
+/// a head_dim the packed kernels cannot take is refused by name.
+#[test]
+fn every_check_batch_has_a_valid_envelope() {
+    for c in flashattn_tools::check::varlen::cases() {
+        let env = envelope(&c.problem).unwrap();
+        check_gpu_problem(&env, KernelKind::Mma).unwrap();
+        assert_eq!(env.shape.batch, c.problem.batch());
+        assert_eq!(env.shape.seqlen_q, c.problem.max_seqlen_q().max(1));
+    }
+    let odd = VarlenProblem::new(vec![0, 3], vec![0, 3], 1, 1, 36).unwrap();
+    assert!(matches!(
+        envelope(&odd),
+        Err(AttnError::UnsupportedHeadDim { .. })
+    ));
+}
+
+/// Runs the CPU backend on poisoned outputs and returns (o as written, lse).
+fn run_cpu<T: Element>(p: &AttnProblem, q: &[T], k: &[T], v: &[T]) -> (Vec<T>, Vec<f32>) {
+    let s = p.shape;
+    let olen = p
+        .o_strides
+        .required_len("o", s.batch, s.seqlen_q, s.heads_q, s.head_dim)
+        .unwrap();
+    let mut o = vec![T::from_f32(f32::NAN); olen];
+    let mut lse = vec![f32::NAN; s.lse_len()];
+    cpu::forward(p, q, k, v, &mut o, &mut lse).unwrap();
+    (o, lse)
+}
+
+/// CPU vs oracle on these inputs, within the dtype's tolerance.
+fn cmp<T: Element>(
+    p: &AttnProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    what: &str,
+) -> flashattn::Result<()> {
+    let r = reference::attention(p, q, k, v)?;
+    let (o, lse) = run_cpu(p, q, k, v);
+    let (od, ld) = diff_reference(p, dense_o(p, &o)?, lse.iter().map(|&x| x as f64), &r);
+    Tolerance::for_dtype(T::DTYPE).check(&format!("{what} {}", T::DTYPE), &od, &ld)
+}
+
+/// Field reports (turn 2, 1, 2 and 4): logits so large that f32 rounding of the scores and of
+/// lse exceeds a constant bound (lse near -5e4, where one f32 step is 3.9e-3; q = k near 110 at
+/// d6; logits near 150 at d128 in f32). The bound follows the logits' size
+/// (`compare::diff_reference`, row by row); each case passes in every dtype, both masks. The d4 rows
+/// (padded on the GPU) are checked against their closed form.
+#[test]
+fn field_reports_large_logits_are_judged_by_their_f32_precision() {
+    use flashattn_tools::check::field::FieldInput;
+    fn one<T: Element>(f: FieldInput, mask: Mask) {
+        let p = f.problem().with_mask(mask);
+        let (mut q, mut k, mut v) = random_inputs::<T>(&p, 7);
+        f.fill(&p, &mut q, &mut k, &mut v);
+        let r = reference::attention(&p, &q, &k, &v).unwrap();
+        let finite: Vec<f64> = r.lse.iter().copied().filter(|x| x.is_finite()).collect();
+        let (lo, hi) = finite
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
+                (a.min(x), b.max(x))
+            });
+        // The inputs are what the report describes.
+        match f {
+            FieldInput::LseNear5e4 => {
+                assert!(lo > -76801.0 && hi < -38000.0 && lo < -50000.0, "{lo} {hi}")
+            }
+            FieldInput::QEqualsKNear110 => assert!(hi > 29000.0, "{hi}"),
+            FieldInput::Logits150 => assert!(lo > 140.0 && hi < 165.0, "{lo} {hi}"),
+            FieldInput::D4ConstantRows => {
+                // Exact: o_i = sum_j p_ij c_j in every channel, p_ij = softmax_j(4 c_i c_j / 2)
+                // over the keys row i sees, with c the rows as rounded to T.
+                let c: Vec<f64> = FieldInput::ROWS
+                    .iter()
+                    .map(|&x| T::from_f32(x).to_f64())
+                    .collect();
+                for i in 0..4 {
+                    let seen = mask.visible_keys(i, 4, 4);
+                    let w: Vec<f64> = (0..seen).map(|j| (2.0 * c[i] * c[j]).exp()).collect();
+                    let want = (0..seen).map(|j| w[j] * c[j]).sum::<f64>() / w.iter().sum::<f64>();
+                    for ch in 0..4 {
+                        assert!((r.o[i * 4 + ch] - want).abs() < 1e-12, "row {i}");
+                    }
+                }
+                // Small logits: the allowances are negligible.
+                return cmp(&p, &q, &k, &v, &format!("{} {}", f.name(), mask.name()))
+                    .unwrap_or_else(|e| panic!("{e}"));
+            }
+        }
+        // The oracle sees each row's logit size (what its allowance follows).
+        let big = r.precision.iter().map(|x| x.logits).fold(0.0, f64::max);
+        assert!(big >= hi.abs().min(lo.abs()) * 0.9, "{big}");
+        cmp(&p, &q, &k, &v, &format!("{} {}", f.name(), mask.name()))
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    for f in FieldInput::ALL {
+        for mask in [Mask::None, Mask::Causal] {
+            one::<f16>(f, mask);
+            one::<bf16>(f, mask);
+            one::<f32>(f, mask);
+        }
+    }
+}
