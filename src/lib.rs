@@ -7,7 +7,6 @@
 //! natural log. See [`AttnProblem`] for the problem description and [`forward`] for the
 //! host-memory entry point that picks a backend.
 
-pub mod backend;
 pub mod backward_tiles;
 pub mod bench;
 pub mod check;
@@ -15,6 +14,7 @@ pub mod compare;
 pub mod cpu;
 pub mod cpu_backward;
 pub mod cuda;
+pub mod dispatch;
 pub mod dist;
 pub mod dtype;
 pub mod error;
@@ -26,13 +26,14 @@ pub mod mask;
 pub mod merge;
 pub mod probe;
 pub mod probe_wgmma;
+pub mod problem;
 pub mod reference;
 pub mod reference_grad;
 pub mod scores;
 pub mod shape;
 pub mod varlen;
 
-pub use backend::{Backend, BackendChoice, Forward, forward};
+pub use dispatch::{Backend, BackendChoice, Forward, forward};
 pub use dtype::{DType, Element};
 pub use error::{AttnError, Result};
 pub use mask::Mask;

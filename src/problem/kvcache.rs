@@ -17,16 +17,16 @@
 //! Split-KV: the keys of each sequence are cut into `splits` runs of whole 64-key blocks, each
 //! run gives a partial `(o, lse)`, and [`crate::merge`] combines them exactly; a split with no
 //! keys contributes nothing. [`num_splits`] picks the count from the SM count and the lengths.
-//! The GPU path ([`crate::cuda::decode`], reached through [`forward`]) cuts splits the same way
+//! The GPU path ([`crate::cuda::decode`], reached through [`crate::dispatch::kvcache::forward`]) cuts splits the same way
 //! in whole tiles of its own key block (64 or 128 keys).
 
 use crate::dtype::Element;
 use crate::error::{AttnError, Result};
 use crate::mask::Mask;
+use crate::problem::varlen::VarlenProblem;
 use crate::reference::Reference;
 use crate::scores::ScoreMods;
 use crate::shape::check_scale;
-use crate::varlen::VarlenProblem;
 use rayon::prelude::*;
 
 /// Keys per block of the split unit (a split holds whole blocks).
@@ -483,7 +483,7 @@ pub fn reference<T: Element>(
         ("v_cache", v_cache.len()),
     ])?;
     let (vp, k, v) = p.gathered(k_cache, v_cache)?;
-    let r = crate::varlen::reference(&vp, q, &k, &v)?;
+    let r = crate::problem::varlen::reference(&vp, q, &k, &v)?;
     // lse and precision from [heads_q, total_q] to [batch, heads_q, seqlen_q].
     let (hq, sq, total) = (p.heads_q, p.seqlen_q, p.batch * p.seqlen_q);
     let at = |n: usize| {
@@ -610,67 +610,6 @@ pub fn forward_cpu<T: Element>(
     Ok(KvCacheOutput {
         o: o.into_iter().map(T::from_f32).collect(),
         lse,
-    })
-}
-
-/// What [`forward`] returns: the output and which backend ran it, and why.
-#[derive(Debug, Clone, PartialEq)]
-pub struct KvCacheRun<T> {
-    /// o and lse.
-    pub out: KvCacheOutput<T>,
-    /// The backend and kernels that ran, and why.
-    pub ran: String,
-}
-
-/// A decoding call on the backend `choice` picks ([`crate::BackendChoice`]): the GPU kernels
-/// ([`crate::cuda::decode`]) for `Cuda`, and for `Auto` where a GPU is usable and takes the
-/// call (f16/bf16, head_dim a multiple of 8 up to 256); else [`forward_cpu`]. The caches are
-/// updated in place (the new rows appended). `splits`: `None` for the heuristic (the CPU
-/// backend then runs one split).
-///
-/// # Errors
-/// Validation and buffer errors before anything is written; with `Cuda`, why the GPU cannot
-/// run it; the GPU's launch and copy errors.
-#[allow(clippy::too_many_arguments)]
-pub fn forward<T: Element>(
-    choice: crate::BackendChoice,
-    p: &KvCacheProblem,
-    q: &[T],
-    k_cache: &mut [T],
-    v_cache: &mut [T],
-    k_new: &[T],
-    v_new: &[T],
-    splits: Option<usize>,
-) -> Result<KvCacheRun<T>> {
-    p.validate()?;
-    p.check_call(
-        q.len(),
-        [k_cache.len(), v_cache.len()],
-        [k_new.len(), v_new.len()],
-    )?;
-    let mut why = "asked for".to_string();
-    if choice != crate::BackendChoice::Cpu {
-        match crate::cuda::try_host_kvcache(p, q, k_cache, v_cache, k_new, v_new, splits) {
-            Ok((out, backend, why)) => {
-                return Ok(KvCacheRun {
-                    out,
-                    ran: format!("{backend}: {why}"),
-                });
-            }
-            Err(e) if e.is_unsupported() && choice == crate::BackendChoice::Auto => {
-                why = format!("the GPU cannot run this: {e}");
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    let splits = splits.unwrap_or(1);
-    let out = forward_cpu(p, q, k_cache, v_cache, k_new, v_new, splits)?;
-    Ok(KvCacheRun {
-        out,
-        ran: format!(
-            "CPU ({splits} split{}; {why})",
-            if splits == 1 { "" } else { "s" }
-        ),
     })
 }
 

@@ -14,7 +14,6 @@
 //! backend, and the GPU for head dims that are not a multiple of 8, run each sequence as a
 //! batch-1 [`AttnProblem`].
 
-use crate::backend::{BackendChoice, forward as dense_forward};
 use crate::dtype::Element;
 use crate::error::{AttnError, Result};
 use crate::mask::Mask;
@@ -221,7 +220,11 @@ impl VarlenProblem {
         Ok(Some((p, q0, k0)))
     }
 
-    fn check_lengths(&self, q: usize, k: usize, v: usize) -> Result<()> {
+    /// Checks that q, k and v hold the packed batch (`total * heads * head_dim` elements).
+    ///
+    /// # Errors
+    /// [`AttnError::BufferTooShort`] or [`AttnError::Overflow`].
+    pub(crate) fn check_lengths(&self, q: usize, k: usize, v: usize) -> Result<()> {
         let size = |tensor: &str, total: usize, heads: usize| {
             [total, heads, self.head_dim]
                 .iter()
@@ -267,19 +270,19 @@ fn lengths(cu: &[i32]) -> impl Iterator<Item = usize> + '_ {
 }
 
 /// Where one sequence's dense result goes in the packed output.
-struct Placed {
+pub(crate) struct Placed {
     q0: usize,
     sq: usize,
 }
 
 impl Placed {
     /// Copies a dense `[1, sq, heads, d]` o into the packed o (rows of `row` elements).
-    fn o<X: Copy>(&self, packed: &mut [X], dense: &[X], row: usize) {
+    pub(crate) fn o<X: Copy>(&self, packed: &mut [X], dense: &[X], row: usize) {
         packed[self.q0 * row..(self.q0 + self.sq) * row].copy_from_slice(dense);
     }
 
     /// Scatters a dense `[1, heads, sq]` per-row value into the packed `[heads, total]`.
-    fn rows<X: Copy>(&self, packed: &mut [X], dense: &[X], heads: usize, total: usize) {
+    pub(crate) fn rows<X: Copy>(&self, packed: &mut [X], dense: &[X], heads: usize, total: usize) {
         for h in 0..heads {
             let at = h * total + self.q0;
             packed[at..at + self.sq].copy_from_slice(&dense[h * self.sq..(h + 1) * self.sq]);
@@ -289,7 +292,7 @@ impl Placed {
 
 /// Runs `f` on every sequence that has queries and keys, with its dense batch-1 problem and
 /// its q, k, v slices; `place` stores each result. The caller validated `p` and the buffers.
-fn per_sequence<T: Element, R>(
+pub(crate) fn per_sequence<T: Element, R>(
     p: &VarlenProblem,
     q: &[T],
     k: &[T],
@@ -313,61 +316,6 @@ fn per_sequence<T: Element, R>(
         place(&Placed { q0, sq }, r);
     }
     Ok(())
-}
-
-/// Runs a packed batch on `choice`'s backend: on the GPU in one launch when the packed kernel
-/// takes it, otherwise sequence by sequence (`Auto` falling back to the CPU as
-/// [`crate::forward`] does).
-///
-/// # Errors
-/// Validation errors before any work ([`VarlenProblem::validate`],
-/// [`AttnError::BufferTooShort`], [`AttnError::Overflow`]); a kernel or launch failure; then
-/// those of [`crate::forward`] for a sequence.
-pub fn forward<T: Element>(
-    choice: BackendChoice,
-    p: &VarlenProblem,
-    q: &[T],
-    k: &[T],
-    v: &[T],
-) -> Result<VarlenOutput<T>> {
-    p.validate()?;
-    p.check_lengths(q.len(), k.len(), v.len())?;
-    let mut why = "asked for".to_string();
-    if choice != BackendChoice::Cpu {
-        match crate::cuda::try_host_varlen(p, q, k, v) {
-            Ok((o, lse, backend, why)) => {
-                return Ok(VarlenOutput {
-                    o,
-                    lse,
-                    ran: format!("{backend}: {why}"),
-                });
-            }
-            // What the packed kernel cannot take goes sequence by sequence below (padded
-            // head dims on the GPU; Auto's CPU fallback; Cuda's own error without a GPU).
-            Err(e) if e.is_unsupported() => {
-                why = format!("the packed GPU path cannot run this: {e}")
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    let (hq, total, row) = (p.heads_q, p.total_q(), p.heads_q * p.head_dim);
-    let mut out = VarlenOutput {
-        o: vec![T::from_f32(0.0); total * row],
-        lse: vec![f32::NEG_INFINITY; hq * total],
-        ran: format!("sequence by sequence, backend choice {choice:?} ({why})"),
-    };
-    per_sequence(
-        p,
-        q,
-        k,
-        v,
-        |sp, q, k, v| dense_forward(choice, sp, q, k, v),
-        |at, f| {
-            at.o(&mut out.o, &f.o, row);
-            at.rows(&mut out.lse, &f.lse, hq, total);
-        },
-    )?;
-    Ok(out)
 }
 
 /// The exact result of a packed batch in f64: `o` packed, `lse` `[heads_q, total_q]`, and

@@ -2,7 +2,7 @@
 //! arXiv 2307.08691): `D = rowsum(do * o)`, then one block per (key block, kv head, batch)
 //! accumulating dK and dV in registers and adding dQ tiles to an f32 workspace, then the
 //! workspace converted to the element type. Two main kernels:
-//! - attn_bwd_wgmma ([`super::backward_wgmma`]; wgmma + TMA, FlashAttention-3's structure):
+//! - attn_bwd_wgmma ([`crate::cuda::bwd::backward_wgmma`]; wgmma + TMA, FlashAttention-3's structure):
 //!   the default on sm_90 at head_dim 64 and 72..=128;
 //! - attn_bwd (`mma.sync`, bulk reductions on sm_90, atomics before): every other call, the
 //!   deterministic mode, and any call that asks for it ([`BwdKernel::Mma`]).
@@ -17,16 +17,16 @@
 //! check` (the `backward` cases on both kernels, runs 58-73); `run --backward` still uses the
 //! CPU backward.
 
-use super::attention::{check_alignment, check_contexts, check_gpu_problem};
-pub use super::backward_wgmma::BwdKernel;
-use super::backward_wgmma::{self as bw, MapAddrs};
-use super::device::{Gpu, cuda_err};
-use super::launch::{
+use crate::cpu_backward::check_buffers;
+pub use crate::cuda::bwd::backward_wgmma::BwdKernel;
+use crate::cuda::bwd::backward_wgmma::{self as bw, MapAddrs};
+use crate::cuda::fwd::attention::{check_alignment, check_contexts, check_gpu_problem};
+use crate::cuda::runtime::device::{Gpu, cuda_err};
+use crate::cuda::runtime::launch::{
     FlashParams, GpuElement, KernelKind, Launch, launch_context, score_defines, set_dynamic_smem,
 };
-use super::sources::KernelSource;
-use super::tma::TmaMap;
-use crate::cpu_backward::check_buffers;
+use crate::cuda::runtime::tma::TmaMap;
+use crate::cuda::sources::KernelSource;
 use crate::dtype::DType;
 use crate::error::{AttnError, Result};
 use crate::shape::AttnProblem;
@@ -82,7 +82,7 @@ pub struct BackwardInfo {
     /// Whether dQ was added in key-block order.
     pub deterministic: bool,
     /// The head_dim the kernels ran at when the call's is not a multiple of 8 (q, k, v, o and
-    /// do padded with zero channels, the gradients copied back: [`super::pad::backward_padded`]).
+    /// do padded with zero channels, the gradients copied back: [`crate::cuda::fwd::pad::backward_padded`]).
     pub padded_head_dim: Option<usize>,
 }
 
@@ -400,7 +400,7 @@ where
     let (dvp, _gdv) = dv.device_ptr_mut(stream);
     let s = &p.shape;
     if run_head_dim(s.head_dim) != s.head_dim {
-        let b = super::pad::BwdBuffers {
+        let b = crate::cuda::fwd::pad::BwdBuffers {
             q: qp,
             k: kp,
             v: vp,
@@ -410,7 +410,7 @@ where
             dk: dkp,
             dv: dvp,
         };
-        return super::pad::backward_padded::<T, L>(gpu, p, opts, &b, lse);
+        return crate::cuda::fwd::pad::backward_padded::<T, L>(gpu, p, opts, &b, lse);
     }
     // (The padded path copies element by element: its buffers need no alignment.)
     for (name, ptr) in [

@@ -1,9 +1,9 @@
 //! Attention on device buffers: validation, then dispatch to the rung's launcher
 //! (naive, simt, mma, wgmma); and the host-memory convenience around it.
 
-use super::device::{Gpu, cuda_err};
-use super::launch::{GpuElement, KernelKind, Launch, LaunchInfo, launch_context};
-use super::sources::KernelSource;
+use crate::cuda::runtime::device::{Gpu, cuda_err};
+use crate::cuda::runtime::launch::{GpuElement, KernelKind, Launch, LaunchInfo, launch_context};
+use crate::cuda::sources::KernelSource;
 use crate::dtype::DType;
 use crate::error::{AttnError, Result};
 use crate::shape::AttnProblem;
@@ -14,7 +14,7 @@ pub const MAX_SEQLEN: usize = 1 << 30;
 
 /// Checks everything the GPU kernels need beyond [`AttnProblem::validate`].
 ///
-/// A head_dim that is not a multiple of 8 runs on padded copies ([`super::pad`]), which
+/// A head_dim that is not a multiple of 8 runs on padded copies ([`crate::cuda::fwd::pad`]), which
 /// read and write any strides; the kernels themselves need the stride rule below.
 ///
 /// # Errors
@@ -130,21 +130,21 @@ pub(crate) fn upload_slopes(
 /// Runs attention on device buffers: `q`, `k`, `v` in the problem's layout, `o` written through
 /// `o_strides`, `lse` dense `[batch, heads_q, seqlen_q]` f32. Asynchronous on `gpu.stream()`.
 ///
-/// `tile` overrides the `mma` tile (benchmarks); `None` takes [`super::MmaTile::default_for`].
+/// `tile` overrides the `mma` tile (benchmarks); `None` takes [`crate::cuda::fwd::mma::MmaTile::default_for`].
 /// [`KernelKind::Wgmma`] runs attn_mma for a call it cannot serve; the returned
 /// [`LaunchInfo`] names the kernel that ran and why.
 ///
 /// # Errors
 /// Every validation error of [`check_gpu_problem`]; [`AttnError::BufferTooShort`];
 /// [`AttnError::InvalidStrides`] for a base address not 16-byte aligned (head_dim a
-/// multiple of 8; other head dims go through padded copies, see [`super::pad`]);
+/// multiple of 8; other head dims go through padded copies, see [`crate::cuda::fwd::pad`]);
 /// [`AttnError::ShapeMismatch`] for a buffer of another device/context;
 /// [`AttnError::Compile`]/[`AttnError::Cuda`] with the kernel name and shape.
 #[allow(clippy::too_many_arguments)]
 pub fn forward_device<T, Q, K, V, O, L>(
     gpu: &Gpu,
     kernel: KernelKind,
-    tile: Option<super::MmaTile>,
+    tile: Option<crate::cuda::fwd::mma::MmaTile>,
     p: &AttnProblem,
     q: &Q,
     k: &K,
@@ -178,13 +178,13 @@ where
     let (vp, _gv) = v.device_ptr(stream);
     let (op, _go) = o.device_ptr_mut(stream);
     if !p.shape.head_dim.is_multiple_of(8) {
-        let b = super::pad::Buffers {
+        let b = crate::cuda::fwd::pad::Buffers {
             q: qp,
             k: kp,
             v: vp,
             o: op,
         };
-        return super::pad::forward_padded::<T, L>(gpu, kernel, tile, p, &b, lse);
+        return crate::cuda::fwd::pad::forward_padded::<T, L>(gpu, kernel, tile, p, &b, lse);
     }
     let (lp, _gl) = lse.device_ptr_mut(stream);
     for (name, ptr) in [("q", qp), ("k", kp), ("v", vp), ("o", op)] {
@@ -205,10 +205,10 @@ where
         lse_head_stride: None,
     };
     match kernel {
-        KernelKind::Wgmma => super::wgmma::launch(gpu, &launch),
-        KernelKind::Mma => super::mma::launch(gpu, &launch, tile),
-        KernelKind::Simt => super::simt::launch(gpu, &launch),
-        KernelKind::Naive => super::naive::launch(gpu, &launch),
+        KernelKind::Wgmma => crate::cuda::fwd::wgmma::launch(gpu, &launch),
+        KernelKind::Mma => crate::cuda::fwd::mma::launch(gpu, &launch, tile),
+        KernelKind::Simt => crate::cuda::fwd::simt::launch(gpu, &launch),
+        KernelKind::Naive => crate::cuda::fwd::naive::launch(gpu, &launch),
     }
 }
 
@@ -221,26 +221,33 @@ where
 pub fn prepare(
     gpu: &Gpu,
     kernel: KernelKind,
-    tile: Option<super::MmaTile>,
+    tile: Option<crate::cuda::fwd::mma::MmaTile>,
     p: &AttnProblem,
     dtype: DType,
 ) -> Result<()> {
     if !p.shape.head_dim.is_multiple_of(8) {
         gpu.kernel(KernelSource::PadRows, "pad_rows", &[])?;
-        return prepare(gpu, kernel, tile, &super::pad::padded_problem(p)?, dtype);
+        return prepare(
+            gpu,
+            kernel,
+            tile,
+            &crate::cuda::fwd::pad::padded_problem(p)?,
+            dtype,
+        );
     }
     // The same specialisation the launch will ask for, from the same functions.
     let flash = match kernel {
         KernelKind::Wgmma => {
-            if super::wgmma::prepare(gpu, p, dtype)? {
+            if crate::cuda::fwd::wgmma::prepare(gpu, p, dtype)? {
                 return Ok(());
             }
-            super::mma::mma_kernel(gpu, dtype, p, None, false)
+            crate::cuda::fwd::mma::mma_kernel(gpu, dtype, p, None, false)
         }
-        KernelKind::Mma => super::mma::mma_kernel(gpu, dtype, p, tile, false),
-        KernelKind::Simt => super::simt::flash_kernel(dtype, p),
+        KernelKind::Mma => crate::cuda::fwd::mma::mma_kernel(gpu, dtype, p, tile, false),
+        KernelKind::Simt => crate::cuda::fwd::simt::flash_kernel(dtype, p),
         KernelKind::Naive => {
-            let defines = super::naive::defines(dtype, p.shape.head_dim, p.mask.is_causal());
+            let defines =
+                crate::cuda::fwd::naive::defines(dtype, p.shape.head_dim, p.mask.is_causal());
             gpu.kernel(KernelSource::AttnNaive, "attn_naive_scores", &defines)?;
             return Ok(());
         }

@@ -6,9 +6,9 @@
 //! into the caller's strides. Costs: three dense copies in, one out, and the padded buffers
 //! (freed stream-ordered when the call returns).
 
-use super::device::{Gpu, cuda_err};
-use super::launch::{GpuElement, KernelKind, LaunchInfo, launch_context};
-use super::sources::KernelSource;
+use crate::cuda::runtime::device::{Gpu, cuda_err};
+use crate::cuda::runtime::launch::{GpuElement, KernelKind, LaunchInfo, launch_context};
+use crate::cuda::sources::KernelSource;
 use crate::error::Result;
 use crate::shape::{AttnProblem, AttnShape, Strides};
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -55,8 +55,8 @@ struct Rows<'a> {
     ctx: &'a str,
     d: usize,
     dp: usize,
-    pad: super::LoadedKernel,
-    unpad: super::LoadedKernel,
+    pad: crate::cuda::runtime::device::LoadedKernel,
+    unpad: crate::cuda::runtime::device::LoadedKernel,
 }
 
 impl<'a> Rows<'a> {
@@ -154,7 +154,7 @@ pub struct Buffers {
 pub fn forward_padded<T, L>(
     gpu: &Gpu,
     kernel: KernelKind,
-    tile: Option<super::MmaTile>,
+    tile: Option<crate::cuda::fwd::mma::MmaTile>,
     p: &AttnProblem,
     b: &Buffers,
     lse: &mut L,
@@ -209,8 +209,9 @@ where
             "padding v",
         )?;
     }
-    let mut info =
-        super::attention::forward_device(gpu, kernel, tile, &pp, &q2, &k2, &v2, &mut o2, lse)?;
+    let mut info = crate::cuda::fwd::attention::forward_device(
+        gpu, kernel, tile, &pp, &q2, &k2, &v2, &mut o2, lse,
+    )?;
     {
         use cudarc::driver::DevicePtr;
         let (o2p, _g) = o2.device_ptr(stream);
@@ -247,7 +248,7 @@ pub struct BwdBuffers {
 }
 
 /// The backward of `p` (a head_dim the kernels do not take as it is:
-/// [`super::backward::run_head_dim`]) through padded copies: q, k, v, o and do padded with
+/// [`crate::cuda::bwd::backward::run_head_dim`]) through padded copies: q, k, v, o and do padded with
 /// zero channels (they add nothing to any score, to D = rowsum(do o), or to the
 /// real channels of any gradient; the pad channels of the gradients come out zero and are
 /// dropped), the gradients copied back at the real head_dim. `lse` is the forward's, as is.
@@ -257,17 +258,17 @@ pub struct BwdBuffers {
 pub fn backward_padded<T, L>(
     gpu: &Gpu,
     p: &AttnProblem,
-    opts: super::backward::BackwardOptions,
+    opts: crate::cuda::bwd::backward::BackwardOptions,
     b: &BwdBuffers,
     lse: &L,
-) -> Result<super::backward::BackwardInfo>
+) -> Result<crate::cuda::bwd::backward::BackwardInfo>
 where
     T: GpuElement,
     L: cudarc::driver::DevicePtr<f32>,
 {
     use cudarc::driver::{DevicePtr, DevicePtrMut};
     let s = p.shape;
-    let dp = super::backward::run_head_dim(s.head_dim);
+    let dp = crate::cuda::bwd::backward::run_head_dim(s.head_dim);
     let pp = padded_problem_to(p, dp)?;
     let ctx = launch_context("pad_rows (backward)", p);
     let stream = gpu.stream();
@@ -332,7 +333,7 @@ where
         let (dst, _g) = dst.device_ptr_mut(stream);
         rows.pad(src, dst, st, n, what)?;
     }
-    let mut info = super::backward::backward_device(
+    let mut info = crate::cuda::bwd::backward::backward_device(
         gpu, &pp, opts, &q2, &k2, &v2, &o2, lse, &do2, &mut dq2, &mut dk2, &mut dv2,
     )?;
     let (dense_q, dense_k) = (

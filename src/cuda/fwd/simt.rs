@@ -1,8 +1,8 @@
 //! Launcher of attn_simt.cu: flash forward on CUDA cores (FFMA), online softmax.
 
-use super::device::Gpu;
-use super::launch::{FlashKernel, KernelKind, Launch, LaunchInfo, launch_flash};
-use super::sources::KernelSource;
+use crate::cuda::runtime::device::Gpu;
+use crate::cuda::runtime::launch::{FlashKernel, KernelKind, Launch, LaunchInfo, launch_flash};
+use crate::cuda::sources::KernelSource;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::shape::AttnProblem;

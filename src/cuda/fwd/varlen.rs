@@ -1,4 +1,4 @@
-//! Packed variable-length batches on the GPU ([`crate::varlen`]'s semantics): one `attn_mma`
+//! Packed variable-length batches on the GPU ([`crate::problem::varlen`]'s semantics): one `attn_mma`
 //! launch over every sequence (attn_common.cuh `IS_VARLEN`), instead of one launch per
 //! sequence. The grid covers the longest sequence; each block reads its sequence's offsets and
 //! lengths from `cu_seqlens_q`/`cu_seqlens_k` and skips what lies past its end.
@@ -11,12 +11,14 @@
 //! way than as one packed `attn_mma` launch. Larger batches (where per-launch costs add up)
 //! and other GPUs take the packed `attn_mma` launch. The [`LaunchInfo`] says which ran.
 
-use super::attention::{check_alignment, check_contexts, check_gpu_problem, upload_slopes};
-use super::device::{Gpu, cuda_err};
-use super::launch::{GpuElement, KernelKind, Launch, LaunchInfo, PackedBatch};
+use crate::cuda::fwd::attention::{
+    check_alignment, check_contexts, check_gpu_problem, upload_slopes,
+};
+use crate::cuda::runtime::device::{Gpu, cuda_err};
+use crate::cuda::runtime::launch::{GpuElement, KernelKind, Launch, LaunchInfo, PackedBatch};
 use crate::error::{AttnError, Result};
+use crate::problem::varlen::VarlenProblem;
 use crate::shape::{AttnProblem, AttnShape, Strides};
-use crate::varlen::VarlenProblem;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, sys};
 
 /// Largest batch that [`forward_device`] runs as one `attn_wgmma` launch per sequence.
@@ -29,7 +31,7 @@ pub const PER_SEQUENCE_MAX: usize = 64;
 ///
 /// # Errors
 /// [`AttnError::UnsupportedHeadDim`] for a head_dim that is not a multiple of 8 (the packed
-/// kernel loads rows in 16-byte pieces; [`crate::varlen::forward`] then runs the sequences one
+/// kernel loads rows in 16-byte pieces; [`crate::problem::varlen::forward`] then runs the sequences one
 /// by one through padded copies); the validation errors of the problem.
 pub fn envelope(p: &VarlenProblem) -> Result<AttnProblem> {
     p.validate()?;
@@ -136,7 +138,7 @@ where
     let alibi_ptr = alibi.as_ref().map_or(0, |(ptr, _)| *ptr);
     if kernel == KernelKind::Wgmma
         && p.batch() <= PER_SEQUENCE_MAX
-        && super::wgmma::unsupported(gpu.info(), &env).is_none()
+        && crate::cuda::fwd::wgmma::unsupported(gpu.info(), &env).is_none()
     {
         let ptrs = [qp, kp, vp, op, lp, alibi_ptr];
         return per_sequence(gpu, p, T::DTYPE, ptrs);
@@ -157,7 +159,7 @@ where
         }),
         lse_head_stride: None,
     };
-    let mut info = super::mma::launch(gpu, &launch, None)?;
+    let mut info = crate::cuda::fwd::mma::launch(gpu, &launch, None)?;
     info.why = match kernel {
         KernelKind::Mma => "asked for (packed variable-length batch)".into(),
         other => format!(
@@ -232,7 +234,7 @@ fn per_sequence(
             varlen: None,
             lse_head_stride: Some(total_q),
         };
-        last = Some(super::wgmma::launch(gpu, &launch)?);
+        last = Some(crate::cuda::fwd::wgmma::launch(gpu, &launch)?);
     }
     let mut info = last.unwrap_or_else(nothing_launched);
     info.why = format!(

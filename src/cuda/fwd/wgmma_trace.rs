@@ -1,12 +1,12 @@
 //! The timeline of one attn_wgmma launch: a diagnostics build of the kernel (`TRACE=1`,
-//! asked for with `trace` in [`super::wgmma::TILE_ENV`]) in which thread 0 of every warpgroup
+//! asked for with `trace` in [`crate::cuda::fwd::wgmma::TILE_ENV`]) in which thread 0 of every warpgroup
 //! writes the SM clock at fixed points of its block's first [`ROUNDS`] tiles. The launcher
 //! reads the buffer back after the launch and writes it as JSON to the file named by
 //! [`TRACE_ENV`] (default `wgmma-trace.json`; each launch overwrites it), for
 //! `scripts/gpu/wgmma-trace.py` to summarise. An experiment knob, like the tile override: the
 //! launch synchronises its stream, and the default build contains none of it.
 
-use super::wgmma::WgmmaTile;
+use crate::cuda::fwd::wgmma::WgmmaTile;
 use crate::error::{AttnError, Result};
 use serde::Serialize;
 

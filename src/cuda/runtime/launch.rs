@@ -3,8 +3,8 @@
 //! launch of attn_simt and attn_mma. The rung modules (naive, simt, mma, wgmma) import from
 //! here and nothing else of each other; `attention` dispatches to them.
 
-use super::device::{Gpu, cuda_err};
-use super::sources::KernelSource;
+use crate::cuda::runtime::device::{Gpu, cuda_err};
+use crate::cuda::sources::KernelSource;
 use crate::dtype::{DType, Element};
 use crate::error::{AttnError, Result};
 use crate::shape::AttnProblem;
@@ -102,7 +102,7 @@ pub struct Launch<'a> {
     /// Device address of the ALiBi slopes (f32, laid out as [`crate::scores::Alibi`]), 0
     /// when the problem has none.
     pub alibi: u64,
-    /// A packed variable-length batch ([`crate::varlen`]): `problem` is then its envelope
+    /// A packed variable-length batch ([`crate::problem::varlen`]): `problem` is then its envelope
     /// (batch = sequences, seqlen = the longest).
     pub varlen: Option<PackedBatch>,
     /// Elements between the lse of consecutive heads when not `seqlen_q` (one sequence of a

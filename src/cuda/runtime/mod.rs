@@ -1,0 +1,9 @@
+//! What every CUDA launcher stands on: the device and its module cache ([`device`]), NVRTC
+//! ([`nvrtc`]), TMA descriptors ([`tma`]), kernel parameters and defines ([`launch`]), and
+//! memory owned by another framework ([`foreign`]).
+
+pub mod device;
+pub mod foreign;
+pub mod launch;
+pub mod nvrtc;
+pub mod tma;
