@@ -9,11 +9,11 @@
 //! table to the device once; a decoding loop hands each step's new ones to
 //! [`DecodePlan::update`] (stream-ordered on `gpu.stream()`) before [`DecodePlan::run`].
 
-use crate::cuda::fwd::attention::{check_alignment, check_contexts, upload_slopes};
+use crate::cuda::runtime::args::{check_aligned, check_contexts};
 use crate::cuda::runtime::device::{Gpu, LoadedKernel, cuda_err};
 use crate::cuda::runtime::launch::{
     FlashParams, GpuElement, KernelKind, Launch, LaunchInfo, launch_context, score_defines,
-    set_dynamic_smem,
+    set_dynamic_smem, upload_slopes,
 };
 use crate::cuda::sources::KernelSource;
 use crate::dtype::DType;
@@ -643,11 +643,11 @@ impl DecodePlan {
         check_contexts(
             gpu,
             [
-                ("q", q.stream().context().cu_ctx()),
-                ("k_cache", k_cache.stream().context().cu_ctx()),
-                ("v_cache", v_cache.stream().context().cu_ctx()),
-                ("o", o.stream().context().cu_ctx()),
-                ("lse", lse.stream().context().cu_ctx()),
+                ("q", q.stream()),
+                ("k_cache", k_cache.stream()),
+                ("v_cache", v_cache.stream()),
+                ("o", o.stream()),
+                ("lse", lse.stream()),
             ],
         )?;
         let stream = gpu.stream();
@@ -656,9 +656,7 @@ impl DecodePlan {
         let (vcp, _gvc) = v_cache.device_ptr_mut(stream);
         let (op, _go) = o.device_ptr_mut(stream);
         let (lp, _gl) = lse.device_ptr_mut(stream);
-        for (name, ptr) in [("q", qp), ("k_cache", kcp), ("v_cache", vcp), ("o", op)] {
-            check_alignment(name, ptr)?;
-        }
+        check_aligned([("q", qp), ("k_cache", kcp), ("v_cache", vcp), ("o", op)])?;
         let (sl, _gsl) = self.seqlens.device_ptr(stream);
         let bt = self.table.as_ref().map(|t| t.device_ptr(stream));
         let (page_size, max_blocks) = match &p.layout {
@@ -678,17 +676,10 @@ impl DecodePlan {
         };
         let paged = self.table.is_some();
         if let Some((k, v)) = &new {
-            check_contexts(
-                gpu,
-                [
-                    ("k_new", k.stream().context().cu_ctx()),
-                    ("v_new", v.stream().context().cu_ctx()),
-                ],
-            )?;
+            check_contexts(gpu, [("k_new", k.stream()), ("v_new", v.stream())])?;
             let (kp, _gk) = k.device_ptr(stream);
             let (vp, _gv) = v.device_ptr(stream);
-            check_alignment("k_new", kp)?;
-            check_alignment("v_new", vp)?;
+            check_aligned([("k_new", kp), ("v_new", vp)])?;
             if let Some(k) = &self.kernels.append {
                 append(gpu, k, p, &self.env, [kp, vp, kcp, vcp], map)?;
             }

@@ -20,7 +20,7 @@
 use crate::cpu_backward::check_buffers;
 pub use crate::cuda::bwd::backward_wgmma::BwdKernel;
 use crate::cuda::bwd::backward_wgmma::{self as bw, MapAddrs};
-use crate::cuda::fwd::attention::{check_alignment, check_contexts, check_gpu_problem};
+use crate::cuda::runtime::args::{check_aligned, check_contexts, check_gpu_problem};
 use crate::cuda::runtime::device::{Gpu, cuda_err};
 use crate::cuda::runtime::launch::{
     FlashParams, GpuElement, KernelKind, Launch, launch_context, score_defines, set_dynamic_smem,
@@ -377,15 +377,15 @@ where
     check_contexts(
         gpu,
         [
-            ("q", q.stream().context().cu_ctx()),
-            ("k", k.stream().context().cu_ctx()),
-            ("v", v.stream().context().cu_ctx()),
-            ("o", o.stream().context().cu_ctx()),
-            ("lse", lse.stream().context().cu_ctx()),
-            ("do", d_o.stream().context().cu_ctx()),
-            ("dq", dq.stream().context().cu_ctx()),
-            ("dk", dk.stream().context().cu_ctx()),
-            ("dv", dv.stream().context().cu_ctx()),
+            ("q", q.stream()),
+            ("k", k.stream()),
+            ("v", v.stream()),
+            ("o", o.stream()),
+            ("lse", lse.stream()),
+            ("do", d_o.stream()),
+            ("dq", dq.stream()),
+            ("dk", dk.stream()),
+            ("dv", dv.stream()),
         ],
     )?;
     let stream = gpu.stream();
@@ -410,10 +410,19 @@ where
             dk: dkp,
             dv: dvp,
         };
-        return crate::cuda::fwd::pad::backward_padded::<T, L>(gpu, p, opts, &b, lse);
+        let dp = run_head_dim(s.head_dim);
+        let mut info =
+            crate::cuda::fwd::pad::backward_padded::<T, _, _>(gpu, p, dp, &b, |pp, d| {
+                backward_device(
+                    gpu, pp, opts, &d.q, &d.k, &d.v, &d.o, lse, &d.d_o, &mut d.dq, &mut d.dk,
+                    &mut d.dv,
+                )
+            })?;
+        info.padded_head_dim = Some(dp);
+        return Ok(info);
     }
     // (The padded path copies element by element: its buffers need no alignment.)
-    for (name, ptr) in [
+    check_aligned([
         ("q", qp),
         ("k", kp),
         ("v", vp),
@@ -422,9 +431,7 @@ where
         ("dq", dqp),
         ("dk", dkp),
         ("dv", dvp),
-    ] {
-        check_alignment(name, ptr)?;
-    }
+    ])?;
     let ctx = launch_context("attn_bwd", p);
     let mut dsum: CudaSlice<f32> = stream
         .alloc_zeros(s.lse_len())

@@ -1,131 +1,18 @@
 //! Attention on device buffers: validation, then dispatch to the rung's launcher
 //! (naive, simt, mma, wgmma); and the host-memory convenience around it.
 
+use crate::cuda::runtime::args::{check_aligned, check_contexts};
 use crate::cuda::runtime::device::{Gpu, cuda_err};
-use crate::cuda::runtime::launch::{GpuElement, KernelKind, Launch, LaunchInfo, launch_context};
+use crate::cuda::runtime::launch::{
+    GpuElement, KernelKind, Launch, LaunchInfo, launch_context, upload_slopes,
+};
 use crate::cuda::sources::KernelSource;
 use crate::dtype::DType;
-use crate::error::{AttnError, Result};
+use crate::error::Result;
 use crate::shape::AttnProblem;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, sys};
 
-/// Largest seqlen the kernels index with 32-bit row numbers (offsets are 64-bit).
-pub const MAX_SEQLEN: usize = 1 << 30;
-
-/// Checks everything the GPU kernels need beyond [`AttnProblem::validate`].
-///
-/// A head_dim that is not a multiple of 8 runs on padded copies ([`crate::cuda::fwd::pad`]), which
-/// read and write any strides; the kernels themselves need the stride rule below.
-///
-/// # Errors
-/// [`AttnError::UnsupportedFeature`] for a window, softcap or ALiBi on `naive` or `simt` (the
-/// `mma` and `wgmma` kernels have them: attn_common.cuh);
-/// [`AttnError::InvalidStrides`] (head_dim a multiple of 8 and a stride not a multiple of 8
-/// elements: rows are moved in 16-byte pieces), [`AttnError::TooLarge`] (seqlen over 2^30,
-/// or more than 2^31-1 blocks).
-pub fn check_gpu_problem(p: &AttnProblem, kernel: KernelKind) -> Result<()> {
-    p.validate()?;
-    let s = &p.shape;
-    let m = &p.scores;
-    let features = [
-        (!m.window.is_unbounded(), "a sliding window"),
-        (m.softcap.is_some(), "softcap"),
-        (m.alibi.is_some(), "ALiBi"),
-    ];
-    if !kernel.has_score_mods()
-        && let Some((_, f)) = features.iter().find(|(on, _)| *on)
-    {
-        return Err(AttnError::UnsupportedFeature {
-            feature: (*f).into(),
-            backend: format!("the {kernel} kernel"),
-            hint: "use --kernel mma or wgmma (or auto), or the CPU backend".into(),
-        });
-    }
-    let padded = !s.head_dim.is_multiple_of(8);
-    for (name, st, _, _) in p.tensors().into_iter().filter(|_| !padded) {
-        for (axis, v) in [("batch", st.batch), ("seq", st.seq), ("head", st.head)] {
-            if !v.is_multiple_of(8) {
-                return Err(AttnError::InvalidStrides {
-                    tensor: name,
-                    reason: format!(
-                        "{axis} stride {v} is not a multiple of 8 elements; the GPU kernels load rows in 16-byte pieces: copy the tensor to a dense layout first"
-                    ),
-                });
-            }
-        }
-    }
-    if s.seqlen_q > MAX_SEQLEN || s.seqlen_k > MAX_SEQLEN {
-        return Err(AttnError::TooLarge {
-            kernel: "cuda",
-            reason: format!(
-                "seqlen over 2^30 (seqlen_q {}, seqlen_k {}): split the sequence",
-                s.seqlen_q, s.seqlen_k
-            ),
-        });
-    }
-    let blocks = (s.seqlen_q.div_ceil(16) as u128) * s.batch as u128 * s.heads_q as u128;
-    if blocks > i32::MAX as u128 {
-        return Err(AttnError::TooLarge {
-            kernel: "cuda",
-            reason: "more than 2^31-1 thread blocks: split the batch".into(),
-        });
-    }
-    Ok(())
-}
-
-/// Every buffer must live in this Gpu's context (a pointer of another one would be read as if
-/// it were ours).
-pub(crate) fn check_contexts<const N: usize>(
-    gpu: &Gpu,
-    buffers: [(&'static str, sys::CUcontext); N],
-) -> Result<()> {
-    let ctx = gpu.context().cu_ctx();
-    for (name, c) in buffers {
-        if c != ctx {
-            return Err(AttnError::ShapeMismatch {
-                what: format!(
-                    "{name} lives on another device or context than this Gpu: allocate it from gpu.stream()"
-                ),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// The base address rule of the kernels (they load 16-byte pieces).
-pub(crate) fn check_alignment(name: &'static str, ptr: u64) -> Result<()> {
-    if !ptr.is_multiple_of(16) {
-        return Err(AttnError::InvalidStrides {
-            tensor: name,
-            reason: format!(
-                "device address {ptr:#x} is not 16-byte aligned; the kernels load 16-byte pieces: pass a buffer (or view) that starts on a 16-byte boundary"
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// The ALiBi slopes on the device, for one call (stream-ordered: the copy precedes the launch,
-/// and the buffer's free follows it on the same stream); `None` without ALiBi.
-pub(crate) fn upload_slopes(
-    gpu: &Gpu,
-    scores: &crate::scores::ScoreMods,
-) -> Result<Option<CudaSlice<f32>>> {
-    scores
-        .alibi
-        .as_ref()
-        .map(|a| {
-            if gpu.capturing() {
-                return Err(AttnError::InvalidInput {
-                    what: "ALiBi slopes are copied from host memory, which a CUDA graph capture cannot record: call with ALiBi outside the capture".into(),
-                });
-            }
-            gpu.stream()
-                .clone_htod(&a.slopes)
-                .map_err(cuda_err("copying the ALiBi slopes to the device"))
-        })
-        .transpose()
-}
+pub use crate::cuda::runtime::args::{MAX_SEQLEN, check_gpu_problem};
 
 /// Runs attention on device buffers: `q`, `k`, `v` in the problem's layout, `o` written through
 /// `o_strides`, `lse` dense `[batch, heads_q, seqlen_q]` f32. Asynchronous on `gpu.stream()`.
@@ -135,11 +22,11 @@ pub(crate) fn upload_slopes(
 /// [`LaunchInfo`] names the kernel that ran and why.
 ///
 /// # Errors
-/// Every validation error of [`check_gpu_problem`]; [`AttnError::BufferTooShort`];
-/// [`AttnError::InvalidStrides`] for a base address not 16-byte aligned (head_dim a
+/// Every validation error of [`check_gpu_problem`]; [`crate::AttnError::BufferTooShort`];
+/// [`crate::AttnError::InvalidStrides`] for a base address not 16-byte aligned (head_dim a
 /// multiple of 8; other head dims go through padded copies, see [`crate::cuda::fwd::pad`]);
-/// [`AttnError::ShapeMismatch`] for a buffer of another device/context;
-/// [`AttnError::Compile`]/[`AttnError::Cuda`] with the kernel name and shape.
+/// [`crate::AttnError::ShapeMismatch`] for a buffer of another device/context;
+/// [`crate::AttnError::Compile`]/[`crate::AttnError::Cuda`] with the kernel name and shape.
 #[allow(clippy::too_many_arguments)]
 pub fn forward_device<T, Q, K, V, O, L>(
     gpu: &Gpu,
@@ -165,11 +52,11 @@ where
     check_contexts(
         gpu,
         [
-            ("q", q.stream().context().cu_ctx()),
-            ("k", k.stream().context().cu_ctx()),
-            ("v", v.stream().context().cu_ctx()),
-            ("o", o.stream().context().cu_ctx()),
-            ("lse", lse.stream().context().cu_ctx()),
+            ("q", q.stream()),
+            ("k", k.stream()),
+            ("v", v.stream()),
+            ("o", o.stream()),
+            ("lse", lse.stream()),
         ],
     )?;
     let stream = gpu.stream();
@@ -184,12 +71,12 @@ where
             v: vp,
             o: op,
         };
-        return crate::cuda::fwd::pad::forward_padded::<T, L>(gpu, kernel, tile, p, &b, lse);
+        return crate::cuda::fwd::pad::forward_padded::<T, _>(gpu, p, &b, |pp, q2, k2, v2, o2| {
+            forward_device(gpu, kernel, tile, pp, q2, k2, v2, o2, lse)
+        });
     }
     let (lp, _gl) = lse.device_ptr_mut(stream);
-    for (name, ptr) in [("q", qp), ("k", kp), ("v", vp), ("o", op)] {
-        check_alignment(name, ptr)?;
-    }
+    check_aligned([("q", qp), ("k", kp), ("v", vp), ("o", op)])?;
     let slopes = upload_slopes(gpu, &p.scores)?;
     let alibi = slopes.as_ref().map(|d| d.device_ptr(stream));
     let launch = Launch {
@@ -217,7 +104,7 @@ where
 /// anyway; this only moves the cost.)
 ///
 /// # Errors
-/// [`AttnError::Compile`] or [`AttnError::Cuda`] from loading the module.
+/// [`crate::AttnError::Compile`] or [`crate::AttnError::Cuda`] from loading the module.
 pub fn prepare(
     gpu: &Gpu,
     kernel: KernelKind,
@@ -272,7 +159,7 @@ pub struct HostRun<T> {
 /// Host-memory convenience: copies inputs to the device, runs, copies o (dense) and lse back.
 ///
 /// # Errors
-/// As [`forward_device`], plus allocation/copy failures as [`AttnError::Cuda`].
+/// As [`forward_device`], plus allocation/copy failures as [`crate::AttnError::Cuda`].
 pub fn forward_host<T: GpuElement>(
     gpu: &Gpu,
     kernel: KernelKind,

@@ -11,11 +11,11 @@
 //! way than as one packed `attn_mma` launch. Larger batches (where per-launch costs add up)
 //! and other GPUs take the packed `attn_mma` launch. The [`LaunchInfo`] says which ran.
 
-use crate::cuda::fwd::attention::{
-    check_alignment, check_contexts, check_gpu_problem, upload_slopes,
-};
+use crate::cuda::runtime::args::{check_aligned, check_contexts, check_gpu_problem};
 use crate::cuda::runtime::device::{Gpu, cuda_err};
-use crate::cuda::runtime::launch::{GpuElement, KernelKind, Launch, LaunchInfo, PackedBatch};
+use crate::cuda::runtime::launch::{
+    GpuElement, KernelKind, Launch, LaunchInfo, PackedBatch, upload_slopes,
+};
 use crate::error::{AttnError, Result};
 use crate::problem::varlen::VarlenProblem;
 use crate::shape::{AttnProblem, AttnShape, Strides};
@@ -103,11 +103,11 @@ where
     check_contexts(
         gpu,
         [
-            ("q", q.stream().context().cu_ctx()),
-            ("k", k.stream().context().cu_ctx()),
-            ("v", v.stream().context().cu_ctx()),
-            ("o", o.stream().context().cu_ctx()),
-            ("lse", lse.stream().context().cu_ctx()),
+            ("q", q.stream()),
+            ("k", k.stream()),
+            ("v", v.stream()),
+            ("o", o.stream()),
+            ("lse", lse.stream()),
         ],
     )?;
     let total_q = p.total_q();
@@ -120,9 +120,7 @@ where
     let (vp, _gv) = v.device_ptr(stream);
     let (op, _go) = o.device_ptr_mut(stream);
     let (lp, _gl) = lse.device_ptr_mut(stream);
-    for (name, ptr) in [("q", qp), ("k", kp), ("v", vp), ("o", op)] {
-        check_alignment(name, ptr)?;
-    }
+    check_aligned([("q", qp), ("k", kp), ("v", vp), ("o", op)])?;
     // Stream-ordered copies: they precede the launch, and the buffers' frees follow it.
     let up = |x: &[i32], what: &str| -> Result<CudaSlice<i32>> {
         stream

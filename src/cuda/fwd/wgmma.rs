@@ -557,7 +557,7 @@ pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
     };
     let stream = gpu.stream();
     let trace_buf = if tile.trace {
-        let n = crate::cuda::fwd::wgmma_trace::buffer_len(&tile, blocks);
+        let n = crate::cuda::fwd::wgmma_trace::buffer_len(tile.consumers, blocks);
         Some(
             stream
                 .alloc_zeros::<u32>(n)
@@ -587,7 +587,7 @@ pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
     drop(trace_ptr);
     if let Some(buf) = trace_buf {
         let data = stream.clone_dtoh(&buf).map_err(cuda_err(ctx.clone()))?;
-        crate::cuda::fwd::wgmma_trace::write(&tile, blocks, &data)?;
+        crate::cuda::fwd::wgmma_trace::write(&tile.to_string(), tile.consumers, blocks, &data)?;
     }
     Ok(LaunchInfo {
         kernel: KernelKind::Wgmma,
@@ -763,7 +763,7 @@ mod tests {
         }
         assert!(!WgmmaTile::default_for(96).unwrap().row_sums_in_pv());
         assert_eq!(
-            crate::cuda::fwd::wgmma_trace::buffer_len(&traced, 132),
+            crate::cuda::fwd::wgmma_trace::buffer_len(traced.consumers, 132),
             132 * 8 * 4 * crate::cuda::fwd::wgmma_trace::SLOTS
         );
         assert_eq!(

@@ -8,7 +8,7 @@ use crate::cuda::sources::KernelSource;
 use crate::dtype::{DType, Element};
 use crate::error::{AttnError, Result};
 use crate::shape::AttnProblem;
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits, sys};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits, sys};
 use serde::Serialize;
 use std::fmt;
 
@@ -349,4 +349,26 @@ pub(crate) fn launch_flash(gpu: &Gpu, l: &Launch, f: FlashKernel) -> Result<Laun
         spill_bytes: k.stats.spill_stores,
         smem_bytes: f.smem,
     })
+}
+
+/// The ALiBi slopes on the device, for one call (stream-ordered: the copy precedes the launch,
+/// and the buffer's free follows it on the same stream); `None` without ALiBi.
+pub(crate) fn upload_slopes(
+    gpu: &Gpu,
+    scores: &crate::scores::ScoreMods,
+) -> Result<Option<CudaSlice<f32>>> {
+    scores
+        .alibi
+        .as_ref()
+        .map(|a| {
+            if gpu.capturing() {
+                return Err(AttnError::InvalidInput {
+                    what: "ALiBi slopes are copied from host memory, which a CUDA graph capture cannot record: call with ALiBi outside the capture".into(),
+                });
+            }
+            gpu.stream()
+                .clone_htod(&a.slopes)
+                .map_err(cuda_err("copying the ALiBi slopes to the device"))
+        })
+        .transpose()
 }

@@ -1,7 +1,8 @@
-//! What every CUDA launcher stands on: the device and its module cache ([`device`]), NVRTC
+//! What every CUDA launcher stands on: the argument checks ([`args`]), the device and its module cache ([`device`]), NVRTC
 //! ([`nvrtc`]), TMA descriptors ([`tma`]), kernel parameters and defines ([`launch`]), and
 //! memory owned by another framework ([`foreign`]).
 
+pub mod args;
 pub mod device;
 pub mod foreign;
 pub mod launch;
