@@ -110,7 +110,7 @@ impl KvCacheProblem {
             cache_seqlens,
             seqlen_new,
             mask: Mask::None,
-            softmax_scale: 1.0 / (head_dim.max(1) as f32).sqrt(),
+            softmax_scale: crate::shape::default_scale(head_dim),
             scores: ScoreMods::default(),
         };
         p.validate()?;

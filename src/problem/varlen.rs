@@ -75,7 +75,7 @@ impl VarlenProblem {
             heads_kv,
             head_dim,
             mask: Mask::None,
-            softmax_scale: 1.0 / (head_dim.max(1) as f32).sqrt(),
+            softmax_scale: crate::shape::default_scale(head_dim),
             scores: ScoreMods::default(),
         };
         p.validate()?;
