@@ -4,8 +4,9 @@
 //! no CUDA toolkit, and a machine without a driver or NVRTC gets
 //! [`crate::AttnError::BackendUnavailable`], never a panic.
 //!
-//! One folder per job: [`runtime`] (device, NVRTC, TMA maps, launch parameters, foreign
-//! memory), [`fwd`] (the forward kernels' launchers, packed varlen batches, padded head dims),
+//! One folder per job: [`runtime`] (argument checks, device, NVRTC, TMA maps, launch
+//! parameters, foreign memory, padded head dims), [`fwd`] (the forward kernels' launchers,
+//! packed varlen batches),
 //! [`bwd`] (the backward), [`decode`] (decoding against a KV cache). The kernel sources are
 //! [`sources`]. This module imports problem types only from the layers below it (shape, mask,
 //! dtype, scores, [`crate::problem`]); the choice of backend is [`crate::dispatch`]'s.
@@ -24,8 +25,8 @@ pub mod sources;
 pub use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 pub use bwd::{backward, backward_wgmma};
-pub use fwd::{attention, mma, naive, pad, simt, varlen, wgmma, wgmma_trace};
-pub use runtime::{device, foreign, launch, nvrtc, tma};
+pub use fwd::{attention, mma, naive, simt, varlen, wgmma, wgmma_trace};
+pub use runtime::{device, foreign, launch, nvrtc, pad, tma};
 
 pub use fwd::attention::{HostRun, forward_device, forward_host};
 pub use fwd::mma::MmaTile;

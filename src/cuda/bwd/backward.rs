@@ -82,7 +82,7 @@ pub struct BackwardInfo {
     /// Whether dQ was added in key-block order.
     pub deterministic: bool,
     /// The head_dim the kernels ran at when the call's is not a multiple of 8 (q, k, v, o and
-    /// do padded with zero channels, the gradients copied back: [`crate::cuda::fwd::pad::backward_padded`]).
+    /// do padded with zero channels, the gradients copied back: [`crate::cuda::runtime::pad::backward_padded`]).
     pub padded_head_dim: Option<usize>,
 }
 
@@ -400,7 +400,7 @@ where
     let (dvp, _gdv) = dv.device_ptr_mut(stream);
     let s = &p.shape;
     if run_head_dim(s.head_dim) != s.head_dim {
-        let b = crate::cuda::fwd::pad::BwdBuffers {
+        let b = crate::cuda::runtime::pad::BwdBuffers {
             q: qp,
             k: kp,
             v: vp,
@@ -412,7 +412,7 @@ where
         };
         let dp = run_head_dim(s.head_dim);
         let mut info =
-            crate::cuda::fwd::pad::backward_padded::<T, _, _>(gpu, p, dp, &b, |pp, d| {
+            crate::cuda::runtime::pad::backward_padded::<T, _, _>(gpu, p, dp, &b, |pp, d| {
                 backward_device(
                     gpu, pp, opts, &d.q, &d.k, &d.v, &d.o, lse, &d.d_o, &mut d.dq, &mut d.dk,
                     &mut d.dv,

@@ -24,7 +24,7 @@ pub use crate::cuda::runtime::args::{MAX_SEQLEN, check_gpu_problem};
 /// # Errors
 /// Every validation error of [`check_gpu_problem`]; [`crate::AttnError::BufferTooShort`];
 /// [`crate::AttnError::InvalidStrides`] for a base address not 16-byte aligned (head_dim a
-/// multiple of 8; other head dims go through padded copies, see [`crate::cuda::fwd::pad`]);
+/// multiple of 8; other head dims go through padded copies, see [`crate::cuda::runtime::pad`]);
 /// [`crate::AttnError::ShapeMismatch`] for a buffer of another device/context;
 /// [`crate::AttnError::Compile`]/[`crate::AttnError::Cuda`] with the kernel name and shape.
 #[allow(clippy::too_many_arguments)]
@@ -65,15 +65,18 @@ where
     let (vp, _gv) = v.device_ptr(stream);
     let (op, _go) = o.device_ptr_mut(stream);
     if !p.shape.head_dim.is_multiple_of(8) {
-        let b = crate::cuda::fwd::pad::Buffers {
+        let b = crate::cuda::runtime::pad::Buffers {
             q: qp,
             k: kp,
             v: vp,
             o: op,
         };
-        return crate::cuda::fwd::pad::forward_padded::<T, _>(gpu, p, &b, |pp, q2, k2, v2, o2| {
-            forward_device(gpu, kernel, tile, pp, q2, k2, v2, o2, lse)
-        });
+        return crate::cuda::runtime::pad::forward_padded::<T, _>(
+            gpu,
+            p,
+            &b,
+            |pp, q2, k2, v2, o2| forward_device(gpu, kernel, tile, pp, q2, k2, v2, o2, lse),
+        );
     }
     let (lp, _gl) = lse.device_ptr_mut(stream);
     check_aligned([("q", qp), ("k", kp), ("v", vp), ("o", op)])?;
@@ -118,7 +121,7 @@ pub fn prepare(
             gpu,
             kernel,
             tile,
-            &crate::cuda::fwd::pad::padded_problem(p)?,
+            &crate::cuda::runtime::pad::padded_problem(p)?,
             dtype,
         );
     }

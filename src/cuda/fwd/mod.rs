@@ -1,12 +1,11 @@
 //! The forward pass on the GPU: the kernel choice and host/device entry points
 //! ([`attention`]), one launcher per kernel ([`naive`], [`simt`], [`mma`], [`wgmma`], the
-//! latter's timeline trace [`wgmma_trace`]), packed variable-length batches ([`varlen`]) and
-//! head dims the kernels lack, run padded ([`pad`]).
+//! latter's timeline trace [`wgmma_trace`]) and packed variable-length batches ([`varlen`]).
+//! Head dims the kernels lack run padded ([`crate::cuda::runtime::pad`]).
 
 pub mod attention;
 pub mod mma;
 pub mod naive;
-pub mod pad;
 pub mod simt;
 pub mod varlen;
 pub mod wgmma;

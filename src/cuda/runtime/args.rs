@@ -15,7 +15,7 @@ pub const MAX_SEQLEN: usize = 1 << 30;
 
 /// Checks everything the GPU kernels need beyond [`AttnProblem::validate`].
 ///
-/// A head_dim that is not a multiple of 8 runs on padded copies ([`crate::cuda::fwd::pad`]), which
+/// A head_dim that is not a multiple of 8 runs on padded copies ([`crate::cuda::runtime::pad`]), which
 /// read and write any strides; the kernels themselves need the stride rule below.
 ///
 /// # Errors
