@@ -189,13 +189,7 @@ pub fn dense_o<T: Element>(p: &AttnProblem, o: &[T]) -> Result<Vec<f64>> {
     let required = p
         .o_strides
         .required_len("o", s.batch, s.seqlen_q, s.heads_q, s.head_dim)?;
-    if o.len() < required {
-        return Err(AttnError::BufferTooShort {
-            tensor: "o",
-            len: o.len(),
-            required,
-        });
-    }
+    crate::error::check_len("o", o.len(), required)?;
     let mut out = Vec::with_capacity(s.batch * s.seqlen_q * s.heads_q * s.head_dim);
     for b in 0..s.batch {
         for i in 0..s.seqlen_q {

@@ -328,21 +328,9 @@ impl AttnProblem {
         let s = &self.shape;
         for ((name, st, seqlen, heads), len) in self.tensors().into_iter().zip([q, k, v, o]) {
             let required = st.required_len(name, s.batch, seqlen, heads, s.head_dim)?;
-            if len < required {
-                return Err(AttnError::BufferTooShort {
-                    tensor: name,
-                    len,
-                    required,
-                });
-            }
+            crate::error::check_len(name, len, required)?;
         }
-        if lse < s.lse_len() {
-            return Err(AttnError::BufferTooShort {
-                tensor: "lse",
-                len: lse,
-                required: s.lse_len(),
-            });
-        }
+        crate::error::check_len("lse", lse, s.lse_len())?;
         Ok(())
     }
 

@@ -640,16 +640,8 @@ impl DecodePlan {
             ("o", o.len()),
             ("lse", lse.len()),
         ])?;
-        check_contexts(
-            gpu,
-            [
-                ("q", q.stream()),
-                ("k_cache", k_cache.stream()),
-                ("v_cache", v_cache.stream()),
-                ("o", o.stream()),
-                ("lse", lse.stream()),
-            ],
-        )?;
+        check_contexts!(gpu; "q" => q, "k_cache" => k_cache, "v_cache" => v_cache, "o" => o,
+            "lse" => lse)?;
         let stream = gpu.stream();
         let (qp, _gq) = q.device_ptr(stream);
         let (kcp, _gkc) = k_cache.device_ptr_mut(stream);
@@ -676,7 +668,7 @@ impl DecodePlan {
         };
         let paged = self.table.is_some();
         if let Some((k, v)) = &new {
-            check_contexts(gpu, [("k_new", k.stream()), ("v_new", v.stream())])?;
+            check_contexts!(gpu; "k_new" => k, "v_new" => v)?;
             let (kp, _gk) = k.device_ptr(stream);
             let (vp, _gv) = v.device_ptr(stream);
             check_aligned([("k_new", kp), ("v_new", vp)])?;

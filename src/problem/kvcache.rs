@@ -318,13 +318,7 @@ impl KvCacheProblem {
                 "k_new" | "v_new" => self.batch * self.seqlen_new * self.heads_kv * self.head_dim,
                 _ => self.cache_len(),
             };
-            if len < required {
-                return Err(AttnError::BufferTooShort {
-                    tensor,
-                    len,
-                    required,
-                });
-            }
+            crate::error::check_len(tensor, len, required)?;
         }
         Ok(())
     }

@@ -242,13 +242,7 @@ impl VarlenProblem {
             size("k", self.total_k(), self.heads_kv)?,
         );
         for (tensor, len, required) in [("q", q, nq), ("k", k, nk), ("v", v, nk)] {
-            if len < required {
-                return Err(AttnError::BufferTooShort {
-                    tensor,
-                    len,
-                    required,
-                });
-            }
+            crate::error::check_len(tensor, len, required)?;
         }
         Ok(())
     }

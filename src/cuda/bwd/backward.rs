@@ -374,20 +374,8 @@ where
         [q.len(), k.len(), v.len(), o.len(), lse.len(), d_o.len()],
         [dq.len(), dk.len(), dv.len()],
     )?;
-    check_contexts(
-        gpu,
-        [
-            ("q", q.stream()),
-            ("k", k.stream()),
-            ("v", v.stream()),
-            ("o", o.stream()),
-            ("lse", lse.stream()),
-            ("do", d_o.stream()),
-            ("dq", dq.stream()),
-            ("dk", dk.stream()),
-            ("dv", dv.stream()),
-        ],
-    )?;
+    check_contexts!(gpu; "q" => q, "k" => k, "v" => v, "o" => o, "lse" => lse, "do" => d_o,
+        "dq" => dq, "dk" => dk, "dv" => dv)?;
     let stream = gpu.stream();
     let (qp, _gq) = q.device_ptr(stream);
     let (kp, _gk) = k.device_ptr(stream);

@@ -49,16 +49,7 @@ where
 {
     check_gpu_problem(p, kernel)?;
     p.check_lengths(q.len(), k.len(), v.len(), o.len(), lse.len())?;
-    check_contexts(
-        gpu,
-        [
-            ("q", q.stream()),
-            ("k", k.stream()),
-            ("v", v.stream()),
-            ("o", o.stream()),
-            ("lse", lse.stream()),
-        ],
-    )?;
+    check_contexts!(gpu; "q" => q, "k" => k, "v" => v, "o" => o, "lse" => lse)?;
     let stream = gpu.stream();
     let (qp, _gq) = q.device_ptr(stream);
     let (kp, _gk) = k.device_ptr(stream);

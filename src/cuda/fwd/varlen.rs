@@ -100,16 +100,7 @@ where
     let env = envelope(p)?;
     check_gpu_problem(&env, KernelKind::Mma)?;
     check_buffers(p, [q.len(), k.len(), v.len(), o.len(), lse.len()])?;
-    check_contexts(
-        gpu,
-        [
-            ("q", q.stream()),
-            ("k", k.stream()),
-            ("v", v.stream()),
-            ("o", o.stream()),
-            ("lse", lse.stream()),
-        ],
-    )?;
+    check_contexts!(gpu; "q" => q, "k" => k, "v" => v, "o" => o, "lse" => lse)?;
     let total_q = p.total_q();
     if total_q == 0 {
         return Ok(nothing_launched());
@@ -263,13 +254,7 @@ fn check_buffers(p: &VarlenProblem, lens: [usize; 5]) -> Result<()> {
         .zip(lens)
         .zip(required)
     {
-        if len < required {
-            return Err(AttnError::BufferTooShort {
-                tensor,
-                len,
-                required,
-            });
-        }
+        crate::error::check_len(tensor, len, required)?;
     }
     Ok(())
 }

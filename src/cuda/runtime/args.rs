@@ -76,7 +76,7 @@ pub fn check_gpu_problem(p: &AttnProblem, kernel: KernelKind) -> Result<()> {
 
 /// Every buffer (named, with the stream its slice was allocated on) must live in this Gpu's context (a pointer of another one would be read as if
 /// it were ours).
-pub(crate) fn check_contexts<const N: usize>(
+pub(crate) fn check_streams<const N: usize>(
     gpu: &Gpu,
     buffers: [(&'static str, &Arc<CudaStream>); N],
 ) -> Result<()> {
@@ -92,6 +92,15 @@ pub(crate) fn check_contexts<const N: usize>(
     }
     Ok(())
 }
+
+/// [`check_streams`] over named device slices: `check_contexts!(gpu; "q" => q, "o" => o)`
+/// checks each slice's stream (so each launcher names its buffers once, in one line).
+macro_rules! check_contexts {
+    ($gpu:expr; $($name:literal => $buf:expr),+ $(,)?) => {
+        $crate::cuda::runtime::args::check_streams($gpu, [$(($name, $buf.stream())),+])
+    };
+}
+pub(crate) use check_contexts;
 
 /// The base address rule of the kernels (they load 16-byte pieces).
 pub(crate) fn check_alignment(name: &'static str, ptr: u64) -> Result<()> {
