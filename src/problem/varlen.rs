@@ -316,7 +316,7 @@ pub(crate) fn per_sequence<T: Element, R>(
 /// each row's precision in `lse`'s layout (see [`reference::Reference`]).
 ///
 /// # Errors
-/// As [`forward`] (before any work).
+/// As [`crate::dispatch::varlen::forward`] (before any work).
 pub fn reference<T: Element>(
     p: &VarlenProblem,
     q: &[T],

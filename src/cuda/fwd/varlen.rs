@@ -31,7 +31,7 @@ pub const PER_SEQUENCE_MAX: usize = 64;
 ///
 /// # Errors
 /// [`AttnError::UnsupportedHeadDim`] for a head_dim that is not a multiple of 8 (the packed
-/// kernel loads rows in 16-byte pieces; [`crate::problem::varlen::forward`] then runs the sequences one
+/// kernel loads rows in 16-byte pieces; [`crate::dispatch::varlen::forward`] then runs the sequences one
 /// by one through padded copies); the validation errors of the problem.
 pub fn envelope(p: &VarlenProblem) -> Result<AttnProblem> {
     p.validate()?;

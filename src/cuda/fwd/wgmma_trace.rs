@@ -56,7 +56,7 @@ pub fn write(config: &str, consumers: u32, blocks: u32, data: &[u32]) -> Result<
     write_to(&path, config, consumers, blocks, data)
 }
 
-/// Writes a traced launch's buffer as JSON to `path` (arguments as [`write`]).
+/// Writes a traced launch's buffer as JSON to `path` (arguments as [`fn`]).
 ///
 /// # Errors
 /// [`AttnError::Io`] when the file cannot be written.
