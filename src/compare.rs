@@ -13,6 +13,8 @@
 
 use crate::dtype::{DType, Element};
 use crate::error::{AttnError, Result};
+/// The f32 error model of a score, defined with the oracle that uses it to find candidates.
+pub use crate::reference::{PRECISION_STEPS, score_error};
 use crate::reference::{Reference, RowPrecision};
 use crate::shape::AttnProblem;
 use rand::rngs::StdRng;
@@ -187,13 +189,7 @@ pub fn dense_o<T: Element>(p: &AttnProblem, o: &[T]) -> Result<Vec<f64>> {
     let required = p
         .o_strides
         .required_len("o", s.batch, s.seqlen_q, s.heads_q, s.head_dim)?;
-    if o.len() < required {
-        return Err(AttnError::BufferTooShort {
-            tensor: "o",
-            len: o.len(),
-            required,
-        });
-    }
+    crate::error::check_len("o", o.len(), required)?;
     let mut out = Vec::with_capacity(s.batch * s.seqlen_q * s.heads_q * s.head_dim);
     for b in 0..s.batch {
         for i in 0..s.seqlen_q {
@@ -204,20 +200,6 @@ pub fn dense_o<T: Element>(p: &AttnProblem, o: &[T]) -> Result<Vec<f64>> {
         }
     }
     Ok(out)
-}
-
-/// f32 rounding steps, per unit of a row's logit size, that [`allowances`] forgives.
-///
-/// A score's f32 error grows like `sqrt(head_dim)` steps of `sum_c |q_c k_c| * scale` for
-/// rounding errors of random sign (and at most `head_dim` steps); what the backends show is
-/// smaller: the field report's GPU lse was 1.7 steps of its logits from the exact value (lse
-/// ~ -5e4, two f32 steps of lse), the CPU's f32 `o` 2.5 steps at logits ~150. 4 covers both.
-pub const PRECISION_STEPS: f64 = 4.0;
-
-/// The f32 error bound of a score whose terms sum to `logits` in size:
-/// `PRECISION_STEPS * 2^-24 * logits` (natural-log units).
-pub fn score_error(logits: f64) -> f64 {
-    PRECISION_STEPS * (f64::from(f32::EPSILON) / 2.0) * logits
 }
 
 /// What f32 arithmetic cannot avoid in one row (see [`RowPrecision`]): the allowance of each

@@ -44,13 +44,7 @@ pub(crate) fn check_buffers(p: &AttnProblem, inputs: [usize; 6], grads: [usize; 
         .zip(grads)
         .zip([n_q, n_k, n_k])
     {
-        if len < required {
-            return Err(AttnError::BufferTooShort {
-                tensor: name,
-                len,
-                required,
-            });
-        }
+        crate::error::check_len(name, len, required)?;
     }
     Ok(())
 }

@@ -181,6 +181,22 @@ pub enum AttnError {
     },
 }
 
+/// The one buffer-length rule of every entry point: `tensor`'s `len` elements must cover the
+/// `required` ones its shape (and strides) address.
+///
+/// # Errors
+/// [`AttnError::BufferTooShort`] when `len < required`.
+pub fn check_len(tensor: &'static str, len: usize, required: usize) -> Result<()> {
+    if len < required {
+        return Err(AttnError::BufferTooShort {
+            tensor,
+            len,
+            required,
+        });
+    }
+    Ok(())
+}
+
 impl AttnError {
     /// `true` when the error says that a backend cannot take the problem at all (no usable
     /// GPU, an element type, head_dim, feature, stride or size it lacks), as opposed to an

@@ -10,12 +10,12 @@
 //! The command line, the GPU checks, benchmarks and layout probes live in the
 //! `flashattn-tools` crate (`tools/`), so that this crate builds none of their dependencies.
 
-pub mod backend;
 pub mod backward_tiles;
 pub mod compare;
 pub mod cpu;
 pub mod cpu_backward;
 pub mod cuda;
+pub mod dispatch;
 pub mod dist;
 pub mod dtype;
 pub mod error;
@@ -23,13 +23,14 @@ pub mod io;
 pub mod kvcache;
 pub mod mask;
 pub mod merge;
+pub mod problem;
 pub mod reference;
 pub mod reference_grad;
 pub mod scores;
 pub mod shape;
 pub mod varlen;
 
-pub use backend::{Backend, BackendChoice, Forward, forward};
+pub use dispatch::{Backend, BackendChoice, Forward, forward};
 pub use dtype::{DType, Element};
 pub use error::{AttnError, Result};
 pub use mask::Mask;

@@ -54,6 +54,20 @@ pub struct RowPrecision {
     pub candidate_spread: f64,
 }
 
+/// f32 rounding steps, per unit of a row's logit size, that [`crate::compare::allowances`] forgives.
+///
+/// A score's f32 error grows like `sqrt(head_dim)` steps of `sum_c |q_c k_c| * scale` for
+/// rounding errors of random sign (and at most `head_dim` steps); what the backends show is
+/// smaller: the field report's GPU lse was 1.7 steps of its logits from the exact value (lse
+/// ~ -5e4, two f32 steps of lse), the CPU's f32 `o` 2.5 steps at logits ~150. 4 covers both.
+pub const PRECISION_STEPS: f64 = 4.0;
+
+/// The f32 error bound of a score whose terms sum to `logits` in size:
+/// `PRECISION_STEPS * 2^-24 * logits` (natural-log units).
+pub fn score_error(logits: f64) -> f64 {
+    PRECISION_STEPS * (f64::from(f32::EPSILON) / 2.0) * logits
+}
+
 /// How far below the row's largest score a key's exact score may sit and still be a
 /// candidate: twice its f32 error bound `e` either way (the key's and the maximum's), plus
 /// `ln(keys) + 12`, below which the keys' weights, even raised by the error, sum to less than
@@ -304,7 +318,7 @@ fn candidate_spread(scores: &[f64], m: f64, v: &[f64], d: usize, logits: f64) ->
     if !m.is_finite() || !scores.iter().all(|x| x.is_finite()) {
         return f64::INFINITY;
     }
-    let floor = m - candidate_margin(crate::compare::score_error(logits), scores.len());
+    let floor = m - candidate_margin(score_error(logits), scores.len());
     let mut lo = vec![f64::INFINITY; d];
     let mut hi = vec![f64::NEG_INFINITY; d];
     for (&sc, vr) in scores.iter().zip(v.chunks_exact(d)) {

@@ -16,7 +16,7 @@
 //! (tests/reference_grad.rs).
 
 use crate::dtype::Element;
-use crate::error::{AttnError, Result};
+use crate::error::Result;
 use crate::reference::RowRule;
 use crate::shape::{AttnProblem, Strides};
 use rayon::prelude::*;
@@ -37,7 +37,7 @@ pub struct Gradients {
 /// gradient `d_o` (dense `[batch, seqlen_q, heads_q, head_dim]`, the layout `o` comes back in).
 ///
 /// # Errors
-/// Any error of [`AttnProblem::validate`]; [`AttnError::BufferTooShort`] when `q`, `k`, `v`
+/// Any error of [`AttnProblem::validate`]; [`crate::AttnError::BufferTooShort`] when `q`, `k`, `v`
 /// or `d_o` is shorter than the problem addresses.
 pub fn backward<T: Element>(
     p: &AttnProblem,
@@ -50,13 +50,7 @@ pub fn backward<T: Element>(
     p.check_lengths(q.len(), k.len(), v.len(), usize::MAX, usize::MAX)?;
     let s = p.shape;
     let n_o = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
-    if d_o.len() < n_o {
-        return Err(AttnError::BufferTooShort {
-            tensor: "do",
-            len: d_o.len(),
-            required: n_o,
-        });
-    }
+    crate::error::check_len("do", d_o.len(), n_o)?;
     let dense = |x: &[T], st: Strides, seqlen: usize, heads: usize| {
         let mut out = Vec::with_capacity(s.batch * seqlen * heads * s.head_dim);
         for b in 0..s.batch {

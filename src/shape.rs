@@ -197,6 +197,13 @@ pub fn check_scale(softmax_scale: f32) -> Result<f32> {
     Ok(softmax_scale)
 }
 
+/// The default `softmax_scale`, `1/sqrt(head_dim)` (FlashAttention's), for every problem type
+/// (dense, varlen, kvcache). A head_dim of 0 (refused by validation) is taken as 1 so that
+/// the default stays finite until the validation says what is wrong.
+pub fn default_scale(head_dim: usize) -> f32 {
+    1.0 / (head_dim.max(1) as f32).sqrt()
+}
+
 /// One attention call, fully described: sizes, strides of each tensor, mask and scale.
 ///
 /// Built with [`AttnProblem::new`] (dense tensors, default scale, no mask) and refined with
@@ -233,7 +240,7 @@ impl AttnProblem {
         Ok(Self {
             shape,
             mask: Mask::None,
-            softmax_scale: 1.0 / (shape.head_dim as f32).sqrt(),
+            softmax_scale: default_scale(shape.head_dim),
             q_strides: q,
             k_strides: k,
             v_strides: k,
@@ -321,21 +328,9 @@ impl AttnProblem {
         let s = &self.shape;
         for ((name, st, seqlen, heads), len) in self.tensors().into_iter().zip([q, k, v, o]) {
             let required = st.required_len(name, s.batch, seqlen, heads, s.head_dim)?;
-            if len < required {
-                return Err(AttnError::BufferTooShort {
-                    tensor: name,
-                    len,
-                    required,
-                });
-            }
+            crate::error::check_len(name, len, required)?;
         }
-        if lse < s.lse_len() {
-            return Err(AttnError::BufferTooShort {
-                tensor: "lse",
-                len: lse,
-                required: s.lse_len(),
-            });
-        }
+        crate::error::check_len("lse", lse, s.lse_len())?;
         Ok(())
     }
 

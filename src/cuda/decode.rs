@@ -1,4 +1,4 @@
-//! Decoding against a KV cache on the GPU ([`crate::kvcache`]'s semantics): new rows appended
+//! Decoding against a KV cache on the GPU ([`crate::problem::kvcache`]'s semantics): new rows appended
 //! in place (kv_append.cu), then attn_decode.cu over split-KV blocks with the query heads of
 //! each kv head packed into one block, then attn_combine.cu merging the splits exactly (only
 //! when there is more than one split: with one, attn_decode writes o and lse itself).
@@ -9,16 +9,16 @@
 //! table to the device once; a decoding loop hands each step's new ones to
 //! [`DecodePlan::update`] (stream-ordered on `gpu.stream()`) before [`DecodePlan::run`].
 
-use super::attention::{check_alignment, check_contexts, upload_slopes};
-use super::device::{Gpu, LoadedKernel, cuda_err};
-use super::launch::{
+use crate::cuda::runtime::args::{check_aligned, check_contexts};
+use crate::cuda::runtime::device::{Gpu, LoadedKernel, cuda_err};
+use crate::cuda::runtime::launch::{
     FlashParams, GpuElement, KernelKind, Launch, LaunchInfo, launch_context, score_defines,
-    set_dynamic_smem,
+    set_dynamic_smem, upload_slopes,
 };
-use super::sources::KernelSource;
+use crate::cuda::sources::KernelSource;
 use crate::dtype::DType;
 use crate::error::{AttnError, Result};
-use crate::kvcache::{CacheLayout, KvCacheProblem, MAX_SPLITS, num_splits};
+use crate::problem::kvcache::{CacheLayout, KvCacheProblem, MAX_SPLITS, num_splits};
 use crate::shape::{AttnProblem, AttnShape, Strides};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 
@@ -640,25 +640,15 @@ impl DecodePlan {
             ("o", o.len()),
             ("lse", lse.len()),
         ])?;
-        check_contexts(
-            gpu,
-            [
-                ("q", q.stream().context().cu_ctx()),
-                ("k_cache", k_cache.stream().context().cu_ctx()),
-                ("v_cache", v_cache.stream().context().cu_ctx()),
-                ("o", o.stream().context().cu_ctx()),
-                ("lse", lse.stream().context().cu_ctx()),
-            ],
-        )?;
+        check_contexts!(gpu; "q" => q, "k_cache" => k_cache, "v_cache" => v_cache, "o" => o,
+            "lse" => lse)?;
         let stream = gpu.stream();
         let (qp, _gq) = q.device_ptr(stream);
         let (kcp, _gkc) = k_cache.device_ptr_mut(stream);
         let (vcp, _gvc) = v_cache.device_ptr_mut(stream);
         let (op, _go) = o.device_ptr_mut(stream);
         let (lp, _gl) = lse.device_ptr_mut(stream);
-        for (name, ptr) in [("q", qp), ("k_cache", kcp), ("v_cache", vcp), ("o", op)] {
-            check_alignment(name, ptr)?;
-        }
+        check_aligned([("q", qp), ("k_cache", kcp), ("v_cache", vcp), ("o", op)])?;
         let (sl, _gsl) = self.seqlens.device_ptr(stream);
         let bt = self.table.as_ref().map(|t| t.device_ptr(stream));
         let (page_size, max_blocks) = match &p.layout {
@@ -678,17 +668,10 @@ impl DecodePlan {
         };
         let paged = self.table.is_some();
         if let Some((k, v)) = &new {
-            check_contexts(
-                gpu,
-                [
-                    ("k_new", k.stream().context().cu_ctx()),
-                    ("v_new", v.stream().context().cu_ctx()),
-                ],
-            )?;
+            check_contexts!(gpu; "k_new" => k, "v_new" => v)?;
             let (kp, _gk) = k.device_ptr(stream);
             let (vp, _gv) = v.device_ptr(stream);
-            check_alignment("k_new", kp)?;
-            check_alignment("v_new", vp)?;
+            check_aligned([("k_new", kp), ("v_new", vp)])?;
             if let Some(k) = &self.kernels.append {
                 append(gpu, k, p, &self.env, [kp, vp, kcp, vcp], map)?;
             }
@@ -935,7 +918,7 @@ fn cache_maps(
     p: &KvCacheProblem,
     l: &Launch,
     bc: usize,
-) -> std::result::Result<[super::tma::TmaMap; 2], String> {
+) -> std::result::Result<[crate::cuda::runtime::tma::TmaMap; 2], String> {
     let (rows, blocks, box_rows) = match &p.layout {
         CacheLayout::Contiguous { seqlen_cache } => (*seqlen_cache, p.batch, bc),
         CacheLayout::Paged {
@@ -946,8 +929,8 @@ fn cache_maps(
     };
     let dims = [p.head_dim, rows, p.heads_kv, blocks];
     let env = l.problem;
-    let k = super::wgmma::bshd_map(l.dtype, l.k, dims, env.k_strides, box_rows as u32);
-    let v = super::wgmma::bshd_map(l.dtype, l.v, dims, env.v_strides, box_rows as u32);
+    let k = crate::cuda::runtime::tma::bshd_map(l.dtype, l.k, dims, env.k_strides, box_rows as u32);
+    let v = crate::cuda::runtime::tma::bshd_map(l.dtype, l.v, dims, env.v_strides, box_rows as u32);
     Ok([
         k.encode().map_err(|e| format!("k_cache: {e}"))?,
         v.encode().map_err(|e| format!("v_cache: {e}"))?,
@@ -1066,7 +1049,7 @@ fn info(kernel: KernelKind, why: String, smem_bytes: usize) -> LaunchInfo {
 
 /// Host-memory convenience of [`forward_device`]: copies q, the caches and the new rows in,
 /// runs, and copies o, lse and the caches (with the appended rows) back; like
-/// [`crate::kvcache::forward_cpu`], the caches are updated in place. Pass empty `k_new` /
+/// [`crate::problem::kvcache::forward_cpu`], the caches are updated in place. Pass empty `k_new` /
 /// `v_new` when `seqlen_new` is 0.
 ///
 /// # Errors
@@ -1081,7 +1064,7 @@ pub fn forward_host<T: GpuElement>(
     k_new: &[T],
     v_new: &[T],
     splits: Option<usize>,
-) -> Result<(crate::kvcache::KvCacheOutput<T>, LaunchInfo)> {
+) -> Result<(crate::problem::kvcache::KvCacheOutput<T>, LaunchInfo)> {
     p.validate()?;
     check_gpu(p)?;
     p.check_call(
@@ -1140,7 +1123,7 @@ pub fn forward_host<T: GpuElement>(
     lse.truncate(n_lse);
     k_cache.copy_from_slice(&back(&dkc, "k_cache")?);
     v_cache.copy_from_slice(&back(&dvc, "v_cache")?);
-    Ok((crate::kvcache::KvCacheOutput { o, lse }, info))
+    Ok((crate::problem::kvcache::KvCacheOutput { o, lse }, info))
 }
 
 #[cfg(test)]

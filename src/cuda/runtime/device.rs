@@ -1,8 +1,8 @@
 //! One GPU: context, stream, device facts, a cache of compiled modules, and the wgmma tile
 //! scheduler's counters (one per stream).
 
-use super::nvrtc::{PtxasStats, compile_cubin, nvrtc_present, nvrtc_version};
-use super::sources::KernelSource;
+use crate::cuda::runtime::nvrtc::{PtxasStats, compile_cubin, nvrtc_present, nvrtc_version};
+use crate::cuda::sources::KernelSource;
 use crate::error::{AttnError, Result};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, sys,
@@ -414,4 +414,24 @@ impl Gpu {
     pub fn cached_modules(&self) -> usize {
         self.shared.cache.lock().map(|c| c.len()).unwrap_or(0)
     }
+}
+
+/// The process-wide GPU 0, opened on first use. The error text is kept so that every caller
+/// can say why the GPU is not usable.
+///
+/// # Errors
+/// [`crate::AttnError::BackendUnavailable`] (or the driver error) from [`Gpu::new`].
+pub fn shared_gpu() -> Result<&'static Gpu> {
+    static GPU: OnceLock<std::result::Result<Gpu, String>> = OnceLock::new();
+    GPU.get_or_init(|| {
+        Gpu::new(0).map_err(|e| match e {
+            AttnError::BackendUnavailable { reason, .. } => reason,
+            other => other.to_string(),
+        })
+    })
+    .as_ref()
+    .map_err(|reason| AttnError::BackendUnavailable {
+        backend: "cuda",
+        reason: reason.clone(),
+    })
 }

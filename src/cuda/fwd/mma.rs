@@ -1,9 +1,11 @@
 //! Launcher of attn_mma.cu: flash forward on Tensor Cores with `mma.sync.m16n8k16`; its tile
 //! shapes per (arch, head_dim) and the tile-spec language of `--tile`.
 
-use super::device::Gpu;
-use super::launch::{FlashKernel, KernelKind, Launch, LaunchInfo, launch_flash, score_defines};
-use super::sources::KernelSource;
+use crate::cuda::runtime::device::Gpu;
+use crate::cuda::runtime::launch::{
+    FlashKernel, KernelKind, Launch, LaunchInfo, launch_flash, score_defines,
+};
+use crate::cuda::sources::KernelSource;
 use crate::dtype::DType;
 use crate::error::{AttnError, Result};
 use crate::shape::AttnProblem;

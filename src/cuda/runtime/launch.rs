@@ -3,12 +3,12 @@
 //! launch of attn_simt and attn_mma. The rung modules (naive, simt, mma, wgmma) import from
 //! here and nothing else of each other; `attention` dispatches to them.
 
-use super::device::{Gpu, cuda_err};
-use super::sources::KernelSource;
+use crate::cuda::runtime::device::{Gpu, cuda_err};
+use crate::cuda::sources::KernelSource;
 use crate::dtype::{DType, Element};
 use crate::error::{AttnError, Result};
 use crate::shape::AttnProblem;
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits, sys};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits, sys};
 use serde::Serialize;
 use std::fmt;
 
@@ -102,7 +102,7 @@ pub struct Launch<'a> {
     /// Device address of the ALiBi slopes (f32, laid out as [`crate::scores::Alibi`]), 0
     /// when the problem has none.
     pub alibi: u64,
-    /// A packed variable-length batch ([`crate::varlen`]): `problem` is then its envelope
+    /// A packed variable-length batch ([`crate::problem::varlen`]): `problem` is then its envelope
     /// (batch = sequences, seqlen = the longest).
     pub varlen: Option<PackedBatch>,
     /// Elements between the lse of consecutive heads when not `seqlen_q` (one sequence of a
@@ -345,4 +345,26 @@ pub(crate) fn launch_flash(gpu: &Gpu, l: &Launch, f: FlashKernel) -> Result<Laun
         spill_bytes: k.stats.spill_stores,
         smem_bytes: f.smem,
     })
+}
+
+/// The ALiBi slopes on the device, for one call (stream-ordered: the copy precedes the launch,
+/// and the buffer's free follows it on the same stream); `None` without ALiBi.
+pub(crate) fn upload_slopes(
+    gpu: &Gpu,
+    scores: &crate::scores::ScoreMods,
+) -> Result<Option<CudaSlice<f32>>> {
+    scores
+        .alibi
+        .as_ref()
+        .map(|a| {
+            if gpu.capturing() {
+                return Err(AttnError::InvalidInput {
+                    what: "ALiBi slopes are copied from host memory, which a CUDA graph capture cannot record: call with ALiBi outside the capture".into(),
+                });
+            }
+            gpu.stream()
+                .clone_htod(&a.slopes)
+                .map_err(cuda_err("copying the ALiBi slopes to the device"))
+        })
+        .transpose()
 }

@@ -4,9 +4,9 @@
 //! seqlen_k]`, allocated here and refused up front (typed [`AttnError::TooLarge`]) when it
 //! would not fit in free device memory.
 
-use super::device::{Gpu, cuda_err};
-use super::launch::{FlashParams, KernelKind, Launch, LaunchInfo, launch_context};
-use super::sources::KernelSource;
+use crate::cuda::runtime::device::{Gpu, cuda_err};
+use crate::cuda::runtime::launch::{FlashParams, KernelKind, Launch, LaunchInfo, launch_context};
+use crate::cuda::sources::KernelSource;
 use crate::dtype::DType;
 use crate::error::{AttnError, Result};
 use crate::shape::AttnShape;

@@ -1,4 +1,4 @@
-//! Packed variable-length batches on the GPU ([`crate::varlen`]'s semantics): one `attn_mma`
+//! Packed variable-length batches on the GPU ([`crate::problem::varlen`]'s semantics): one `attn_mma`
 //! launch over every sequence (attn_common.cuh `IS_VARLEN`), instead of one launch per
 //! sequence. The grid covers the longest sequence; each block reads its sequence's offsets and
 //! lengths from `cu_seqlens_q`/`cu_seqlens_k` and skips what lies past its end.
@@ -11,12 +11,14 @@
 //! way than as one packed `attn_mma` launch. Larger batches (where per-launch costs add up)
 //! and other GPUs take the packed `attn_mma` launch. The [`LaunchInfo`] says which ran.
 
-use super::attention::{check_alignment, check_contexts, check_gpu_problem, upload_slopes};
-use super::device::{Gpu, cuda_err};
-use super::launch::{GpuElement, KernelKind, Launch, LaunchInfo, PackedBatch};
+use crate::cuda::runtime::args::{check_aligned, check_contexts, check_gpu_problem};
+use crate::cuda::runtime::device::{Gpu, cuda_err};
+use crate::cuda::runtime::launch::{
+    GpuElement, KernelKind, Launch, LaunchInfo, PackedBatch, upload_slopes,
+};
 use crate::error::{AttnError, Result};
+use crate::problem::varlen::VarlenProblem;
 use crate::shape::{AttnProblem, AttnShape, Strides};
-use crate::varlen::VarlenProblem;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, sys};
 
 /// Largest batch that [`forward_device`] runs as one `attn_wgmma` launch per sequence.
@@ -29,7 +31,7 @@ pub const PER_SEQUENCE_MAX: usize = 64;
 ///
 /// # Errors
 /// [`AttnError::UnsupportedHeadDim`] for a head_dim that is not a multiple of 8 (the packed
-/// kernel loads rows in 16-byte pieces; [`crate::varlen::forward`] then runs the sequences one
+/// kernel loads rows in 16-byte pieces; [`crate::dispatch::varlen::forward`] then runs the sequences one
 /// by one through padded copies); the validation errors of the problem.
 pub fn envelope(p: &VarlenProblem) -> Result<AttnProblem> {
     p.validate()?;
@@ -98,16 +100,7 @@ where
     let env = envelope(p)?;
     check_gpu_problem(&env, KernelKind::Mma)?;
     check_buffers(p, [q.len(), k.len(), v.len(), o.len(), lse.len()])?;
-    check_contexts(
-        gpu,
-        [
-            ("q", q.stream().context().cu_ctx()),
-            ("k", k.stream().context().cu_ctx()),
-            ("v", v.stream().context().cu_ctx()),
-            ("o", o.stream().context().cu_ctx()),
-            ("lse", lse.stream().context().cu_ctx()),
-        ],
-    )?;
+    check_contexts!(gpu; "q" => q, "k" => k, "v" => v, "o" => o, "lse" => lse)?;
     let total_q = p.total_q();
     if total_q == 0 {
         return Ok(nothing_launched());
@@ -118,9 +111,7 @@ where
     let (vp, _gv) = v.device_ptr(stream);
     let (op, _go) = o.device_ptr_mut(stream);
     let (lp, _gl) = lse.device_ptr_mut(stream);
-    for (name, ptr) in [("q", qp), ("k", kp), ("v", vp), ("o", op)] {
-        check_alignment(name, ptr)?;
-    }
+    check_aligned([("q", qp), ("k", kp), ("v", vp), ("o", op)])?;
     // Stream-ordered copies: they precede the launch, and the buffers' frees follow it.
     let up = |x: &[i32], what: &str| -> Result<CudaSlice<i32>> {
         stream
@@ -136,7 +127,7 @@ where
     let alibi_ptr = alibi.as_ref().map_or(0, |(ptr, _)| *ptr);
     if kernel == KernelKind::Wgmma
         && p.batch() <= PER_SEQUENCE_MAX
-        && super::wgmma::unsupported(gpu.info(), &env).is_none()
+        && crate::cuda::fwd::wgmma::unsupported(gpu.info(), &env).is_none()
     {
         let ptrs = [qp, kp, vp, op, lp, alibi_ptr];
         return per_sequence(gpu, p, T::DTYPE, ptrs);
@@ -157,7 +148,7 @@ where
         }),
         lse_head_stride: None,
     };
-    let mut info = super::mma::launch(gpu, &launch, None)?;
+    let mut info = crate::cuda::fwd::mma::launch(gpu, &launch, None)?;
     info.why = match kernel {
         KernelKind::Mma => "asked for (packed variable-length batch)".into(),
         other => format!(
@@ -232,7 +223,7 @@ fn per_sequence(
             varlen: None,
             lse_head_stride: Some(total_q),
         };
-        last = Some(super::wgmma::launch(gpu, &launch)?);
+        last = Some(crate::cuda::fwd::wgmma::launch(gpu, &launch)?);
     }
     let mut info = last.unwrap_or_else(nothing_launched);
     info.why = format!(
@@ -263,13 +254,7 @@ fn check_buffers(p: &VarlenProblem, lens: [usize; 5]) -> Result<()> {
         .zip(lens)
         .zip(required)
     {
-        if len < required {
-            return Err(AttnError::BufferTooShort {
-                tensor,
-                len,
-                required,
-            });
-        }
+        crate::error::check_len(tensor, len, required)?;
     }
     Ok(())
 }

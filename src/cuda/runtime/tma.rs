@@ -115,6 +115,24 @@ impl TiledMap {
     }
 }
 
+/// The 4-D map (head_dim, seqlen, heads, batch) of one bshd tensor, `dims` in that order,
+/// with a box of (64 channels, `rows`, 1, 1): the forward, backward and decode kernels' loads.
+pub(crate) fn bshd_map(
+    dtype: DType,
+    addr: u64,
+    dims: [usize; 4],
+    st: crate::shape::Strides,
+    rows: u32,
+) -> TiledMap {
+    TiledMap {
+        dtype,
+        addr,
+        dims: dims.iter().map(|&x| x as u64).collect(),
+        strides: vec![st.seq as u64 * 2, st.head as u64 * 2, st.batch as u64 * 2],
+        boxes: vec![64, rows, 1, 1],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,14 +1,13 @@
 //! The Hopper backward kernel, attn_bwd_wgmma.cu: which calls it serves, its shared memory,
-//! defines and tensor maps. [`super::backward::backward_device`] launches it between the D
+//! defines and tensor maps. [`crate::cuda::bwd::backward::backward_device`] launches it between the D
 //! and dQ-conversion kernels that it shares with attn_bwd.
 //!
 //! One block per (128 keys, kv head, batch): a producer warp loads K and V once and the Q and
 //! dO tiles of each step (64 query rows) by TMA; two consumer warpgroups of 64 keys each run
 //! S^T, dP^T, dV, dK and dQ on `wgmma` (PTX ISA 9.0, 9.7.15), dK and dV in registers.
 
-use super::device::DeviceInfo;
-use super::tma::{TiledMap, TmaMap};
-use super::wgmma::bshd_map;
+use crate::cuda::runtime::device::DeviceInfo;
+use crate::cuda::runtime::tma::{TiledMap, TmaMap, bshd_map};
 use crate::dtype::DType;
 use crate::shape::AttnProblem;
 use serde::Serialize;
@@ -130,7 +129,7 @@ pub fn defines(dtype: DType, p: &AttnProblem) -> Vec<(String, String)> {
         ("IS_BF16".to_string(), b(dtype == DType::BF16)),
         ("IS_CAUSAL".to_string(), b(p.mask.is_causal())),
     ];
-    d.extend(super::launch::score_defines(p));
+    d.extend(crate::cuda::runtime::launch::score_defines(p));
     d
 }
 

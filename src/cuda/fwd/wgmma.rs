@@ -5,15 +5,15 @@
 //! [`LaunchInfo`] names the kernel that ran and why. Tile choices and their reasons are in
 //! [`WgmmaTile::default_for`]; docs/perf-notes.md has the measurements behind them.
 
-use super::device::{DeviceInfo, Gpu, cuda_err};
-use super::launch::{
+use crate::cuda::runtime::device::{DeviceInfo, Gpu, cuda_err};
+use crate::cuda::runtime::launch::{
     FlashParams, KernelKind, Launch, LaunchInfo, launch_context, score_defines, set_dynamic_smem,
 };
-use super::sources::KernelSource;
-use super::tma::{TiledMap, TmaMap};
+use crate::cuda::runtime::tma::{TiledMap, TmaMap, bshd_map};
+use crate::cuda::sources::KernelSource;
 use crate::dtype::DType;
 use crate::error::{AttnError, Result};
-use crate::shape::{AttnProblem, Strides};
+use crate::shape::AttnProblem;
 use cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use serde::Serialize;
 use std::fmt;
@@ -51,7 +51,7 @@ pub struct WgmmaTile {
     pub persistent: bool,
     /// Tiles after the first are handed out by an atomic counter (blocks that drew short
     /// causal tiles take more), instead of every grid-th tile. The counter is the launch
-    /// stream's ([`super::Gpu::tile_counter`]); without one (a CUDA graph capture, or more
+    /// stream's ([`crate::cuda::runtime::device::Gpu::tile_counter`]); without one (a CUDA graph capture, or more
     /// streams than counters) the same kernel takes every grid-th tile.
     pub dynamic: bool,
     /// Consumer warpgroups of 64 query rows: 2 (Br 128), or 3 (Br 192, d64 with Bc <= 128
@@ -63,7 +63,7 @@ pub struct WgmmaTile {
     /// Persistent grid size cap (0: one block per SM). A knob for tests: with a few blocks,
     /// every block runs many tiles, so small problems exercise the tile hand-offs.
     pub max_blocks: u32,
-    /// The diagnostics build that records a timeline ([`super::wgmma_trace`]).
+    /// The diagnostics build that records a timeline ([`crate::cuda::fwd::wgmma_trace`]).
     pub trace: bool,
     /// The row sums of P on the Tensor Cores where they fit ([`Self::row_sums_in_pv`]): each V
     /// stage carries a sub-tile of ones, so P V (N = head_dim + 8) also sums P's rows and the
@@ -155,7 +155,7 @@ impl WgmmaTile {
     /// Applies a
     /// `[bc,stages,][nopp][,nohm][,np][,static][,wg3][,trace][,fsum][,spec|nospec][,l2=MiB][,grid=N]`
     /// override (see [`TILE_ENV`]): no pingpong, no head-major order, not persistent, no tile
-    /// counter, three consumers, the timeline build ([`super::wgmma_trace`]), the row sums by
+    /// counter, three consumers, the timeline build ([`crate::cuda::fwd::wgmma_trace`]), the row sums by
     /// the softmax (as before run 108), the speculative maxima on or off ([`Self::spec_max`]),
     /// the causal order's L2 budget (0: off), at most N persistent blocks (so that small
     /// problems run many tiles per block: a test knob). With `bc,stages` the tile is two
@@ -439,24 +439,6 @@ struct WgmmaParams {
 // SAFETY: plain old data with C layout, mirrored by the kernel's struct.
 unsafe impl DeviceRepr for WgmmaParams {}
 
-/// The 4-D map (head_dim, seqlen, heads, batch) of one bshd tensor, `dims` in that order,
-/// with a box of (64 channels, `rows`, 1, 1).
-pub(super) fn bshd_map(
-    dtype: DType,
-    addr: u64,
-    dims: [usize; 4],
-    st: Strides,
-    rows: u32,
-) -> TiledMap {
-    TiledMap {
-        dtype,
-        addr,
-        dims: dims.iter().map(|&x| x as u64).collect(),
-        strides: vec![st.seq as u64 * 2, st.head as u64 * 2, st.batch as u64 * 2],
-        boxes: vec![64, rows, 1, 1],
-    }
-}
-
 /// The four tensor maps of a launch, or why the copy engine cannot describe one of them.
 fn maps(l: &Launch, tile: &WgmmaTile) -> std::result::Result<[TmaMap; 4], String> {
     let p = l.problem;
@@ -499,10 +481,10 @@ fn maps(l: &Launch, tile: &WgmmaTile) -> std::result::Result<[TmaMap; 4], String
 ///
 /// # Errors
 /// A malformed [`TILE_ENV`] override; [`AttnError::Compile`]/[`AttnError::Cuda`] with the
-/// kernel name and shape; the errors of [`super::mma::launch`] when it hands the call on.
+/// kernel name and shape; the errors of [`crate::cuda::fwd::mma::launch`] when it hands the call on.
 pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
     let hand_on = |why: String| -> Result<LaunchInfo> {
-        let mut info = super::mma::launch(gpu, l, None)?;
+        let mut info = crate::cuda::fwd::mma::launch(gpu, l, None)?;
         info.why = format!("wgmma cannot serve this call: {why}");
         Ok(info)
     };
@@ -560,7 +542,7 @@ pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
     };
     let stream = gpu.stream();
     let trace_buf = if tile.trace {
-        let n = super::wgmma_trace::buffer_len(&tile, blocks);
+        let n = crate::cuda::fwd::wgmma_trace::buffer_len(tile.consumers, blocks);
         Some(
             stream
                 .alloc_zeros::<u32>(n)
@@ -590,7 +572,7 @@ pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
     drop(trace_ptr);
     if let Some(buf) = trace_buf {
         let data = stream.clone_dtoh(&buf).map_err(cuda_err(ctx.clone()))?;
-        super::wgmma_trace::write(&tile, blocks, &data)?;
+        crate::cuda::fwd::wgmma_trace::write(&tile.to_string(), tile.consumers, blocks, &data)?;
     }
     Ok(LaunchInfo {
         kernel: KernelKind::Wgmma,
@@ -755,8 +737,8 @@ mod tests {
         }
         assert!(!WgmmaTile::default_for(96).unwrap().row_sums_in_pv());
         assert_eq!(
-            super::super::wgmma_trace::buffer_len(&traced, 132),
-            132 * 8 * 4 * super::super::wgmma_trace::SLOTS
+            crate::cuda::fwd::wgmma_trace::buffer_len(traced.consumers, 132),
+            132 * 8 * 4 * crate::cuda::fwd::wgmma_trace::SLOTS
         );
         assert_eq!(
             w3d.with_spec("grid=2").unwrap(),

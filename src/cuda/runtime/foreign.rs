@@ -3,7 +3,7 @@
 //! `*_device` entry point of this crate takes it without a copy.
 //!
 //! A [`ForeignSlice`] records no events and waits on none: the caller orders the work (in the
-//! Python binding, everything runs on the caller's current stream, [`super::Gpu::on_raw_stream`]).
+//! Python binding, everything runs on the caller's current stream, [`crate::cuda::runtime::device::Gpu::on_raw_stream`]).
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop, sys};
 use std::marker::PhantomData;

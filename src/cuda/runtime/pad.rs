@@ -6,9 +6,9 @@
 //! into the caller's strides. Costs: three dense copies in, one out, and the padded buffers
 //! (freed stream-ordered when the call returns).
 
-use super::device::{Gpu, cuda_err};
-use super::launch::{GpuElement, KernelKind, LaunchInfo, launch_context};
-use super::sources::KernelSource;
+use crate::cuda::runtime::device::{Gpu, cuda_err};
+use crate::cuda::runtime::launch::{GpuElement, LaunchInfo, launch_context};
+use crate::cuda::sources::KernelSource;
 use crate::error::Result;
 use crate::shape::{AttnProblem, AttnShape, Strides};
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -55,8 +55,8 @@ struct Rows<'a> {
     ctx: &'a str,
     d: usize,
     dp: usize,
-    pad: super::LoadedKernel,
-    unpad: super::LoadedKernel,
+    pad: crate::cuda::runtime::device::LoadedKernel,
+    unpad: crate::cuda::runtime::device::LoadedKernel,
 }
 
 impl<'a> Rows<'a> {
@@ -144,24 +144,25 @@ pub struct Buffers {
     pub o: u64,
 }
 
-/// Runs `kernel` on `p` (head_dim not a multiple of 8) through padded copies; lse is written
-/// straight into `lse` (it does not depend on head_dim's layout). The returned info names
-/// the padding in `why`.
+/// Runs the forward of `p` (head_dim not a multiple of 8) through padded copies: `run` is the
+/// forward on the padded problem and dense buffers `(pp, q, k, v, o)`, writing lse straight
+/// into the caller's (it does not depend on head_dim's layout). The returned info names the
+/// padding in `why`. The caller's entry point comes in as `run` so that this file does not
+/// import the launchers that call it.
 ///
 /// # Errors
-/// Allocation, compile and launch errors ([`AttnError::Cuda`], [`AttnError::Compile`]), and
-/// those of the kernel on the padded problem.
-pub fn forward_padded<T, L>(
-    gpu: &Gpu,
-    kernel: KernelKind,
-    tile: Option<super::MmaTile>,
-    p: &AttnProblem,
-    b: &Buffers,
-    lse: &mut L,
-) -> Result<LaunchInfo>
+/// Allocation, compile and launch errors ([`crate::AttnError::Cuda`],
+/// [`crate::AttnError::Compile`]), and those of `run` on the padded problem.
+pub fn forward_padded<T, F>(gpu: &Gpu, p: &AttnProblem, b: &Buffers, run: F) -> Result<LaunchInfo>
 where
     T: GpuElement,
-    L: cudarc::driver::DevicePtrMut<f32>,
+    F: FnOnce(
+        &AttnProblem,
+        &CudaSlice<T>,
+        &CudaSlice<T>,
+        &CudaSlice<T>,
+        &mut CudaSlice<T>,
+    ) -> Result<LaunchInfo>,
 {
     let s = p.shape;
     let dp = padded(s.head_dim);
@@ -209,8 +210,7 @@ where
             "padding v",
         )?;
     }
-    let mut info =
-        super::attention::forward_device(gpu, kernel, tile, &pp, &q2, &k2, &v2, &mut o2, lse)?;
+    let mut info = run(&pp, &q2, &k2, &v2, &mut o2)?;
     {
         use cudarc::driver::DevicePtr;
         let (o2p, _g) = o2.device_ptr(stream);
@@ -246,28 +246,50 @@ pub struct BwdBuffers {
     pub dv: u64,
 }
 
-/// The backward of `p` (a head_dim the kernels do not take as it is:
-/// [`super::backward::run_head_dim`]) through padded copies: q, k, v, o and do padded with
-/// zero channels (they add nothing to any score, to D = rowsum(do o), or to the
-/// real channels of any gradient; the pad channels of the gradients come out zero and are
-/// dropped), the gradients copied back at the real head_dim. `lse` is the forward's, as is.
+/// The padded, dense device copies of one backward call, `dp` channels per row: the inputs
+/// (filled before `run`) and the gradients (`run` writes them; copied back after).
+pub struct PaddedBwd<T> {
+    /// q, k, v, o and do, padded.
+    pub q: CudaSlice<T>,
+    /// See `q`.
+    pub k: CudaSlice<T>,
+    /// See `q`.
+    pub v: CudaSlice<T>,
+    /// See `q`.
+    pub o: CudaSlice<T>,
+    /// See `q`.
+    pub d_o: CudaSlice<T>,
+    /// The padded gradients.
+    pub dq: CudaSlice<T>,
+    /// See `dq`.
+    pub dk: CudaSlice<T>,
+    /// See `dq`.
+    pub dv: CudaSlice<T>,
+}
+
+/// The backward of `p` (a head_dim the kernels do not take as it is) through padded copies,
+/// at head_dim `dp` (the backward's [`crate::cuda::bwd::backward::run_head_dim`]): q, k, v, o
+/// and do padded with zero channels (they add nothing to any score, to D = rowsum(do o), or to
+/// the real channels of any gradient; the pad channels of the gradients come out zero and are
+/// dropped), `run` is the backward on the padded problem and buffers (lse the forward's, as
+/// is, captured by `run`), the gradients copied back at the real head_dim. The caller's entry
+/// point comes in as `run` so that this file does not import the launcher that calls it.
 ///
 /// # Errors
-/// Allocation, compile and launch errors, and those of the backward on the padded problem.
-pub fn backward_padded<T, L>(
+/// Allocation, compile and launch errors, and those of `run` on the padded problem.
+pub fn backward_padded<T, R, F>(
     gpu: &Gpu,
     p: &AttnProblem,
-    opts: super::backward::BackwardOptions,
+    dp: usize,
     b: &BwdBuffers,
-    lse: &L,
-) -> Result<super::backward::BackwardInfo>
+    run: F,
+) -> Result<R>
 where
     T: GpuElement,
-    L: cudarc::driver::DevicePtr<f32>,
+    F: FnOnce(&AttnProblem, &mut PaddedBwd<T>) -> Result<R>,
 {
     use cudarc::driver::{DevicePtr, DevicePtrMut};
     let s = p.shape;
-    let dp = super::backward::run_head_dim(s.head_dim);
     let pp = padded_problem_to(p, dp)?;
     let ctx = launch_context("pad_rows (backward)", p);
     let stream = gpu.stream();
@@ -279,51 +301,50 @@ where
     };
     let rows_q = s.batch * s.seqlen_q * s.heads_q;
     let rows_k = s.batch * s.seqlen_k * s.heads_kv;
-    let (mut q2, mut k2, mut v2) = (
-        alloc(rows_q * dp, "q")?,
-        alloc(rows_k * dp, "k")?,
-        alloc(rows_k * dp, "v")?,
-    );
-    let (mut o2, mut do2) = (alloc(rows_q * dp, "o")?, alloc(rows_q * dp, "do")?);
-    let (mut dq2, mut dk2, mut dv2) = (
-        alloc(rows_q * dp, "dq")?,
-        alloc(rows_k * dp, "dk")?,
-        alloc(rows_k * dp, "dv")?,
-    );
+    let mut d = PaddedBwd {
+        q: alloc(rows_q * dp, "q")?,
+        k: alloc(rows_k * dp, "k")?,
+        v: alloc(rows_k * dp, "v")?,
+        o: alloc(rows_q * dp, "o")?,
+        d_o: alloc(rows_q * dp, "do")?,
+        dq: alloc(rows_q * dp, "dq")?,
+        dk: alloc(rows_k * dp, "dk")?,
+        dv: alloc(rows_k * dp, "dv")?,
+    };
     let rows = Rows::new(gpu, &ctx, s.head_dim, dp)?;
     let (sq, hq, sk, hk) = (s.seqlen_q, s.heads_q, s.seqlen_k, s.heads_kv);
     for (src, dst, st, n, what) in [
         (
             b.q,
-            &mut q2,
+            &mut d.q,
             RowMap::new(p.q_strides, sq, hq),
             rows_q,
             "padding q",
         ),
         (
             b.k,
-            &mut k2,
+            &mut d.k,
             RowMap::new(p.k_strides, sk, hk),
             rows_k,
             "padding k",
         ),
         (
             b.v,
-            &mut v2,
+            &mut d.v,
             RowMap::new(p.v_strides, sk, hk),
             rows_k,
             "padding v",
         ),
         (
             b.o,
-            &mut o2,
+            &mut d.o,
             RowMap::new(p.o_strides, sq, hq),
             rows_q,
             "padding o",
         ),
         (
             b.d_o,
-            &mut do2,
+            &mut d.d_o,
             RowMap::new(p.o_strides, sq, hq),
             rows_q,
             "padding do",
@@ -332,30 +353,28 @@ where
         let (dst, _g) = dst.device_ptr_mut(stream);
         rows.pad(src, dst, st, n, what)?;
     }
-    let mut info = super::backward::backward_device(
-        gpu, &pp, opts, &q2, &k2, &v2, &o2, lse, &do2, &mut dq2, &mut dk2, &mut dv2,
-    )?;
+    let info = run(&pp, &mut d)?;
     let (dense_q, dense_k) = (
         Strides::contiguous(sq, hq, s.head_dim),
         Strides::contiguous(sk, hk, s.head_dim),
     );
     for (src, dst, st, n, what) in [
         (
-            &dq2,
+            &d.dq,
             b.dq,
             RowMap::new(dense_q, sq, hq),
             rows_q,
             "copying dq back",
         ),
         (
-            &dk2,
+            &d.dk,
             b.dk,
             RowMap::new(dense_k, sk, hk),
             rows_k,
             "copying dk back",
         ),
         (
-            &dv2,
+            &d.dv,
             b.dv,
             RowMap::new(dense_k, sk, hk),
             rows_k,
@@ -366,7 +385,6 @@ where
         rows.unpad(src, dst, st, n, what)?;
     }
     // The padded buffers are freed stream-ordered, after the kernels above.
-    drop((q2, k2, v2, o2, do2, dq2, dk2, dv2));
-    info.padded_head_dim = Some(dp);
+    drop(d);
     Ok(info)
 }

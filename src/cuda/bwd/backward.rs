@@ -2,7 +2,7 @@
 //! arXiv 2307.08691): `D = rowsum(do * o)`, then one block per (key block, kv head, batch)
 //! accumulating dK and dV in registers and adding dQ tiles to an f32 workspace, then the
 //! workspace converted to the element type. Two main kernels:
-//! - attn_bwd_wgmma ([`super::backward_wgmma`]; wgmma + TMA, FlashAttention-3's structure):
+//! - attn_bwd_wgmma ([`crate::cuda::bwd::backward_wgmma`]; wgmma + TMA, FlashAttention-3's structure):
 //!   the default on sm_90 at head_dim 64 and 72..=128;
 //! - attn_bwd (`mma.sync`, bulk reductions on sm_90, atomics before): every other call, the
 //!   deterministic mode, and any call that asks for it ([`BwdKernel::Mma`]).
@@ -17,16 +17,16 @@
 //! check` (the `backward` cases on both kernels, runs 58-73); `run --backward` still uses the
 //! CPU backward.
 
-use super::attention::{check_alignment, check_contexts, check_gpu_problem};
-pub use super::backward_wgmma::BwdKernel;
-use super::backward_wgmma::{self as bw, MapAddrs};
-use super::device::{Gpu, cuda_err};
-use super::launch::{
+use crate::cpu_backward::check_buffers;
+pub use crate::cuda::bwd::backward_wgmma::BwdKernel;
+use crate::cuda::bwd::backward_wgmma::{self as bw, MapAddrs};
+use crate::cuda::runtime::args::{check_aligned, check_contexts, check_gpu_problem};
+use crate::cuda::runtime::device::{Gpu, cuda_err};
+use crate::cuda::runtime::launch::{
     FlashParams, GpuElement, KernelKind, Launch, launch_context, score_defines, set_dynamic_smem,
 };
-use super::sources::KernelSource;
-use super::tma::TmaMap;
-use crate::cpu_backward::check_buffers;
+use crate::cuda::runtime::tma::TmaMap;
+use crate::cuda::sources::KernelSource;
 use crate::dtype::DType;
 use crate::error::{AttnError, Result};
 use crate::shape::AttnProblem;
@@ -82,7 +82,7 @@ pub struct BackwardInfo {
     /// Whether dQ was added in key-block order.
     pub deterministic: bool,
     /// The head_dim the kernels ran at when the call's is not a multiple of 8 (q, k, v, o and
-    /// do padded with zero channels, the gradients copied back: [`super::pad::backward_padded`]).
+    /// do padded with zero channels, the gradients copied back: [`crate::cuda::runtime::pad::backward_padded`]).
     pub padded_head_dim: Option<usize>,
 }
 
@@ -374,20 +374,8 @@ where
         [q.len(), k.len(), v.len(), o.len(), lse.len(), d_o.len()],
         [dq.len(), dk.len(), dv.len()],
     )?;
-    check_contexts(
-        gpu,
-        [
-            ("q", q.stream().context().cu_ctx()),
-            ("k", k.stream().context().cu_ctx()),
-            ("v", v.stream().context().cu_ctx()),
-            ("o", o.stream().context().cu_ctx()),
-            ("lse", lse.stream().context().cu_ctx()),
-            ("do", d_o.stream().context().cu_ctx()),
-            ("dq", dq.stream().context().cu_ctx()),
-            ("dk", dk.stream().context().cu_ctx()),
-            ("dv", dv.stream().context().cu_ctx()),
-        ],
-    )?;
+    check_contexts!(gpu; "q" => q, "k" => k, "v" => v, "o" => o, "lse" => lse, "do" => d_o,
+        "dq" => dq, "dk" => dk, "dv" => dv)?;
     let stream = gpu.stream();
     let (qp, _gq) = q.device_ptr(stream);
     let (kp, _gk) = k.device_ptr(stream);
@@ -400,7 +388,7 @@ where
     let (dvp, _gdv) = dv.device_ptr_mut(stream);
     let s = &p.shape;
     if run_head_dim(s.head_dim) != s.head_dim {
-        let b = super::pad::BwdBuffers {
+        let b = crate::cuda::runtime::pad::BwdBuffers {
             q: qp,
             k: kp,
             v: vp,
@@ -410,10 +398,19 @@ where
             dk: dkp,
             dv: dvp,
         };
-        return super::pad::backward_padded::<T, L>(gpu, p, opts, &b, lse);
+        let dp = run_head_dim(s.head_dim);
+        let mut info =
+            crate::cuda::runtime::pad::backward_padded::<T, _, _>(gpu, p, dp, &b, |pp, d| {
+                backward_device(
+                    gpu, pp, opts, &d.q, &d.k, &d.v, &d.o, lse, &d.d_o, &mut d.dq, &mut d.dk,
+                    &mut d.dv,
+                )
+            })?;
+        info.padded_head_dim = Some(dp);
+        return Ok(info);
     }
     // (The padded path copies element by element: its buffers need no alignment.)
-    for (name, ptr) in [
+    check_aligned([
         ("q", qp),
         ("k", kp),
         ("v", vp),
@@ -422,9 +419,7 @@ where
         ("dq", dqp),
         ("dk", dkp),
         ("dv", dvp),
-    ] {
-        check_alignment(name, ptr)?;
-    }
+    ])?;
     let ctx = launch_context("attn_bwd", p);
     let mut dsum: CudaSlice<f32> = stream
         .alloc_zeros(s.lse_len())

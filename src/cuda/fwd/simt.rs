@@ -1,8 +1,8 @@
 //! Launcher of attn_simt.cu: flash forward on CUDA cores (FFMA), online softmax.
 
-use super::device::Gpu;
-use super::launch::{FlashKernel, KernelKind, Launch, LaunchInfo, launch_flash};
-use super::sources::KernelSource;
+use crate::cuda::runtime::device::Gpu;
+use crate::cuda::runtime::launch::{FlashKernel, KernelKind, Launch, LaunchInfo, launch_flash};
+use crate::cuda::sources::KernelSource;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::shape::AttnProblem;
@@ -78,8 +78,8 @@ pub fn defines(dtype: DType, head_dim: usize, causal: bool) -> Vec<(String, Stri
 /// Launches attn_simt on `gpu.stream()` (asynchronous).
 ///
 /// # Errors
-/// [`AttnError::TooLarge`] when the tile's shared memory exceeds the device's per-block limit;
-/// [`AttnError::Compile`]/[`AttnError::Cuda`] with the kernel name and shape.
+/// [`crate::AttnError::TooLarge`] when the tile's shared memory exceeds the device's per-block limit;
+/// [`crate::AttnError::Compile`]/[`crate::AttnError::Cuda`] with the kernel name and shape.
 pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
     launch_flash(gpu, l, flash_kernel(l.dtype, l.problem))
 }

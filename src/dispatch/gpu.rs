@@ -1,36 +1,17 @@
-//! Host-memory entry point of the CUDA backend for [`crate::backend::forward`]: one shared GPU
-//! per process (so kernels compile once), and element-type dispatch from a generic `T`.
+//! The host-memory entry points into the CUDA backend for [`super::forward`],
+//! [`super::varlen::forward`] and [`super::kvcache::forward`]: the process's shared GPU
+//! ([`shared_gpu`], so kernels compile once), element-type dispatch from a generic `T` to the
+//! kernels' f16/bf16, and the [`Backend`] that names what ran.
 
-use super::attention::{HostRun, forward_host};
-use super::device::Gpu;
-use super::launch::KernelKind;
-use crate::backend::Backend;
+use super::Backend;
+use crate::cuda::fwd::attention::{HostRun, forward_host};
+use crate::cuda::runtime::device::shared_gpu;
+use crate::cuda::runtime::launch::KernelKind;
 use crate::dtype::Element;
 use crate::error::{AttnError, Result};
 use crate::shape::AttnProblem;
 use half::{bf16, f16};
 use std::any::TypeId;
-use std::sync::OnceLock;
-
-/// The process-wide GPU 0, opened on first use. The error text is kept so that every caller
-/// can say why the GPU is not usable.
-///
-/// # Errors
-/// [`AttnError::BackendUnavailable`] (or the driver error) from [`Gpu::new`].
-pub fn shared_gpu() -> Result<&'static Gpu> {
-    static GPU: OnceLock<std::result::Result<Gpu, String>> = OnceLock::new();
-    GPU.get_or_init(|| {
-        Gpu::new(0).map_err(|e| match e {
-            AttnError::BackendUnavailable { reason, .. } => reason,
-            other => other.to_string(),
-        })
-    })
-    .as_ref()
-    .map_err(|reason| AttnError::BackendUnavailable {
-        backend: "cuda",
-        reason: reason.clone(),
-    })
-}
 
 /// Reinterprets `&[T]` as `&[U]` when `T` and `U` are the same type.
 fn same<T: 'static, U: 'static>(x: &[T]) -> Option<&[U]> {
@@ -94,34 +75,35 @@ pub fn try_host_forward<T: Element>(
     })
 }
 
-/// Runs a packed variable-length batch on the GPU in one launch ([`super::varlen`]): `o`
+/// Runs a packed variable-length batch on the GPU in one launch ([`crate::cuda::fwd::varlen`]): `o`
 /// packed, `lse` `[heads_q, total_q]`, the backend description and why that kernel ran.
 ///
 /// # Errors
-/// As [`try_host_forward`], and those of [`super::varlen::forward_host`].
+/// As [`try_host_forward`], and those of [`crate::cuda::fwd::varlen::forward_host`].
 pub fn try_host_varlen<T: Element>(
-    p: &crate::varlen::VarlenProblem,
+    p: &crate::problem::varlen::VarlenProblem,
     q: &[T],
     k: &[T],
     v: &[T],
 ) -> Result<(Vec<T>, Vec<f32>, Backend, String)> {
     let gpu = shared_gpu()?;
     let kernel = KernelKind::Wgmma;
-    let with_backend = |(o, lse, info): (Vec<T>, Vec<f32>, super::LaunchInfo)| {
-        let b = Backend::Cuda {
-            device: gpu.info().name.clone(),
-            kernel: format!("attn_{}", info.kernel),
+    let with_backend =
+        |(o, lse, info): (Vec<T>, Vec<f32>, crate::cuda::runtime::launch::LaunchInfo)| {
+            let b = Backend::Cuda {
+                device: gpu.info().name.clone(),
+                kernel: format!("attn_{}", info.kernel),
+            };
+            (o, lse, b, info.why)
         };
-        (o, lse, b, info.why)
-    };
     if let (Some(q), Some(k), Some(v)) = (same::<T, f16>(q), same::<T, f16>(k), same::<T, f16>(v)) {
-        let (o, lse, info) = super::varlen::forward_host(gpu, kernel, p, q, k, v)?;
+        let (o, lse, info) = crate::cuda::fwd::varlen::forward_host(gpu, kernel, p, q, k, v)?;
         return Ok(with_backend((back(o), lse, info)));
     }
     if let (Some(q), Some(k), Some(v)) =
         (same::<T, bf16>(q), same::<T, bf16>(k), same::<T, bf16>(v))
     {
-        let (o, lse, info) = super::varlen::forward_host(gpu, kernel, p, q, k, v)?;
+        let (o, lse, info) = crate::cuda::fwd::varlen::forward_host(gpu, kernel, p, q, k, v)?;
         return Ok(with_backend((back(o), lse, info)));
     }
     Err(AttnError::DTypeMismatch {
@@ -139,23 +121,23 @@ fn same_mut<T: 'static, U: 'static>(x: &mut [T]) -> Option<&mut [U]> {
         .then(|| unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr() as *mut U, x.len()) })
 }
 
-/// Runs a decoding call on the GPU ([`super::decode::forward_host`]), the caches updated in
+/// Runs a decoding call on the GPU ([`crate::cuda::decode::forward_host`]), the caches updated in
 /// place: the output, the backend description and why those kernels ran.
 ///
 /// # Errors
-/// As [`try_host_forward`], and those of [`super::decode::forward_host`].
+/// As [`try_host_forward`], and those of [`crate::cuda::decode::forward_host`].
 #[allow(clippy::too_many_arguments)]
 pub fn try_host_kvcache<T: Element>(
-    p: &crate::kvcache::KvCacheProblem,
+    p: &crate::problem::kvcache::KvCacheProblem,
     q: &[T],
     k_cache: &mut [T],
     v_cache: &mut [T],
     k_new: &[T],
     v_new: &[T],
     splits: Option<usize>,
-) -> Result<(crate::kvcache::KvCacheOutput<T>, Backend, String)> {
+) -> Result<(crate::problem::kvcache::KvCacheOutput<T>, Backend, String)> {
     let gpu = shared_gpu()?;
-    let backend = |info: &super::LaunchInfo| Backend::Cuda {
+    let backend = |info: &crate::cuda::runtime::launch::LaunchInfo| Backend::Cuda {
         device: gpu.info().name.clone(),
         kernel: format!("attn_decode ({})", info.config.as_deref().unwrap_or("")),
     };
@@ -168,8 +150,9 @@ pub fn try_host_kvcache<T: Element>(
                 same::<T, $u>(k_new),
                 same::<T, $u>(v_new),
             ) {
-                let (out, info) = super::decode::forward_host(gpu, p, q, kc, vc, kn, vn, splits)?;
-                let out = crate::kvcache::KvCacheOutput {
+                let (out, info) =
+                    crate::cuda::decode::forward_host(gpu, p, q, kc, vc, kn, vn, splits)?;
+                let out = crate::problem::kvcache::KvCacheOutput {
                     o: back(out.o),
                     lse: out.lse,
                 };

@@ -1,4 +1,12 @@
-//! Backend choice for host-memory calls: CPU, CUDA, or the best usable one.
+//! The dispatch layer, above [`crate::cpu`] and [`crate::cuda`]: for host-memory calls it
+//! decides which backend runs (CPU, CUDA, or the best usable one) and says why. Dense
+//! attention is [`forward`] here, packed batches [`varlen::forward`], decoding
+//! [`kvcache::forward`]; the GPU side of each is in `gpu` (element-type dispatch onto the
+//! kernels' f16/bf16). Nothing below this layer imports from it.
+
+mod gpu;
+pub mod kvcache;
+pub mod varlen;
 
 use crate::dtype::Element;
 use crate::error::Result;
@@ -96,7 +104,7 @@ pub fn forward<T: Element>(
     }
 }
 
-/// Runs [`crate::cuda::try_host_forward`] (o comes back dense).
+/// Runs [`gpu::try_host_forward`] (o comes back dense).
 fn run_cuda<T: Element>(
     p: &AttnProblem,
     q: &[T],
@@ -104,7 +112,7 @@ fn run_cuda<T: Element>(
     v: &[T],
     reason: &str,
 ) -> Result<Forward<T>> {
-    let (run, backend) = crate::cuda::try_host_forward(p, q, k, v)?;
+    let (run, backend) = gpu::try_host_forward(p, q, k, v)?;
     Ok(Forward {
         o: run.o,
         lse: run.lse,

@@ -1,12 +1,11 @@
 //! The timeline of one attn_wgmma launch: a diagnostics build of the kernel (`TRACE=1`,
-//! asked for with `trace` in [`super::wgmma::TILE_ENV`]) in which thread 0 of every warpgroup
+//! asked for with `trace` in [`crate::cuda::fwd::wgmma::TILE_ENV`]) in which thread 0 of every warpgroup
 //! writes the SM clock at fixed points of its block's first [`ROUNDS`] tiles. The launcher
 //! reads the buffer back after the launch and writes it as JSON to the file named by
 //! [`TRACE_ENV`] (default `wgmma-trace.json`; each launch overwrites it), for
 //! `scripts/gpu/wgmma-trace.py` to summarise. An experiment knob, like the tile override: the
 //! launch synchronises its stream, and the default build contains none of it.
 
-use super::wgmma::WgmmaTile;
 use crate::error::{AttnError, Result};
 use serde::Serialize;
 
@@ -40,30 +39,33 @@ struct TraceFile<'a> {
     data: &'a [u32],
 }
 
-/// u32 elements of the trace buffer of a launch of `blocks` blocks.
-pub fn buffer_len(tile: &WgmmaTile, blocks: u32) -> usize {
-    blocks as usize * ROUNDS * (tile.consumers as usize + 1) * SLOTS
+/// u32 elements of the trace buffer of a launch of `blocks` blocks whose tile has `consumers`
+/// consumer warpgroups (plus the producer: `consumers + 1` roles). It takes the numbers rather
+/// than the tile so that this file does not import the launcher that calls it.
+pub fn buffer_len(consumers: u32, blocks: u32) -> usize {
+    blocks as usize * ROUNDS * (consumers as usize + 1) * SLOTS
 }
 
-/// Writes a traced launch's buffer to the file named by [`TRACE_ENV`].
+/// Writes a traced launch's buffer to the file named by [`TRACE_ENV`]; `config` is the tile's
+/// description (its `Display`), `consumers` its consumer warpgroups.
 ///
 /// # Errors
 /// [`AttnError::Io`] when the file cannot be written.
-pub fn write(tile: &WgmmaTile, blocks: u32, data: &[u32]) -> Result<()> {
+pub fn write(config: &str, consumers: u32, blocks: u32, data: &[u32]) -> Result<()> {
     let path = std::env::var(TRACE_ENV).unwrap_or_else(|_| "wgmma-trace.json".into());
-    write_to(&path, tile, blocks, data)
+    write_to(&path, config, consumers, blocks, data)
 }
 
-/// Writes a traced launch's buffer as JSON to `path`.
+/// Writes a traced launch's buffer as JSON to `path` (arguments as [`fn`]).
 ///
 /// # Errors
 /// [`AttnError::Io`] when the file cannot be written.
-pub fn write_to(path: &str, tile: &WgmmaTile, blocks: u32, data: &[u32]) -> Result<()> {
+pub fn write_to(path: &str, config: &str, consumers: u32, blocks: u32, data: &[u32]) -> Result<()> {
     let file = TraceFile {
-        config: tile.to_string(),
+        config: config.to_string(),
         blocks,
         rounds: ROUNDS,
-        roles: tile.consumers + 1,
+        roles: consumers + 1,
         slots: SLOTS,
         layout: LAYOUT,
         data,
@@ -83,17 +85,15 @@ mod tests {
 
     #[test]
     fn the_file_says_its_layout_and_holds_the_buffer() {
-        let tile = WgmmaTile {
-            trace: true,
-            ..WgmmaTile::default_for(128).unwrap()
-        };
-        let n = buffer_len(&tile, 2);
+        // Two consumers, as the d128 default tile.
+        let (config, consumers) = ("test tile", 2);
+        let n = buffer_len(consumers, 2);
         assert_eq!(n, 2 * ROUNDS * 3 * SLOTS);
         let data: Vec<u32> = (0..n as u32).collect();
         let path =
             std::env::temp_dir().join(format!("flashattn-trace-{}.json", std::process::id()));
         let path = path.to_str().unwrap();
-        write_to(path, &tile, 2, &data).unwrap();
+        write_to(path, config, consumers, 2, &data).unwrap();
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         std::fs::remove_file(path).unwrap();
@@ -107,7 +107,7 @@ mod tests {
         let bad = std::env::temp_dir()
             .join("no-such-dir-flashattn")
             .join("t.json");
-        match write_to(bad.to_str().unwrap(), &tile, 2, &data) {
+        match write_to(bad.to_str().unwrap(), config, consumers, 2, &data) {
             Err(AttnError::Io { path, .. }) => assert!(path.ends_with("t.json")),
             other => panic!("expected an Io error, got {other:?}"),
         }

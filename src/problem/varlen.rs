@@ -1,0 +1,359 @@
+//! Variable-length batches (FlashAttention-2's `flash_attn_varlen_func`): sequences of
+//! different lengths packed one after another, described by cumulative offsets.
+//!
+//! - q packed as `[total_q, heads_q, head_dim]`, k and v as `[total_k, heads_kv, head_dim]`;
+//! - `cu_seqlens_q`, `cu_seqlens_k` (`batch + 1` entries, starting at 0, non-decreasing):
+//!   sequence `b` holds queries `cu_seqlens_q[b]..cu_seqlens_q[b+1]` and keys
+//!   `cu_seqlens_k[b]..cu_seqlens_k[b+1]`;
+//! - sequences are independent: the mask (causal bottom-right), window and ALiBi distances
+//!   are those of each sequence's own lengths; zero-length sequences are legal (a query that
+//!   sees no key gives `o = 0`, `lse = -inf`);
+//! - `o` packed like q; `lse` `[heads_q, total_q]` (natural log).
+//!
+//! On the GPU the whole batch is one `attn_mma` launch ([`crate::cuda::varlen`]); the CPU
+//! backend, and the GPU for head dims that are not a multiple of 8, run each sequence as a
+//! batch-1 [`AttnProblem`].
+
+use crate::dtype::Element;
+use crate::error::{AttnError, Result};
+use crate::mask::Mask;
+use crate::reference::{self, RowPrecision};
+use crate::scores::{Alibi, ScoreMods};
+use crate::shape::{AttnProblem, AttnShape, check_scale};
+
+/// A packed variable-length batch (see the module docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct VarlenProblem {
+    /// Query offsets, `batch + 1` entries.
+    pub cu_seqlens_q: Vec<i32>,
+    /// Key offsets, `batch + 1` entries.
+    pub cu_seqlens_k: Vec<i32>,
+    /// Query heads.
+    pub heads_q: usize,
+    /// Key/value heads (divides `heads_q`).
+    pub heads_kv: usize,
+    /// Channels per head.
+    pub head_dim: usize,
+    /// Causal or not, per sequence.
+    pub mask: Mask,
+    /// Multiplies `q k^T`; default `1/sqrt(head_dim)`.
+    pub softmax_scale: f32,
+    /// Window, softcap, ALiBi (per-batch slopes: one row per sequence).
+    pub scores: ScoreMods,
+}
+
+/// The result of a varlen call: `o` packed `[total_q, heads_q, head_dim]`, `lse`
+/// `[heads_q, total_q]`, and where it ran.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VarlenOutput<T> {
+    /// Output, packed like q.
+    pub o: Vec<T>,
+    /// Log-sum-exp per (head, packed query).
+    pub lse: Vec<f32>,
+    /// The backend and kernel that ran, and why (empty where not recorded).
+    pub ran: String,
+}
+
+impl VarlenProblem {
+    /// Checks the offsets and sizes.
+    ///
+    /// # Errors
+    /// [`AttnError::InvalidInput`] naming what is wrong: offsets of different counts, empty,
+    /// not starting at 0, decreasing or negative; [`AttnError::ZeroDim`] and
+    /// [`AttnError::HeadsNotMultiple`] as for dense problems.
+    pub fn new(
+        cu_seqlens_q: Vec<i32>,
+        cu_seqlens_k: Vec<i32>,
+        heads_q: usize,
+        heads_kv: usize,
+        head_dim: usize,
+    ) -> Result<Self> {
+        let p = VarlenProblem {
+            cu_seqlens_q,
+            cu_seqlens_k,
+            heads_q,
+            heads_kv,
+            head_dim,
+            mask: Mask::None,
+            softmax_scale: crate::shape::default_scale(head_dim),
+            scores: ScoreMods::default(),
+        };
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// Sets the mask.
+    pub fn with_mask(mut self, mask: Mask) -> Self {
+        self.mask = mask;
+        self
+    }
+
+    /// Sets `softmax_scale`.
+    ///
+    /// # Errors
+    /// As [`AttnProblem::with_scale`].
+    pub fn with_scale(mut self, scale: f32) -> Result<Self> {
+        self.softmax_scale = check_scale(scale)?;
+        Ok(self)
+    }
+
+    /// Sets the score modifiers (ALiBi slopes `[heads_q]` or `[batch, heads_q]`).
+    ///
+    /// # Errors
+    /// Those of [`ScoreMods::validate`].
+    pub fn with_scores(mut self, scores: ScoreMods) -> Result<Self> {
+        scores.validate(self.batch(), self.heads_q)?;
+        self.scores = scores;
+        Ok(self)
+    }
+
+    /// Sequences in the batch.
+    pub fn batch(&self) -> usize {
+        self.cu_seqlens_q.len().saturating_sub(1)
+    }
+
+    /// Packed queries.
+    pub fn total_q(&self) -> usize {
+        self.cu_seqlens_q.last().map_or(0, |&x| x as usize)
+    }
+
+    /// Packed keys.
+    pub fn total_k(&self) -> usize {
+        self.cu_seqlens_k.last().map_or(0, |&x| x as usize)
+    }
+
+    /// The longest query sequence (`max_seqlen_q`).
+    pub fn max_seqlen_q(&self) -> usize {
+        lengths(&self.cu_seqlens_q).max().unwrap_or(0)
+    }
+
+    /// The longest key sequence (`max_seqlen_k`).
+    pub fn max_seqlen_k(&self) -> usize {
+        lengths(&self.cu_seqlens_k).max().unwrap_or(0)
+    }
+
+    /// Validates offsets, sizes, scale and modifiers.
+    ///
+    /// # Errors
+    /// See [`Self::new`], [`Self::with_scale`], [`Self::with_scores`].
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: String| Err(AttnError::InvalidInput { what });
+        for (name, cu) in [
+            ("cu_seqlens_q", &self.cu_seqlens_q),
+            ("cu_seqlens_k", &self.cu_seqlens_k),
+        ] {
+            if cu.len() < 2 {
+                return bad(format!(
+                    "{name} has {} entries: it needs batch + 1 >= 2 (offsets starting at 0)",
+                    cu.len()
+                ));
+            }
+            if cu[0] != 0 {
+                return bad(format!("{name}[0] = {}: the offsets start at 0", cu[0]));
+            }
+            if let Some(w) = cu.windows(2).position(|w| w[1] < w[0]) {
+                return bad(format!(
+                    "{name} decreases at entry {}: {} then {} (offsets are cumulative lengths)",
+                    w + 1,
+                    cu[w],
+                    cu[w + 1]
+                ));
+            }
+        }
+        if self.cu_seqlens_q.len() != self.cu_seqlens_k.len() {
+            return bad(format!(
+                "cu_seqlens_q has {} entries and cu_seqlens_k {}: both are batch + 1",
+                self.cu_seqlens_q.len(),
+                self.cu_seqlens_k.len()
+            ));
+        }
+        // Sizes, heads and head_dim by the dense rules (lengths of 1 stand for any).
+        AttnShape {
+            batch: 1,
+            seqlen_q: 1,
+            seqlen_k: 1,
+            heads_q: self.heads_q,
+            heads_kv: self.heads_kv,
+            head_dim: self.head_dim,
+        }
+        .validate()?;
+        check_scale(self.softmax_scale)?;
+        self.scores.validate(self.batch(), self.heads_q)
+    }
+
+    /// Sequence `b` as a dense batch-1 problem, with its offsets `(q0, k0)`; `None` when it
+    /// has no query or no key (handled without a backend).
+    pub(crate) fn sequence(&self, b: usize) -> Result<Option<(AttnProblem, usize, usize)>> {
+        let (q0, q1) = (
+            self.cu_seqlens_q[b] as usize,
+            self.cu_seqlens_q[b + 1] as usize,
+        );
+        let (k0, k1) = (
+            self.cu_seqlens_k[b] as usize,
+            self.cu_seqlens_k[b + 1] as usize,
+        );
+        if q1 == q0 || k1 == k0 {
+            return Ok(None);
+        }
+        let shape = AttnShape {
+            batch: 1,
+            seqlen_q: q1 - q0,
+            seqlen_k: k1 - k0,
+            heads_q: self.heads_q,
+            heads_kv: self.heads_kv,
+            head_dim: self.head_dim,
+        };
+        let alibi = self.scores.alibi.as_ref().map(|a| Alibi {
+            slopes: (0..self.heads_q)
+                .map(|h| a.slope(b, h, self.heads_q))
+                .collect(),
+            per_batch: false,
+        });
+        let scores = ScoreMods {
+            alibi,
+            ..self.scores.clone()
+        };
+        let p = AttnProblem::new(shape)?
+            .with_mask(self.mask)
+            .with_scale(self.softmax_scale)?
+            .with_scores(scores)?;
+        Ok(Some((p, q0, k0)))
+    }
+
+    /// Checks that q, k and v hold the packed batch (`total * heads * head_dim` elements).
+    ///
+    /// # Errors
+    /// [`AttnError::BufferTooShort`] or [`AttnError::Overflow`].
+    pub(crate) fn check_lengths(&self, q: usize, k: usize, v: usize) -> Result<()> {
+        let size = |tensor: &str, total: usize, heads: usize| {
+            [total, heads, self.head_dim]
+                .iter()
+                .try_fold(1usize, |a, &x| a.checked_mul(x))
+                .filter(|&n| n <= i64::MAX as usize)
+                .ok_or_else(|| AttnError::Overflow {
+                    what: format!(
+                        "the element count of {tensor} ({total} x {heads} x {})",
+                        self.head_dim
+                    ),
+                })
+        };
+        let (nq, nk) = (
+            size("q", self.total_q(), self.heads_q)?,
+            size("k", self.total_k(), self.heads_kv)?,
+        );
+        for (tensor, len, required) in [("q", q, nq), ("k", k, nk), ("v", v, nk)] {
+            crate::error::check_len(tensor, len, required)?;
+        }
+        Ok(())
+    }
+}
+
+/// Offsets `[0, l0, l0 + l1, ...]` (`batch + 1` entries) of sequences of the given lengths,
+/// for [`VarlenProblem::new`]. The lengths must sum below 2^31 (the offsets are i32).
+pub fn offsets(lengths: &[usize]) -> Vec<i32> {
+    std::iter::once(0)
+        .chain(lengths.iter().scan(0i32, |acc, &l| {
+            *acc += l as i32;
+            Some(*acc)
+        }))
+        .collect()
+}
+
+fn lengths(cu: &[i32]) -> impl Iterator<Item = usize> + '_ {
+    cu.windows(2).map(|w| (w[1] - w[0]) as usize)
+}
+
+/// Where one sequence's dense result goes in the packed output.
+pub(crate) struct Placed {
+    q0: usize,
+    sq: usize,
+}
+
+impl Placed {
+    /// Copies a dense `[1, sq, heads, d]` o into the packed o (rows of `row` elements).
+    pub(crate) fn o<X: Copy>(&self, packed: &mut [X], dense: &[X], row: usize) {
+        packed[self.q0 * row..(self.q0 + self.sq) * row].copy_from_slice(dense);
+    }
+
+    /// Scatters a dense `[1, heads, sq]` per-row value into the packed `[heads, total]`.
+    pub(crate) fn rows<X: Copy>(&self, packed: &mut [X], dense: &[X], heads: usize, total: usize) {
+        for h in 0..heads {
+            let at = h * total + self.q0;
+            packed[at..at + self.sq].copy_from_slice(&dense[h * self.sq..(h + 1) * self.sq]);
+        }
+    }
+}
+
+/// Runs `f` on every sequence that has queries and keys, with its dense batch-1 problem and
+/// its q, k, v slices; `place` stores each result. The caller validated `p` and the buffers.
+pub(crate) fn per_sequence<T: Element, R>(
+    p: &VarlenProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    f: impl Fn(&AttnProblem, &[T], &[T], &[T]) -> Result<R>,
+    mut place: impl FnMut(&Placed, R),
+) -> Result<()> {
+    let (row_q, row_k) = (p.heads_q * p.head_dim, p.heads_kv * p.head_dim);
+    for b in 0..p.batch() {
+        // No query, or no key: the caller's initial o = 0, lse = -inf stand.
+        let Some((sp, q0, k0)) = p.sequence(b)? else {
+            continue;
+        };
+        let (sq, sk) = (sp.shape.seqlen_q, sp.shape.seqlen_k);
+        let r = f(
+            &sp,
+            &q[q0 * row_q..(q0 + sq) * row_q],
+            &k[k0 * row_k..(k0 + sk) * row_k],
+            &v[k0 * row_k..(k0 + sk) * row_k],
+        )?;
+        place(&Placed { q0, sq }, r);
+    }
+    Ok(())
+}
+
+/// The exact result of a packed batch in f64: `o` packed, `lse` `[heads_q, total_q]`, and
+/// each row's precision in `lse`'s layout (see [`reference::Reference`]).
+///
+/// # Errors
+/// As [`crate::dispatch::varlen::forward`] (before any work).
+pub fn reference<T: Element>(
+    p: &VarlenProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+) -> Result<reference::Reference> {
+    p.validate()?;
+    p.check_lengths(q.len(), k.len(), v.len())?;
+    let (hq, total, row) = (p.heads_q, p.total_q(), p.heads_q * p.head_dim);
+    let mut out = reference::Reference {
+        o: vec![0.0; total * row],
+        lse: vec![f64::NEG_INFINITY; hq * total],
+        precision: vec![RowPrecision::default(); hq * total],
+    };
+    per_sequence(p, q, k, v, reference::attention, |at, r| {
+        at.o(&mut out.o, &r.o, row);
+        at.rows(&mut out.lse, &r.lse, hq, total);
+        at.rows(&mut out.precision, &r.precision, hq, total);
+    })?;
+    Ok(out)
+}
+
+/// [`crate::compare::diff_reference`] for packed results: `o` against the oracle's packed
+/// `o`, `lse` against its `[heads_q, total_q]` lse, each row forgiven what its precision
+/// explains, `o`'s max-abs judged per row.
+pub fn diff_reference<T: Element>(
+    p: &VarlenProblem,
+    out: &VarlenOutput<T>,
+    r: &reference::Reference,
+) -> (crate::compare::Diff, crate::compare::Diff) {
+    let (hq, d, total) = (p.heads_q, p.head_dim.max(1), p.total_q());
+    // o element n is packed query n / d / hq, head (n / d) % hq; its lse index h * total + i.
+    crate::compare::diff_rows(
+        out.o.iter().map(|x| x.to_f64()),
+        out.lse.iter().map(|&x| f64::from(x)),
+        r,
+        d,
+        |n| ((n / d) % hq) * total + n / d / hq,
+    )
+}
