@@ -3,12 +3,13 @@
 //! device the tensors live on ([`crate::gpu`]), for their element type ([`Job`]).
 
 use crate::dlpack::{Borrowed, handshake, placement, take_all};
+use crate::error::err;
+use crate::gpu;
 use crate::gpu::Qkv;
 use crate::rules::{
     CacheIndex, CacheSeqlens, Scores, bshd, bshd_problem, check_disjoint, check_grads, cuda_dtype,
     kvcache_problem, new_rows, one_dtype, problem, varlen_problem,
 };
-use crate::{err, gpu};
 use flashattn::Element;
 use flashattn::cuda::{GpuElement, KernelKind, forward_device};
 use flashattn::kvcache::KvCacheProblem;

@@ -3,7 +3,7 @@
 //! PyTorch CUDA tensor on its current stream, through its own attributes (cheaper); its device,
 //! element type, shape, strides and memory span, and the stream handshake of a CUDA call.
 
-use crate::FlashAttnError;
+use crate::error::FlashAttnError;
 use pyo3::exceptions::{PyNotImplementedError, PyValueError};
 use pyo3::prelude::*;
 use std::ffi::{CStr, c_void};

@@ -4,7 +4,7 @@
 //! framework's current stream), so it can be captured in a CUDA graph.
 
 use crate::dlpack::Borrowed;
-use crate::{FlashAttnError, err};
+use crate::error::{FlashAttnError, err};
 use flashattn::cuda::DevicePtr;
 use flashattn::cuda::LaunchInfo;
 use flashattn::cuda::backward::{BackwardOptions, backward_device};

@@ -12,30 +12,20 @@
 //! - `dlpack.rs`: tensor intake (the DLPack capsule or a PyTorch tensor's attributes: device,
 //!   element type, shape, strides, memory span).
 //! - `rules.rs`: the argument rules, each once; what the library checks is left to it, and its
-//!   [`AttnError`] becomes a [`FlashAttnError`] (`err`).
+//!   `AttnError` becomes a `FlashAttnError` (`error.rs`).
+//! - `error.rs`: [`FlashAttnError`], the one exception, and `err`, which maps the library's
+//!   [`flashattn::AttnError`] onto it.
 //! - `api.rs`: the `#[pyfunction]`s, which wire intake, rules and the library, on the CPU or
 //!   through `gpu.rs` on a CUDA device.
 
 mod api;
 mod dlpack;
+mod error;
 mod gpu;
 mod rules;
 
-use flashattn::AttnError;
-use pyo3::exceptions::PyValueError;
+use error::FlashAttnError;
 use pyo3::prelude::*;
-
-pyo3::create_exception!(
-    _native,
-    FlashAttnError,
-    PyValueError,
-    "An invalid call: the message says what is wrong and what to do."
-);
-
-/// The library's typed error as the Python exception, its message unchanged.
-pub(crate) fn err(e: AttnError) -> PyErr {
-    FlashAttnError::new_err(e.to_string())
-}
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -7,12 +7,12 @@
 //! `head_dim` <= 256, overflow), the scale (finite, above 0; its `1/sqrt(head_dim)` default
 //! when `None`), the window's sides (>= -1), softcap (finite, above 0), the slopes' count and
 //! values, the offsets of a packed batch, cache lengths, block tables and split counts: its
-//! [`flashattn::AttnError`] becomes a `FlashAttnError` ([`crate::err`]). What only Python can
+//! [`flashattn::AttnError`] becomes a `FlashAttnError` ([`crate::error::err`]). What only Python can
 //! check (dropout, frameworks, autograd, host copies of index arrays, `max_seqlen_*`) is in
 //! `flashattn/__init__.py`.
 
 use crate::dlpack::Borrowed;
-use crate::{FlashAttnError, err};
+use crate::error::{FlashAttnError, err};
 use flashattn::kvcache::{CacheLayout, KvCacheProblem};
 use flashattn::scores::{Alibi, ScoreMods, Window};
 use flashattn::shape::{AttnProblem, AttnShape, Strides};

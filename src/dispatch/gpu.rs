@@ -3,7 +3,7 @@
 //! ([`shared_gpu`], so kernels compile once), element-type dispatch from a generic `T` to the
 //! kernels' f16/bf16, and the [`Backend`] that names what ran.
 
-use super::Backend;
+use super::backend::Backend;
 use crate::cuda::fwd::attention::{HostRun, forward_host};
 use crate::cuda::runtime::device::shared_gpu;
 use crate::cuda::runtime::launch::KernelKind;

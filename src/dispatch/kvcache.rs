@@ -1,7 +1,7 @@
 //! Where a decoding call runs ([`crate::problem::kvcache`] describes it): the GPU's decode
 //! kernels when asked for, or for `Auto` when a GPU is usable and takes the call, else the CPU.
 
-use super::BackendChoice;
+use super::backend::BackendChoice;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::problem::kvcache::{KvCacheOutput, KvCacheProblem, forward_cpu};

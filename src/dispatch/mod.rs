@@ -4,59 +4,17 @@
 //! [`kvcache::forward`]; the GPU side of each is in `gpu` (element-type dispatch onto the
 //! kernels' f16/bf16). Nothing below this layer imports from it.
 
+mod backend;
 mod gpu;
 pub mod kvcache;
 pub mod varlen;
 
+pub use backend::{Backend, BackendChoice, Forward};
+
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::shape::{AttnProblem, Strides};
-use serde::Serialize;
 use std::time::Instant;
-
-/// Which backend a call should use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-pub enum BackendChoice {
-    /// The GPU when one is usable, else the CPU.
-    #[default]
-    Auto,
-    /// The CPU backend ([`crate::cpu`]).
-    Cpu,
-    /// The CUDA backend ([`crate::cuda`]); an error when no GPU is usable.
-    Cuda,
-}
-
-/// The backend that actually ran, and why it was chosen.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub enum Backend {
-    /// The CPU backend with this many rayon threads.
-    Cpu {
-        /// rayon threads.
-        threads: usize,
-    },
-    /// The CUDA backend on this device with this kernel.
-    Cuda {
-        /// Device name.
-        device: String,
-        /// Kernel name.
-        kernel: String,
-    },
-}
-
-/// The result of [`forward`]: o in q's layout (dense), lse, which backend ran, and why.
-#[derive(Debug, Clone)]
-pub struct Forward<T> {
-    /// `[batch, seqlen_q, heads_q, head_dim]`, dense.
-    pub o: Vec<T>,
-    /// `[batch, heads_q, seqlen_q]`, natural log.
-    pub lse: Vec<f32>,
-    /// The backend that ran.
-    pub backend: Backend,
-    /// Why that backend (e.g. why `auto` fell back to the CPU).
-    pub reason: String,
-    /// Wall time of the attention itself in seconds (no compile, no transfers).
-    pub seconds: f64,
-}
 
 /// Runs attention on host buffers with the chosen backend. Output `o` is dense.
 ///
@@ -145,13 +103,4 @@ fn run_cpu<T: Element>(
         reason,
         seconds,
     })
-}
-
-impl std::fmt::Display for Backend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Backend::Cpu { threads } => write!(f, "cpu ({threads} threads)"),
-            Backend::Cuda { device, kernel } => write!(f, "cuda {kernel} on {device}"),
-        }
-    }
 }

@@ -683,18 +683,12 @@ fn tools_have_no_import_circles() {
 }
 
 #[test]
-#[ignore = "issue 39: python/src/lib.rs <-> gpu.rs (lib.rs calls gpu::forward, gpu.rs names \
-            crate::Borrowed) goes with the binding's split into intake, rules and API; remove \
-            this then"]
 fn python_binding_has_no_import_circles() {
     let found = circles_under("python/src/");
     assert!(found.is_empty(), "import circles:\n{}", found.join("\n"));
 }
 
 #[test]
-#[ignore = "issue 39: the library's own circles (backend <-> cuda/host through re-exports, \
-            cuda/attention <-> backward <-> pad, compare <-> reference, cuda/wgmma <-> \
-            wgmma_trace) are broken by the library's layering change; remove this then"]
 fn library_has_no_import_circles() {
     let found = circles_under("src/");
     assert!(found.is_empty(), "import circles:\n{}", found.join("\n"));
