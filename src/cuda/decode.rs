@@ -9,7 +9,7 @@
 //! table to the device once; a decoding loop hands each step's new ones to
 //! [`DecodePlan::update`] (stream-ordered on `gpu.stream()`) before [`DecodePlan::run`].
 
-use crate::cuda::runtime::args::{check_aligned, check_contexts};
+use crate::cuda::runtime::args::{check_aligned, check_contexts, device_ptrs};
 use crate::cuda::runtime::device::{Gpu, LoadedKernel, cuda_err};
 use crate::cuda::runtime::launch::{
     FlashParams, GpuElement, KernelKind, Launch, LaunchInfo, launch_context, score_defines,
@@ -643,11 +643,7 @@ impl DecodePlan {
         check_contexts!(gpu; "q" => q, "k_cache" => k_cache, "v_cache" => v_cache, "o" => o,
             "lse" => lse)?;
         let stream = gpu.stream();
-        let (qp, _gq) = q.device_ptr(stream);
-        let (kcp, _gkc) = k_cache.device_ptr_mut(stream);
-        let (vcp, _gvc) = v_cache.device_ptr_mut(stream);
-        let (op, _go) = o.device_ptr_mut(stream);
-        let (lp, _gl) = lse.device_ptr_mut(stream);
+        device_ptrs!(stream; qp = q, kcp = mut k_cache, vcp = mut v_cache, op = mut o, lp = mut lse);
         check_aligned([("q", qp), ("k_cache", kcp), ("v_cache", vcp), ("o", op)])?;
         let (sl, _gsl) = self.seqlens.device_ptr(stream);
         let bt = self.table.as_ref().map(|t| t.device_ptr(stream));
@@ -669,8 +665,7 @@ impl DecodePlan {
         let paged = self.table.is_some();
         if let Some((k, v)) = &new {
             check_contexts!(gpu; "k_new" => k, "v_new" => v)?;
-            let (kp, _gk) = k.device_ptr(stream);
-            let (vp, _gv) = v.device_ptr(stream);
+            device_ptrs!(stream; kp = k, vp = v);
             check_aligned([("k_new", kp), ("v_new", vp)])?;
             if let Some(k) = &self.kernels.append {
                 append(gpu, k, p, &self.env, [kp, vp, kcp, vcp], map)?;
@@ -685,16 +680,8 @@ impl DecodePlan {
         }
         let alibi = self.slopes.as_ref().map(|d| d.device_ptr(stream));
         let launch = Launch {
-            problem: &self.env,
-            dtype: T::DTYPE,
-            q: qp,
-            k: kcp,
-            v: vcp,
-            o: op,
-            lse: lp,
             alibi: alibi.as_ref().map_or(0, |(ptr, _)| *ptr),
-            varlen: None,
-            lse_head_stride: None,
+            ..Launch::dense(&self.env, T::DTYPE, [qp, kcp, vcp, op, lp])
         };
         let acc = self
             .partials

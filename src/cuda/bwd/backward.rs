@@ -20,7 +20,7 @@
 use crate::cpu_backward::check_buffers;
 pub use crate::cuda::bwd::backward_wgmma::BwdKernel;
 use crate::cuda::bwd::backward_wgmma::{self as bw, MapAddrs};
-use crate::cuda::runtime::args::{check_aligned, check_contexts, check_gpu_problem};
+use crate::cuda::runtime::args::{check_aligned, check_contexts, check_gpu_problem, device_ptrs};
 use crate::cuda::runtime::device::{Gpu, cuda_err};
 use crate::cuda::runtime::launch::{
     FlashParams, GpuElement, KernelKind, Launch, launch_context, score_defines, set_dynamic_smem,
@@ -377,15 +377,7 @@ where
     check_contexts!(gpu; "q" => q, "k" => k, "v" => v, "o" => o, "lse" => lse, "do" => d_o,
         "dq" => dq, "dk" => dk, "dv" => dv)?;
     let stream = gpu.stream();
-    let (qp, _gq) = q.device_ptr(stream);
-    let (kp, _gk) = k.device_ptr(stream);
-    let (vp, _gv) = v.device_ptr(stream);
-    let (op, _go) = o.device_ptr(stream);
-    let (lp, _gl) = lse.device_ptr(stream);
-    let (dop, _gdo) = d_o.device_ptr(stream);
-    let (dqp, _gdq) = dq.device_ptr_mut(stream);
-    let (dkp, _gdk) = dk.device_ptr_mut(stream);
-    let (dvp, _gdv) = dv.device_ptr_mut(stream);
+    device_ptrs!(stream; qp = q, kp = k, vp = v, op = o, lp = lse, dop = d_o, dqp = mut dq, dkp = mut dk, dvp = mut dv);
     let s = &p.shape;
     if run_head_dim(s.head_dim) != s.head_dim {
         let b = crate::cuda::runtime::pad::BwdBuffers {
@@ -482,18 +474,7 @@ where
         .map_err(cuda_err(format!("{ctx}: allocating the dQ workspace")))?;
     let (dap, _gda) = dq_accum.device_ptr_mut(stream);
 
-    let launch = Launch {
-        problem: p,
-        dtype: T::DTYPE,
-        q: qp,
-        k: kp,
-        v: vp,
-        o: op,
-        lse: lp,
-        alibi: 0,
-        varlen: None,
-        lse_head_stride: None,
-    };
+    let launch = Launch::dense(p, T::DTYPE, [qp, kp, vp, op, lp]);
     let num_k_blocks = s.seqlen_k.div_ceil(bc);
     let blocks = num_k_blocks as u64 * s.heads_kv as u64 * s.batch as u64;
     // gridDim.x is at most 2^31 - 1.

@@ -1,7 +1,7 @@
 //! Attention on device buffers: validation, then dispatch to the rung's launcher
 //! (naive, simt, mma, wgmma); and the host-memory convenience around it.
 
-use crate::cuda::runtime::args::{check_aligned, check_contexts};
+use crate::cuda::runtime::args::{check_aligned, check_contexts, device_ptrs};
 use crate::cuda::runtime::device::{Gpu, cuda_err};
 use crate::cuda::runtime::launch::{
     GpuElement, KernelKind, Launch, LaunchInfo, launch_context, upload_slopes,
@@ -51,10 +51,7 @@ where
     p.check_lengths(q.len(), k.len(), v.len(), o.len(), lse.len())?;
     check_contexts!(gpu; "q" => q, "k" => k, "v" => v, "o" => o, "lse" => lse)?;
     let stream = gpu.stream();
-    let (qp, _gq) = q.device_ptr(stream);
-    let (kp, _gk) = k.device_ptr(stream);
-    let (vp, _gv) = v.device_ptr(stream);
-    let (op, _go) = o.device_ptr_mut(stream);
+    device_ptrs!(stream; qp = q, kp = k, vp = v, op = mut o);
     if !p.shape.head_dim.is_multiple_of(8) {
         let b = crate::cuda::runtime::pad::Buffers {
             q: qp,
@@ -74,16 +71,8 @@ where
     let slopes = upload_slopes(gpu, &p.scores)?;
     let alibi = slopes.as_ref().map(|d| d.device_ptr(stream));
     let launch = Launch {
-        problem: p,
-        dtype: T::DTYPE,
-        q: qp,
-        k: kp,
-        v: vp,
-        o: op,
-        lse: lp,
         alibi: alibi.as_ref().map_or(0, |(ptr, _)| *ptr),
-        varlen: None,
-        lse_head_stride: None,
+        ..Launch::dense(p, T::DTYPE, [qp, kp, vp, op, lp])
     };
     match kernel {
         KernelKind::Wgmma => crate::cuda::fwd::wgmma::launch(gpu, &launch),

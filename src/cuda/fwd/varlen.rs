@@ -11,7 +11,7 @@
 //! way than as one packed `attn_mma` launch. Larger batches (where per-launch costs add up)
 //! and other GPUs take the packed `attn_mma` launch. The [`LaunchInfo`] says which ran.
 
-use crate::cuda::runtime::args::{check_aligned, check_contexts, check_gpu_problem};
+use crate::cuda::runtime::args::{check_aligned, check_contexts, check_gpu_problem, device_ptrs};
 use crate::cuda::runtime::device::{Gpu, cuda_err};
 use crate::cuda::runtime::launch::{
     GpuElement, KernelKind, Launch, LaunchInfo, PackedBatch, upload_slopes,
@@ -106,11 +106,7 @@ where
         return Ok(nothing_launched());
     }
     let stream = gpu.stream();
-    let (qp, _gq) = q.device_ptr(stream);
-    let (kp, _gk) = k.device_ptr(stream);
-    let (vp, _gv) = v.device_ptr(stream);
-    let (op, _go) = o.device_ptr_mut(stream);
-    let (lp, _gl) = lse.device_ptr_mut(stream);
+    device_ptrs!(stream; qp = q, kp = k, vp = v, op = mut o, lp = mut lse);
     check_aligned([("q", qp), ("k", kp), ("v", vp), ("o", op)])?;
     // Stream-ordered copies: they precede the launch, and the buffers' frees follow it.
     let up = |x: &[i32], what: &str| -> Result<CudaSlice<i32>> {
@@ -121,8 +117,7 @@ where
     let cu_q = up(&p.cu_seqlens_q, "cu_seqlens_q")?;
     let cu_k = up(&p.cu_seqlens_k, "cu_seqlens_k")?;
     let slopes = upload_slopes(gpu, &p.scores)?;
-    let (cq, _gcq) = cu_q.device_ptr(stream);
-    let (ck, _gck) = cu_k.device_ptr(stream);
+    device_ptrs!(stream; cq = cu_q, ck = cu_k);
     let alibi = slopes.as_ref().map(|d| d.device_ptr(stream));
     let alibi_ptr = alibi.as_ref().map_or(0, |(ptr, _)| *ptr);
     if kernel == KernelKind::Wgmma
@@ -133,20 +128,13 @@ where
         return per_sequence(gpu, p, T::DTYPE, ptrs);
     }
     let launch = Launch {
-        problem: &env,
-        dtype: T::DTYPE,
-        q: qp,
-        k: kp,
-        v: vp,
-        o: op,
-        lse: lp,
         alibi: alibi_ptr,
         varlen: Some(PackedBatch {
             cu_seqlens_q: cq,
             cu_seqlens_k: ck,
             total_q,
         }),
-        lse_head_stride: None,
+        ..Launch::dense(&env, T::DTYPE, [qp, kp, vp, op, lp])
     };
     let mut info = crate::cuda::fwd::mma::launch(gpu, &launch, None)?;
     info.why = match kernel {
@@ -212,16 +200,19 @@ fn per_sequence(
             _ => alibi,
         };
         let launch = Launch {
-            problem: &sp,
-            dtype,
-            q: qp + q0 * row_q,
-            k: kp + k0 * row_k,
-            v: vp + k0 * row_k,
-            o: op + q0 * row_q,
-            lse: lp + q0 * 4,
             alibi: slopes,
-            varlen: None,
             lse_head_stride: Some(total_q),
+            ..Launch::dense(
+                &sp,
+                dtype,
+                [
+                    qp + q0 * row_q,
+                    kp + k0 * row_k,
+                    vp + k0 * row_k,
+                    op + q0 * row_q,
+                    lp + q0 * 4,
+                ],
+            )
         };
         last = Some(crate::cuda::fwd::wgmma::launch(gpu, &launch)?);
     }

@@ -102,6 +102,24 @@ macro_rules! check_contexts {
 }
 pub(crate) use check_contexts;
 
+/// Binds each buffer's device address on `stream`, and keeps its access guard alive to the end
+/// of the enclosing block (the guards record the stream's use of the buffer when dropped, so they
+/// must outlive the launch): `device_ptrs!(stream; qp = q, op = mut o)` is
+/// `let (qp, _g) = q.device_ptr(stream); let (op, _g) = o.device_ptr_mut(stream);`.
+/// One line per launcher instead of one `let` per buffer.
+macro_rules! device_ptrs {
+    ($stream:expr;) => {};
+    ($stream:expr; $ptr:ident = mut $buf:ident $(, $($rest:tt)*)?) => {
+        let ($ptr, _guard) = $buf.device_ptr_mut($stream);
+        $crate::cuda::runtime::args::device_ptrs!($stream; $($($rest)*)?);
+    };
+    ($stream:expr; $ptr:ident = $buf:ident $(, $($rest:tt)*)?) => {
+        let ($ptr, _guard) = $buf.device_ptr($stream);
+        $crate::cuda::runtime::args::device_ptrs!($stream; $($($rest)*)?);
+    };
+}
+pub(crate) use device_ptrs;
+
 /// The base address rule of the kernels (they load 16-byte pieces).
 pub(crate) fn check_alignment(name: &'static str, ptr: u64) -> Result<()> {
     if !ptr.is_multiple_of(16) {

@@ -110,6 +110,26 @@ pub struct Launch<'a> {
     pub lse_head_stride: Option<usize>,
 }
 
+impl<'a> Launch<'a> {
+    /// A launch over dense buffers at the device addresses `[q, k, v, o, lse]`: no ALiBi slopes
+    /// (`alibi` 0), not a packed batch, lse heads `seqlen_q` apart. Launchers that need more
+    /// set those fields with struct update syntax (`Launch { alibi, ..Launch::dense(..) }`).
+    pub fn dense(problem: &'a AttnProblem, dtype: DType, [q, k, v, o, lse]: [u64; 5]) -> Self {
+        Launch {
+            problem,
+            dtype,
+            q,
+            k,
+            v,
+            o,
+            lse,
+            alibi: 0,
+            varlen: None,
+            lse_head_stride: None,
+        }
+    }
+}
+
 /// Device side of a packed variable-length batch (attn_common.cuh `IS_VARLEN`).
 #[derive(Debug, Clone, Copy)]
 pub struct PackedBatch {

@@ -6,6 +6,7 @@
 //! into the caller's strides. Costs: three dense copies in, one out, and the padded buffers
 //! (freed stream-ordered when the call returns).
 
+use crate::cuda::runtime::args::device_ptrs;
 use crate::cuda::runtime::device::{Gpu, cuda_err};
 use crate::cuda::runtime::launch::{GpuElement, LaunchInfo, launch_context};
 use crate::cuda::sources::KernelSource;
@@ -184,9 +185,7 @@ where
     let rows = Rows::new(gpu, &ctx, s.head_dim, dp)?;
     {
         use cudarc::driver::DevicePtrMut;
-        let (q2p, _g1) = q2.device_ptr_mut(stream);
-        let (k2p, _g2) = k2.device_ptr_mut(stream);
-        let (v2p, _g3) = v2.device_ptr_mut(stream);
+        device_ptrs!(stream; q2p = mut q2, k2p = mut k2, v2p = mut v2);
         let (sq, hq, sk, hk) = (s.seqlen_q, s.heads_q, s.seqlen_k, s.heads_kv);
         rows.pad(
             b.q,
