@@ -84,6 +84,8 @@ pub struct KvCacheProblem {
     pub scores: ScoreMods,
 }
 
+option_builders!(KvCacheProblem, |p| p.batch);
+
 impl KvCacheProblem {
     /// A problem with the default scale, no mask and no modifiers.
     ///
@@ -115,31 +117,6 @@ impl KvCacheProblem {
         };
         p.validate()?;
         Ok(p)
-    }
-
-    /// Sets the mask.
-    pub fn with_mask(mut self, mask: Mask) -> Self {
-        self.mask = mask;
-        self
-    }
-
-    /// Sets `softmax_scale`.
-    ///
-    /// # Errors
-    /// As [`crate::AttnProblem::with_scale`].
-    pub fn with_scale(mut self, scale: f32) -> Result<Self> {
-        self.softmax_scale = check_scale(scale)?;
-        Ok(self)
-    }
-
-    /// Sets the score modifiers (ALiBi slopes `[heads_q]` or `[batch, heads_q]`).
-    ///
-    /// # Errors
-    /// Those of [`ScoreMods::validate`].
-    pub fn with_scores(mut self, scores: ScoreMods) -> Result<Self> {
-        scores.validate(self.batch, self.heads_q)?;
-        self.scores = scores;
-        Ok(self)
     }
 
     /// Keys a sequence can hold.

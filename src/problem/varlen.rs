@@ -54,6 +54,8 @@ pub struct VarlenOutput<T> {
     pub ran: String,
 }
 
+option_builders!(VarlenProblem, |p| p.batch());
+
 impl VarlenProblem {
     /// Checks the offsets and sizes.
     ///
@@ -80,31 +82,6 @@ impl VarlenProblem {
         };
         p.validate()?;
         Ok(p)
-    }
-
-    /// Sets the mask.
-    pub fn with_mask(mut self, mask: Mask) -> Self {
-        self.mask = mask;
-        self
-    }
-
-    /// Sets `softmax_scale`.
-    ///
-    /// # Errors
-    /// As [`AttnProblem::with_scale`].
-    pub fn with_scale(mut self, scale: f32) -> Result<Self> {
-        self.softmax_scale = check_scale(scale)?;
-        Ok(self)
-    }
-
-    /// Sets the score modifiers (ALiBi slopes `[heads_q]` or `[batch, heads_q]`).
-    ///
-    /// # Errors
-    /// Those of [`ScoreMods::validate`].
-    pub fn with_scores(mut self, scores: ScoreMods) -> Result<Self> {
-        scores.validate(self.batch(), self.heads_q)?;
-        self.scores = scores;
-        Ok(self)
     }
 
     /// Sequences in the batch.
