@@ -588,46 +588,27 @@ pub fn run_gpu(gpu: &Gpu, dtype: DType, inject_fault: bool) -> Result<ProbeRepor
             ),
         });
     }
+    // Every probe launch shares the GPU, the inputs' dtype and the fault switch.
+    let run = |function: &str, mats: &[(&[u16], usize, usize)], words: usize, descs: usize| {
+        launch(gpu, input, inject_fault, function, mats, words, descs)
+    };
     let [a, b] = acc_inputs(input);
-    let (acc, _) = launch(
-        gpu,
-        input,
-        inject_fault,
-        "wg_probe_acc",
-        &[(&a, 64, 64), (&b, 64, 64)],
-        ACC_WORDS,
-        0,
-    )?;
-    let [a, b] = kmajor_inputs(input, false);
-    let (kk, kmajor_descs) = launch(
-        gpu,
-        input,
-        inject_fault,
-        "wg_probe_kmajor",
-        &[(&a, 64, 128), (&b, 64, 128)],
-        KMAJOR_WORDS,
-        16,
-    )?;
-    let [a, b] = kmajor_inputs(input, true);
-    let (kn, _) = launch(
-        gpu,
-        input,
-        inject_fault,
-        "wg_probe_kmajor",
-        &[(&a, 64, 128), (&b, 64, 128)],
-        KMAJOR_WORDS,
-        16,
-    )?;
+    let (acc, _) = run("wg_probe_acc", &[(&a, 64, 64), (&b, 64, 64)], ACC_WORDS, 0)?;
+    // The k-major probe twice: B coded with `k`, then with `n` (one kernel).
+    let kmajor = |by_n| {
+        let [a, b] = kmajor_inputs(input, by_n);
+        run(
+            "wg_probe_kmajor",
+            &[(&a, 64, 128), (&b, 64, 128)],
+            KMAJOR_WORDS,
+            16,
+        )
+    };
+    let (kk, kmajor_descs) = kmajor(false)?;
+    let (kn, _) = kmajor(true)?;
     let [q, k, v] = pv_inputs(input);
-    let (pv, pv_descs) = launch(
-        gpu,
-        input,
-        inject_fault,
-        "wg_probe_pv",
-        &[(&q, 64, 64), (&k, 64, 64), (&v, 64, 128)],
-        PV_WORDS,
-        4,
-    )?;
+    let mats = [(&q[..], 64, 64), (&k[..], 64, 64), (&v[..], 64, 128)];
+    let (pv, pv_descs) = run("wg_probe_pv", &mats, PV_WORDS, 4)?;
     let dump = WgmmaDump {
         input,
         acc: floats(&acc, ACC_WORDS, 0..32),
