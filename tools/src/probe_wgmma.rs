@@ -137,6 +137,27 @@ fn vdesc(tile: usize, kk: usize, fault: bool) -> Descriptor {
     }
 }
 
+/// One emulated wgmma with both operands k-major in shared memory (A at `da`, B at `db`) into
+/// the 64-column accumulator `d`: the S = Q K^T shape of the acc, kmajor and pv probes.
+fn kmajor_wgmma(
+    input: Input16,
+    smem: &[u8],
+    (da, db): (Descriptor, Descriptor),
+    d: &mut [Vec<f32>],
+    accumulate: bool,
+) {
+    lw::wgmma(
+        input,
+        smem,
+        AOperand::Smem(da),
+        &db,
+        Major::K,
+        64,
+        d,
+        accumulate,
+    );
+}
+
 fn kmajor_emulated(input: Input16, by_n: bool, fault: bool) -> (Vec<Vec<f32>>, Vec<u64>) {
     let [a, b] = kmajor_inputs(input, by_n);
     let mut smem = vec![0u8; SMEM];
@@ -146,16 +167,7 @@ fn kmajor_emulated(input: Input16, by_n: bool, fault: bool) -> (Vec<Vec<f32>>, V
     let mut descs = vec![0u64; 16];
     for kk in 0..8 {
         let (da, db) = (kdesc(0, kk, fault), kdesc(16384, kk, fault));
-        lw::wgmma(
-            input,
-            &smem,
-            AOperand::Smem(da),
-            &db,
-            Major::K,
-            64,
-            &mut d,
-            kk > 0,
-        );
+        kmajor_wgmma(input, &smem, (da, db), &mut d, kk > 0);
         descs[kk] = da.encode();
         descs[8 + kk] = db.encode();
     }
@@ -170,20 +182,11 @@ pub fn emulate(input: Input16, inject_fault: bool) -> WgmmaDump {
     lw::tma_load(&mut smem, 0, &a, 64, 64, 8192);
     lw::tma_load(&mut smem, 8192, &b, 64, 64, 8192);
     let mut acc = lw::zero_acc(64);
-    let (da, db) = (
+    let descs = (
         Descriptor::kmajor_sw128(0, 0, 8192),
         Descriptor::kmajor_sw128(8192, 0, 8192),
     );
-    lw::wgmma(
-        input,
-        &smem,
-        AOperand::Smem(da),
-        &db,
-        Major::K,
-        64,
-        &mut acc,
-        false,
-    );
+    kmajor_wgmma(input, &smem, descs, &mut acc, false);
     // kmajor, both codes
     let (kmajor_k, kmajor_descs) = kmajor_emulated(input, false, inject_fault);
     let (kmajor_n, _) = kmajor_emulated(input, true, inject_fault);
@@ -195,20 +198,11 @@ pub fn emulate(input: Input16, inject_fault: bool) -> WgmmaDump {
     lw::tma_load(&mut smem, 16384, &v, 64, 128, 8192);
     let mut s = lw::zero_acc(64);
     for kk in 0..4 {
-        let (dq, dk) = (
+        let descs = (
             Descriptor::kmajor_sw128(0, kk, 8192),
             Descriptor::kmajor_sw128(8192, kk, 8192),
         );
-        lw::wgmma(
-            input,
-            &smem,
-            AOperand::Smem(dq),
-            &dk,
-            Major::K,
-            64,
-            &mut s,
-            kk > 0,
-        );
+        kmajor_wgmma(input, &smem, descs, &mut s, kk > 0);
     }
     let pv_p: Vec<[u32; 16]> = s
         .iter()
