@@ -10,7 +10,7 @@
 //! past the end, the caches after the call must equal the CPU's append byte for byte, and the
 //! heuristic's split count must give the same bytes on a second run.
 
-use super::outcome::{CaseResult, Poisoned, to_bits};
+use super::outcome::{CaseResult, Poisoned, synced, to_bits};
 use flashattn::compare::{Tolerance, diff_rows, random_vec};
 use flashattn::cuda::decode::forward_device;
 use flashattn::cuda::device::cuda_err;
@@ -296,14 +296,8 @@ fn run_once<T: GpuElement>(
         &mut outs.o.slice_mut(0..n_o),
         &mut outs.lse.slice_mut(0..n_lse),
         splits,
-    )
-    .and_then(|info| {
-        stream
-            .synchronize()
-            .map_err(cuda_err("kvcache decode launch"))?;
-        Ok(info)
-    });
-    if let Err(e) = launched {
+    );
+    if let Err(e) = synced(gpu, launched, "kvcache decode launch") {
         return Ok(Err(e));
     }
     let (o, lse, guard_written) = outs.read(gpu)?;

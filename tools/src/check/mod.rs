@@ -51,6 +51,26 @@ impl CheckOptions {
             .as_ref()
             .is_none_or(|f| f.split('&').all(|part| label.contains(part)))
     }
+
+    /// The cases of a sweep that [`Self::selects`] by their `label`.
+    fn select<C>(&self, cases: Vec<C>, label: impl Fn(&C) -> &str) -> Vec<C> {
+        cases
+            .into_iter()
+            .filter(|c| self.selects(label(c)))
+            .collect()
+    }
+}
+
+/// The line of a call that must be refused: `[PASS]`/`[FAIL]`, the kernel, `invalid call:`,
+/// the label and what happened.
+fn invalid_call_line(x: &CaseResult) -> String {
+    format!(
+        "[{}] {:6} invalid call: {:<40} {}",
+        if x.passed { "PASS" } else { "FAIL" },
+        x.kernel,
+        x.label,
+        x.message
+    )
 }
 
 /// Runs the sweep, printing one line per (case, kernel) with `print`. Returns every result.
@@ -71,93 +91,66 @@ pub fn run(gpu: &Gpu, opts: &CheckOptions, mut print: impl FnMut(&str)) -> Resul
         opts.seed,
         opts.seed
     ));
+    // Each case's seed: the run's seed plus a fixed stride per case index (replayable alone).
+    let seed = |n: usize| opts.seed.wrapping_add(n as u64 * 0x9E37_79B9);
+    // Every result is printed as it comes, then kept for the summary.
+    let mut record = |line: String, x: CaseResult| {
+        print(&line);
+        results.push(x);
+    };
     for (i, case) in selected.iter().enumerate() {
-        let seed = opts.seed.wrapping_add(i as u64 * 0x9E37_79B9);
         let r = match case.dtype {
-            DType::F16 => run_case::<f16>(gpu, case, opts, seed)?,
-            DType::BF16 => run_case::<bf16>(gpu, case, opts, seed)?,
+            DType::F16 => run_case::<f16>(gpu, case, opts, seed(i))?,
+            DType::BF16 => run_case::<bf16>(gpu, case, opts, seed(i))?,
             DType::F32 => continue,
         };
         for x in r {
-            print(&result_line(&x));
-            results.push(x);
+            record(result_line(&x), x);
         }
     }
     // Packed variable-length batches: one launch over every sequence.
-    let packed: Vec<varlen::VarlenCase> = varlen::cases()
-        .into_iter()
-        .filter(|c| opts.selects(&c.label))
-        .collect();
+    let packed: Vec<varlen::VarlenCase> = opts.select(varlen::cases(), |c| &c.label);
     for (i, case) in packed.iter().enumerate() {
-        let seed = opts
-            .seed
-            .wrapping_add((selected.len() + i) as u64 * 0x9E37_79B9);
-        for x in varlen::run_case(gpu, case, &opts.kernels, seed)? {
-            print(&result_line(&x));
-            results.push(x);
+        for x in varlen::run_case(gpu, case, &opts.kernels, seed(selected.len() + i))? {
+            record(result_line(&x), x);
         }
     }
     // Decoding against a KV cache (attn_decode, attn_combine, kv_append), with the kernels
     // that take the score modifiers.
     if opts.kernels.iter().any(|k| k.has_score_mods()) {
-        let calls: Vec<kvcache::KvCase> = kvcache::cases()
-            .into_iter()
-            .filter(|c| opts.selects(&c.label))
-            .collect();
+        let calls: Vec<kvcache::KvCase> = opts.select(kvcache::cases(), |c| &c.label);
         for (i, case) in calls.iter().enumerate() {
-            let seed = opts
-                .seed
-                .wrapping_add((selected.len() + packed.len() + i) as u64 * 0x9E37_79B9);
-            let x = kvcache::run_case(gpu, case, seed)?;
-            print(&result_line(&x));
-            results.push(x);
+            let x = kvcache::run_case(gpu, case, seed(selected.len() + packed.len() + i))?;
+            record(result_line(&x), x);
         }
         for (i, dtype) in [DType::F16, DType::BF16].into_iter().enumerate() {
             if opts.selects(&kvcache::loop_label(dtype)) {
-                let seed = opts.seed.wrapping_add((1000 + i) as u64 * 0x9E37_79B9);
-                let x = kvcache::run_loop(gpu, dtype, seed)?;
-                print(&result_line(&x));
-                results.push(x);
+                let x = kvcache::run_loop(gpu, dtype, seed(1000 + i))?;
+                record(result_line(&x), x);
             }
         }
     }
     // The backward pass (attn_bwd), with the kernels that take the score modifiers.
     if opts.kernels.iter().any(|k| k.has_score_mods()) {
-        let calls: Vec<backward::BwdCase> = backward::cases()
-            .into_iter()
-            .filter(|c| opts.selects(&c.label))
-            .collect();
+        let calls: Vec<backward::BwdCase> = opts.select(backward::cases(), |c| &c.label);
         for (i, case) in calls.iter().enumerate() {
-            let seed = opts.seed.wrapping_add((2000 + i) as u64 * 0x9E37_79B9);
-            let x = backward::run_case(gpu, case, seed)?;
-            print(&result_line(&x));
-            results.push(x);
+            let x = backward::run_case(gpu, case, seed(2000 + i))?;
+            record(result_line(&x), x);
         }
         for (label, passed, message) in backward::refusals(gpu) {
             if !opts.selects(&label) {
                 continue;
             }
-            print(&format!(
-                "[{}] bwd    invalid call: {label:<40} {message}",
-                if passed { "PASS" } else { "FAIL" }
-            ));
             let mut x = CaseResult::new(&label, KernelKind::Mma);
             x.kernel = "bwd".into();
             x.passed = passed;
             x.message = message;
-            results.push(x);
+            record(invalid_call_line(&x), x);
         }
     }
     if opts.filter.is_none() {
         for x in bad_input::run(gpu)? {
-            print(&format!(
-                "[{}] {:6} invalid call: {:<40} {}",
-                if x.passed { "PASS" } else { "FAIL" },
-                x.kernel,
-                x.label,
-                x.message
-            ));
-            results.push(x);
+            record(invalid_call_line(&x), x);
         }
     }
     let failed = results.iter().filter(|r| !r.passed).count();
@@ -210,17 +203,12 @@ fn run_case<T: GpuElement>(
             &dv,
             &mut o_view,
             &mut lse_view,
-        )
-        .and_then(|info| {
-            stream.synchronize().map_err(cuda_err(what))?;
-            Ok(info)
-        });
-        if !result.launched(kernel, launched) {
+        );
+        let Some((o_host, lse_host)) = outs.collect(gpu, &mut result, kernel, launched, what)?
+        else {
             out.push(result);
             continue;
-        }
-        let (o_host, lse_host, written) = outs.read(gpu)?;
-        result.guard_overwritten = written;
+        };
         let verdict = inputs::judge(case, &oracle, &dense_o(p, &o_host)?, &lse_host, &tol);
         result.o_rel_l2 = verdict.o.rel_l2;
         result.o_max_abs = verdict.o.max_abs;

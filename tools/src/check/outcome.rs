@@ -4,7 +4,7 @@
 //! nothing that imports them.
 
 use flashattn::cuda::device::cuda_err;
-use flashattn::cuda::{Gpu, GpuElement, KernelKind};
+use flashattn::cuda::{Gpu, GpuElement, KernelKind, LaunchInfo};
 use flashattn::error::Result;
 use serde::Serialize;
 
@@ -55,11 +55,7 @@ impl CaseResult {
 
     /// Records a launch: `false` (the error as the message) when it failed; which kernel ran
     /// when it was not the one asked for.
-    pub(crate) fn launched(
-        &mut self,
-        kernel: KernelKind,
-        launched: Result<flashattn::cuda::LaunchInfo>,
-    ) -> bool {
+    pub(crate) fn launched(&mut self, kernel: KernelKind, launched: Result<LaunchInfo>) -> bool {
         match launched {
             Err(e) => {
                 self.message = e.to_string();
@@ -140,6 +136,42 @@ impl<T: GpuElement> Poisoned<T> {
         lse.truncate(self.n_lse);
         Ok((o, lse, written))
     }
+}
+
+impl<T: GpuElement> Poisoned<T> {
+    /// After a launch into these buffers: waits for the stream (a fault is the launch's error,
+    /// told with `what`), records in `result` whether and what ran ([`CaseResult::launched`]),
+    /// then reads o and lse back, counting written guard elements into
+    /// `result.guard_overwritten`. `None` when nothing ran (`result` then says why).
+    ///
+    /// # Errors
+    /// Copy failures of [`Self::read`] (a failed launch is recorded, not returned).
+    pub(crate) fn collect(
+        &self,
+        gpu: &Gpu,
+        result: &mut CaseResult,
+        kernel: KernelKind,
+        launched: Result<LaunchInfo>,
+        what: impl Into<String>,
+    ) -> Result<Option<(Vec<T>, Vec<f32>)>> {
+        if !result.launched(kernel, synced(gpu, launched, what)) {
+            return Ok(None);
+        }
+        let (o, lse, written) = self.read(gpu)?;
+        result.guard_overwritten = written;
+        Ok(Some((o, lse)))
+    }
+}
+
+/// A launch's outcome once its stream is done: a fault surfaces here, told with `what`.
+pub(crate) fn synced(
+    gpu: &Gpu,
+    launched: Result<LaunchInfo>,
+    what: impl Into<String>,
+) -> Result<LaunchInfo> {
+    let info = launched?;
+    gpu.stream().synchronize().map_err(cuda_err(what))?;
+    Ok(info)
 }
 
 /// The bits of a 16-bit element (f16 or bf16).

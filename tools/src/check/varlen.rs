@@ -204,19 +204,12 @@ fn run_typed<T: GpuElement>(
             &dv,
             &mut outs.o.slice_mut(0..nq),
             &mut outs.lse.slice_mut(0..n_lse),
-        )
-        .and_then(|info| {
-            stream
-                .synchronize()
-                .map_err(cuda_err(format!("varlen {kernel} launch")))?;
-            Ok(info)
-        });
-        if !result.launched(kernel, launched) {
+        );
+        let what = format!("varlen {kernel} launch");
+        let Some((o, lse)) = outs.collect(gpu, &mut result, kernel, launched, what)? else {
             out.push(result);
             continue;
-        }
-        let (o, lse, written) = outs.read(gpu)?;
-        result.guard_overwritten = written;
+        };
         let got = VarlenOutput {
             o,
             lse,
