@@ -192,11 +192,7 @@ impl<'g> GpuBench<'g> {
                 Ok(Ok(l)) => l,
                 Ok(Err(e)) => LineResult::skipped(&line.name, Source::Ours, e.to_string()),
                 Err(panic) => {
-                    let msg = panic
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_default();
+                    let msg = super::panic_message(&*panic);
                     LineResult::skipped(&line.name, Source::Ours, format!("panicked: {msg}"))
                 }
             });

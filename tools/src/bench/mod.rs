@@ -28,3 +28,13 @@ pub use report::{BenchReport, CaseReport, LineResult, Source};
 pub use run::{BenchOutcome, run};
 pub use stats::Timing;
 pub use sweep::{Case, Line, Sweep};
+
+/// The message a caught panic carried (`panic!` with a format string or a literal), or
+/// empty: the bench turns a panicking line or figure into a reported skip, not a crash.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}

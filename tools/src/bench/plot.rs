@@ -600,11 +600,7 @@ fn soft<T>(
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r.map_err(|e| format!("{what}: {e}")),
         Err(p) => {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
+            let msg = super::panic_message(&*p);
             Err(format!("{what}: panicked: {msg}"))
         }
     }
