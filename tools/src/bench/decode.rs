@@ -13,7 +13,7 @@ use super::gpu::time_launches;
 use super::options::BenchOptions;
 use super::peers::{PeerResponse, find_script, python, run_script};
 use super::plot;
-use super::report::io_err;
+use super::report::{io_err, write_record};
 use super::stats;
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg, sys};
 use flashattn::cuda::decode::{DecodePlan, DecodeTile};
@@ -216,8 +216,7 @@ pub fn run(opts: &BenchOptions) -> Result<String> {
         }
     }
     let table = table(&gpu, &shapes, &notes);
-    std::fs::create_dir_all(&opts.out_dir).map_err(|e| io_err(&opts.out_dir, e))?;
-    let json = serde_json::to_string_pretty(&serde_json::json!({
+    let record = serde_json::json!({
         "device": gpu.info().name,
         "arch": gpu.info().arch,
         "heads_q": opts.decode_heads.0,
@@ -226,17 +225,8 @@ pub fn run(opts: &BenchOptions) -> Result<String> {
         "warmup_ms": opts.warmup_ms,
         "notes": notes,
         "shapes": shapes,
-    }))
-    .map_err(|e| AttnError::InvalidInput {
-        what: format!("serialising the decode results: {e}"),
-    })?;
-    for (name, text) in [
-        ("bench-decode.json", json),
-        ("bench-decode.txt", table.clone()),
-    ] {
-        let path = opts.out_dir.join(name);
-        std::fs::write(&path, text).map_err(|e| io_err(&path, e))?;
-    }
+    });
+    write_record(&opts.out_dir, "bench-decode", "decode", &record, &table)?;
     if !opts.no_plot {
         let out = plot::write_figures(
             figures(&shapes, &gpu.info().name),

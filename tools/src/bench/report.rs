@@ -308,6 +308,30 @@ pub(crate) fn io_err(path: &Path, source: std::io::Error) -> AttnError {
     }
 }
 
+/// Writes a bench mode's record into `dir` (made if missing): `{stem}.json`, `value` as pretty
+/// JSON, and `{stem}.txt`, the text `table`. `what` names the results in a serialising error.
+///
+/// # Errors
+/// [`AttnError::Io`] naming the folder or file; [`AttnError::InvalidInput`] when `value`
+/// does not serialise.
+pub(crate) fn write_record(
+    dir: &Path,
+    stem: &str,
+    what: &str,
+    value: &impl Serialize,
+    table: &str,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+    let json = serde_json::to_string_pretty(value).map_err(|e| AttnError::InvalidInput {
+        what: format!("serialising the {what} results: {e}"),
+    })?;
+    for (ext, text) in [("json", json.as_str()), ("txt", table)] {
+        let path = dir.join(format!("{stem}.{ext}"));
+        std::fs::write(&path, text).map_err(|e| io_err(&path, e))?;
+    }
+    Ok(())
+}
+
 /// The commit this binary was built from (`-dirty` when tracked files differed), recorded by
 /// build.rs, or `unknown` when git was not there at build time. (Asking git in the current
 /// directory named the wrong commit when the binary ran in an older checkout on the GPU

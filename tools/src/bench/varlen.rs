@@ -6,7 +6,7 @@
 
 use super::gpu::time_launches;
 use super::options::BenchOptions;
-use super::report::io_err;
+use super::report::write_record;
 use super::stats;
 use cudarc::driver::CudaSlice;
 use flashattn::cuda::{Gpu, GpuElement, KernelKind, LaunchInfo, forward_device};
@@ -160,17 +160,7 @@ pub fn run(opts: &BenchOptions, mix: &[usize]) -> Result<String> {
         None => String::new(),
     };
     let table = table(&gpu, mix, &mods, &results);
-    std::fs::create_dir_all(&opts.out_dir).map_err(|e| io_err(&opts.out_dir, e))?;
-    let json = serde_json::to_string_pretty(&results).map_err(|e| AttnError::InvalidInput {
-        what: format!("serialising the varlen results: {e}"),
-    })?;
-    for (name, text) in [
-        ("bench-varlen.json", json),
-        ("bench-varlen.txt", table.clone()),
-    ] {
-        let path = opts.out_dir.join(name);
-        std::fs::write(&path, text).map_err(|e| io_err(&path, e))?;
-    }
+    write_record(&opts.out_dir, "bench-varlen", "varlen", &results, &table)?;
     Ok(table)
 }
 
