@@ -266,18 +266,23 @@ impl Ctx<'_> {
         })
     }
 
+    /// Refuses `--out` and `--backward` for a layer kind that has neither (`what` says why), as
+    /// [`AttnError::InvalidInput`].
+    fn forward_only(&self, what: String) -> Result<()> {
+        if self.a.out.is_some() || self.a.backward {
+            return Err(AttnError::InvalidInput { what });
+        }
+        Ok(())
+    }
+
     /// A packed variable-length layer (`P.cu_seqlens_q`, `P.cu_seqlens_k` i32 `[batch + 1]`,
     /// q `[total_q, heads_q, head_dim]`, k/v `[total_k, heads_kv, head_dim]`), judged by the
     /// f64 oracle.
     fn packed_layer<T: Element>(&mut self, prefix: &str) -> Result<()> {
         let name = |n: &str| flashattn::io::tensor_name(prefix, n);
-        if self.a.out.is_some() || self.a.backward {
-            return Err(AttnError::InvalidInput {
-                what: format!(
-                    "--out or --backward with a packed (variable-length) layer '{prefix}': the output file holds bshd layers, and the backward takes dense ones; run without them"
-                ),
-            });
-        }
+        self.forward_only(format!(
+            "--out or --backward with a packed (variable-length) layer '{prefix}': the output file holds bshd layers, and the backward takes dense ones; run without them"
+        ))?;
         for (have, missing) in [
             ("cu_seqlens_q", "cu_seqlens_k"),
             ("cu_seqlens_k", "cu_seqlens_q"),
@@ -393,13 +398,9 @@ impl Ctx<'_> {
     /// `[batch, seqlen_new, heads_kv, head_dim]`), on the CPU, judged by the f64 oracle.
     fn cache_layer<T: Element>(&mut self, prefix: &str) -> Result<()> {
         let name = |n: &str| flashattn::io::tensor_name(prefix, n);
-        if self.a.out.is_some() || self.a.backward {
-            return Err(AttnError::InvalidInput {
-                what: format!(
-                    "--out or --backward with a KV-cache layer '{prefix}': run without them"
-                ),
-            });
-        }
+        self.forward_only(format!(
+            "--out or --backward with a KV-cache layer '{prefix}': run without them"
+        ))?;
         let shape_err = |what: String| AttnError::ShapeMismatch {
             what: format!("KV-cache layer '{prefix}': {what}"),
         };
