@@ -65,12 +65,17 @@ impl CheckOptions {
 /// the label and what happened.
 fn invalid_call_line(x: &CaseResult) -> String {
     format!(
-        "[{}] {:6} invalid call: {:<40} {}",
-        if x.passed { "PASS" } else { "FAIL" },
-        x.kernel,
+        "{} invalid call: {:<40} {}",
+        line_head(x),
         x.label,
         x.message
     )
+}
+
+/// The start of every printed line: `[PASS]`/`[FAIL]` and the kernel, padded to 6.
+fn line_head(x: &CaseResult) -> String {
+    let verdict = if x.passed { "PASS" } else { "FAIL" };
+    format!("[{verdict}] {:6}", x.kernel)
 }
 
 /// Runs the sweep, printing one line per (case, kernel) with `print`. Returns every result.
@@ -222,9 +227,8 @@ fn run_case<T: GpuElement>(
 /// One printed line of a result.
 fn result_line(x: &CaseResult) -> String {
     format!(
-        "[{}] {:6} {:<48} o rel-L2 {:.2e} max-abs {:.2e} | lse max-abs {:.2e}{}",
-        if x.passed { "PASS" } else { "FAIL" },
-        x.kernel,
+        "{} {:<48} o rel-L2 {:.2e} max-abs {:.2e} | lse max-abs {:.2e}{}",
+        line_head(x),
         x.label,
         x.o_rel_l2,
         x.o_max_abs,
