@@ -42,6 +42,22 @@ impl AttnShape {
         }
     }
 
+    /// A shape from its six sizes in field order, `[batch, seqlen_q, seqlen_k, heads_q,
+    /// heads_kv, head_dim]` (cross-attention, GQA/MQA). Not validated here: see
+    /// [`Self::validate`] (which [`AttnProblem::new`] runs).
+    pub fn from_sizes(
+        [batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim]: [usize; 6],
+    ) -> Self {
+        Self {
+            batch,
+            seqlen_q,
+            seqlen_k,
+            heads_q,
+            heads_kv,
+            head_dim,
+        }
+    }
+
     /// Checks every rule that does not depend on a backend: no zero dims, GQA divisibility,
     /// `head_dim <= 256`, and element counts that fit in `i64` (kernels use 64-bit offsets).
     ///

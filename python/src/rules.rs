@@ -262,17 +262,10 @@ pub(crate) fn problem(
     [qs, ks, vs, os]: [Strides; 4],
     scores: &Scores,
 ) -> PyResult<AttnProblem> {
-    let p = AttnProblem::new(AttnShape {
-        batch: b,
-        seqlen_q: sq,
-        seqlen_k: sk,
-        heads_q: hq,
-        heads_kv: hkv,
-        head_dim: d,
-    })
-    .map_err(err)?
-    .with_strides(qs, ks, vs, os)
-    .map_err(err)?;
+    let p = AttnProblem::new(AttnShape::from_sizes([b, sq, sk, hq, hkv, d]))
+        .map_err(err)?
+        .with_strides(qs, ks, vs, os)
+        .map_err(err)?;
     scores.apply(p, b, hq)
 }
 

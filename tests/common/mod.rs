@@ -6,14 +6,7 @@ use flashattn::{AttnProblem, AttnShape, Mask};
 
 /// A shape from its six sizes, in the order of [`AttnShape`]'s fields.
 pub fn shape(b: usize, sq: usize, sk: usize, hq: usize, hkv: usize, d: usize) -> AttnShape {
-    AttnShape {
-        batch: b,
-        seqlen_q: sq,
-        seqlen_k: sk,
-        heads_q: hq,
-        heads_kv: hkv,
-        head_dim: d,
-    }
+    AttnShape::from_sizes([b, sq, sk, hq, hkv, d])
 }
 
 /// A validated problem with default scale and dense strides.

@@ -50,14 +50,7 @@ impl FieldInput {
             FieldInput::Logits150 => (1, 33, 33, 6, 2, 128),
             FieldInput::D4ConstantRows => (1, 4, 4, 1, 1, 4),
         };
-        let shape = AttnShape {
-            batch: b,
-            seqlen_q: sq,
-            seqlen_k: sk,
-            heads_q: hq,
-            heads_kv: hkv,
-            head_dim: d,
-        };
+        let shape = AttnShape::from_sizes([b, sq, sk, hq, hkv, d]);
         let p = AttnProblem::new(shape).expect("field shapes are valid");
         match self {
             FieldInput::LseNear5e4 => p.with_scale(1.0 / 16.0).expect("valid scale"),
