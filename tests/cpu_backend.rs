@@ -1,44 +1,15 @@
 //! CPU backend against the f64 oracle on seeded random inputs (the seed is printed; replay a
 //! failure with FLASHATTN_SEED=<seed>), plus mask alignment, overflow safety and NaN policy.
 
-use flashattn::compare::{
-    Tolerance, dense_o, diff_lse, diff_o, diff_reference, random_inputs, random_seed, widen,
-};
+use flashattn::compare::{Tolerance, diff_lse, diff_o, random_inputs, random_seed, widen};
 use flashattn::{
-    AttnError, AttnProblem, Backend, BackendChoice, Element, Mask, Strides, cpu, reference,
+    AttnError, AttnProblem, Backend, BackendChoice, Element, Mask, Strides, reference,
 };
 use half::{bf16, f16};
 
 mod common;
-use common::problem;
+use common::{cmp, problem, run_cpu};
 use proptest::prelude::*;
-
-/// Runs the CPU backend on poisoned outputs and returns (o as written, lse).
-fn run_cpu<T: Element>(p: &AttnProblem, q: &[T], k: &[T], v: &[T]) -> (Vec<T>, Vec<f32>) {
-    let s = p.shape;
-    let olen = p
-        .o_strides
-        .required_len("o", s.batch, s.seqlen_q, s.heads_q, s.head_dim)
-        .unwrap();
-    let mut o = vec![T::from_f32(f32::NAN); olen];
-    let mut lse = vec![f32::NAN; s.lse_len()];
-    cpu::forward(p, q, k, v, &mut o, &mut lse).unwrap();
-    (o, lse)
-}
-
-/// CPU vs oracle on these inputs, within the dtype's tolerance.
-fn cmp<T: Element>(
-    p: &AttnProblem,
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    what: &str,
-) -> flashattn::Result<()> {
-    let r = reference::attention(p, q, k, v)?;
-    let (o, lse) = run_cpu(p, q, k, v);
-    let (od, ld) = diff_reference(p, dense_o(p, &o)?, lse.iter().map(|&x| x as f64), &r);
-    Tolerance::for_dtype(T::DTYPE).check(&format!("{what} {}", T::DTYPE), &od, &ld)
-}
 
 /// CPU vs oracle on fresh random inputs (seed printed on failure).
 fn check<T: Element>(p: &AttnProblem, label: &str) {

@@ -3,13 +3,19 @@
 //! are what the reports describe and pass the CPU backend within the oracle's allowance.
 //! Moved here from the library's tests with `check` (issue 39).
 
-use flashattn::compare::{Tolerance, dense_o, diff_reference, random_inputs};
+use flashattn::compare::random_inputs;
 use flashattn::cuda::KernelKind;
 use flashattn::cuda::attention::check_gpu_problem;
 use flashattn::cuda::varlen::envelope;
 use flashattn::varlen::VarlenProblem;
-use flashattn::{AttnError, AttnProblem, Element, Mask, cpu, reference};
+use flashattn::{AttnError, Element, Mask, reference};
 use half::{bf16, f16};
+
+// The library's integration-test helpers (the CPU backend against the oracle), shared by path
+// so that both crates' tests judge the CPU path the same way.
+#[path = "../../tests/common/mod.rs"]
+mod common;
+use common::cmp;
 
 /// Every batch the varlen check runs has an envelope the GPU accepts, with the batch's sizes;
 /// a head_dim the packed kernels cannot take is refused by name.
@@ -26,33 +32,6 @@ fn every_check_batch_has_a_valid_envelope() {
         envelope(&odd),
         Err(AttnError::UnsupportedHeadDim { .. })
     ));
-}
-
-/// Runs the CPU backend on poisoned outputs and returns (o as written, lse).
-fn run_cpu<T: Element>(p: &AttnProblem, q: &[T], k: &[T], v: &[T]) -> (Vec<T>, Vec<f32>) {
-    let s = p.shape;
-    let olen = p
-        .o_strides
-        .required_len("o", s.batch, s.seqlen_q, s.heads_q, s.head_dim)
-        .unwrap();
-    let mut o = vec![T::from_f32(f32::NAN); olen];
-    let mut lse = vec![f32::NAN; s.lse_len()];
-    cpu::forward(p, q, k, v, &mut o, &mut lse).unwrap();
-    (o, lse)
-}
-
-/// CPU vs oracle on these inputs, within the dtype's tolerance.
-fn cmp<T: Element>(
-    p: &AttnProblem,
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    what: &str,
-) -> flashattn::Result<()> {
-    let r = reference::attention(p, q, k, v)?;
-    let (o, lse) = run_cpu(p, q, k, v);
-    let (od, ld) = diff_reference(p, dense_o(p, &o)?, lse.iter().map(|&x| x as f64), &r);
-    Tolerance::for_dtype(T::DTYPE).check(&format!("{what} {}", T::DTYPE), &od, &ld)
 }
 
 /// Field reports (turn 2, 1, 2 and 4): logits so large that f32 rounding of the scores and of
