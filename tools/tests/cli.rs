@@ -45,14 +45,14 @@ fn cli_run_default_sample_all_layers() {
         }
         let (ok, stdout, stderr) = flashattn(&args);
         assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
-        assert_eq!(stdout.matches(" ok").count(), 6, "{stdout}");
+        assert_eq!(stdout.matches(" ok").count(), 2, "{stdout}");
         assert!(
             stdout.contains("GFLOP/s") && stdout.contains("backend: cpu"),
             "{stdout}"
         );
         let written = SafeFile::open(&out).unwrap();
         let sfx = if causal { "_causal" } else { "" };
-        for l in 0..6 {
+        for l in 0..2 {
             assert!(
                 written.has(&format!("layer{l}.o{sfx}"))
                     && written.has(&format!("layer{l}.lse{sfx}"))
@@ -70,10 +70,10 @@ fn cli_run_default_sample_all_layers() {
     let _ = std::fs::remove_file(&out);
     // Converted inputs are judged against the oracle; --prefix picks one layer.
     let (ok, stdout, stderr) =
-        flashattn(&["run", "--dtype", "bf16", "--prefix", "layer2", "--causal"]);
+        flashattn(&["run", "--dtype", "bf16", "--prefix", "layer1", "--causal"]);
     assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
     assert!(
-        stdout.contains("vs f64 oracle") && stdout.contains("layer2:"),
+        stdout.contains("vs f64 oracle") && stdout.contains("layer1:"),
         "{stdout}"
     );
 }
@@ -258,7 +258,7 @@ fn cli_run_backward_against_the_exact_gradients() {
         let (ok, stdout, stderr) = flashattn(&args);
         let lines = stdout.matches("backward (CPU, dO seed").count();
         assert!(
-            ok && lines == 6 && !stdout.contains("FAIL"),
+            ok && lines == 2 && !stdout.contains("FAIL"),
             "{extra:?}: {stdout}{stderr}"
         );
     }
