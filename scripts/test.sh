@@ -19,10 +19,9 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --release --workspace --all-targets
 cargo test --release --workspace --doc
-# The Python package (python/): clippy on the binding, then build the wheel, install it in a
-# fresh virtual environment and run its tests on the CPU with NumPy inputs (from outside the
-# source tree, so that the installed wheel is what is imported).
-cargo clippy --release -p flashattn-py -- -D warnings
+# The Python package (python/; its Rust side was linted and tested with the workspace above):
+# build the wheel, install it in a fresh virtual environment and run its tests on the CPU with
+# NumPy inputs (from outside the source tree, so that the installed wheel is what is imported).
 venv=.deps/pyvenv
 rm -rf "$venv" .deps/wheels
 python3 -m venv "$venv"
