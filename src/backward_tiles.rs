@@ -121,9 +121,11 @@ pub struct Grads {
 /// The kernel's algorithm on host buffers, block by block and step by step as attn_bwd.cu
 /// visits them, with P and dS rounded to `T` where the kernel packs them. Inputs dense
 /// (`q`, `o`, `d_o` `[batch, seqlen_q, heads_q, head_dim]`, `k`, `v` `[batch, seqlen_k,
-/// heads_kv, head_dim]`, `lse` `[batch, heads_q, seqlen_q]`); no softcap or ALiBi (the kernel
-/// refuses them). `bc` keys per block and `br` rows per step, as one of [`TILINGS`]. A model
-/// for tests: slow on purpose (no tiling of the arithmetic).
+/// heads_kv, head_dim]`, `lse` `[batch, heads_q, seqlen_q]`). Softcap and ALiBi as the kernel
+/// applies them: S becomes tanh(S softmax_scale / c) in units of c, the bias is subtracted in
+/// S's units, and dS is formed from P (1 - tanh^2) rounded to `T` once. `bc` keys per block and
+/// `br` rows per step, as one of [`TILINGS`]. A model for tests: slow on purpose (no tiling of
+/// the arithmetic).
 #[allow(clippy::too_many_arguments)]
 pub fn emulate<T: Element>(
     p: &AttnProblem,
@@ -139,7 +141,11 @@ pub fn emulate<T: Element>(
     let (d, sq, sk, hq, hkv) = (s.head_dim, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv);
     let group = hq / hkv;
     let scale = p.softmax_scale;
-    let scale_log2 = scale * std::f32::consts::LOG2_E;
+    let log2e = std::f32::consts::LOG2_E;
+    // The kernel's factor from S to log2 units (src/cuda/runtime/launch.rs FlashParams::new):
+    // with a softcap c, S is tanh(q.k scale / c) and the score c S.
+    let softcap = p.scores.softcap;
+    let scale_log2 = softcap.map_or(scale, |c| c) * log2e;
     let row = |x: &[T], b: usize, i: usize, h: usize, heads: usize, len: usize| -> Vec<f32> {
         let at = ((b * len + i) * heads + h) * d;
         x[at..at + d].iter().map(|e| e.to_f32()).collect()
@@ -163,6 +169,12 @@ pub fn emulate<T: Element>(
                 let (m_begin, m_end) = step_range(p, key0 / bc, (bc, br));
                 for gi in 0..group {
                     let h = hk * group + gi;
+                    // ALiBi in S's units (attn_common.cuh alibi_coef): slope log2(e) / scale_log2.
+                    let coef = p
+                        .scores
+                        .alibi
+                        .as_ref()
+                        .map_or(0.0, |a| a.slope(b, h, hq) * log2e / scale_log2);
                     for m in m_begin..m_end {
                         let row0 = m * br;
                         for j in key0..(key0 + bc).min(sk) {
@@ -174,11 +186,28 @@ pub fn emulate<T: Element>(
                                     continue;
                                 }
                                 let (qr, dr) = (row(q, b, i, h, hq, sq), row(d_o, b, i, h, hq, sq));
-                                let s_ij: f32 = qr.iter().zip(&kr).map(|(x, y)| x * y).sum();
-                                let l = lse[(b * hq + h) * sq + i] * std::f32::consts::LOG2_E;
-                                let p16 = round((s_ij * scale_log2 - l).exp2());
+                                let mut s_ij: f32 = qr.iter().zip(&kr).map(|(x, y)| x * y).sum();
+                                // The softcap's derivative, 1 - tanh^2 (1 without it).
+                                let mut grad = 1.0f32;
+                                if let Some(c) = softcap {
+                                    let t = (s_ij * scale / c).tanh();
+                                    s_ij = t;
+                                    grad = 1.0 - t * t;
+                                }
+                                if coef != 0.0 {
+                                    let dist = (i as i64 + sk as i64 - sq as i64 - j as i64).abs();
+                                    s_ij -= coef * dist as f32;
+                                }
+                                let l = lse[(b * hq + h) * sq + i] * log2e;
+                                let p32 = (s_ij * scale_log2 - l).exp2();
+                                let p16 = round(p32);
+                                let pg16 = if softcap.is_some() {
+                                    round(p32 * grad)
+                                } else {
+                                    p16
+                                };
                                 let dp: f32 = vr.iter().zip(&dr).map(|(x, y)| x * y).sum();
-                                let ds16 = round(p16 * (dp - dsum(h, i)));
+                                let ds16 = round(pg16 * (dp - dsum(h, i)));
                                 let kv_at = ((b * sk + j) * hkv + hk) * d;
                                 let q_at = ((b * sq + i) * hq + h) * d;
                                 for c in 0..d {
@@ -285,6 +314,59 @@ mod tests {
                 check::<f16>(&p, &label);
                 check::<bf16>(&p, &label);
             }
+        }
+    }
+
+    #[test]
+    fn softcap_and_alibi_as_the_kernel_applies_them_give_the_exact_gradients() {
+        use crate::scores::Alibi;
+        // Softcaps that bend the random scores (2, 5) and FlashAttention's usual 30; slopes
+        // per head (steep: 0.5 for the first of 2 heads) and per (batch, head); alone and with
+        // causal, a window and GQA; sq above sk (rows that see no key).
+        let per_batch = Alibi {
+            slopes: vec![0.5, 0.25, 0.125, 0.0625],
+            per_batch: true,
+        };
+        for (b, sq, sk, hq, hkv, d, causal, window, softcap, alibi) in [
+            (1, 40, 40, 2, 1, 16, false, None, Some(2.0), None),
+            (
+                1,
+                70,
+                33,
+                2,
+                2,
+                8,
+                true,
+                None,
+                None,
+                Some(Alibi::geometric(2)),
+            ),
+            (2, 33, 65, 2, 1, 8, true, None, Some(5.0), Some(per_batch)),
+            (
+                1,
+                65,
+                100,
+                4,
+                2,
+                8,
+                false,
+                Some((20, 5)),
+                Some(30.0),
+                Some(Alibi::geometric(4)),
+            ),
+        ] {
+            let mods = ScoreMods {
+                window: window.map_or(Window::default(), |(l, r)| Window::from_fa(l, r).unwrap()),
+                softcap,
+                alibi,
+            };
+            let mut p = problem(b, sq, sk, hq, hkv, d).with_scores(mods).unwrap();
+            if causal {
+                p = p.with_mask(Mask::Causal);
+            }
+            let label = format!("{} causal {causal} {:?}", p.shape, p.scores);
+            check::<f16>(&p, &label);
+            check::<bf16>(&p, &label);
         }
     }
 

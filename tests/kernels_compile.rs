@@ -97,6 +97,20 @@ fn bwd_problem(d: usize, causal: bool, window: bool) -> flashattn::AttnProblem {
     p
 }
 
+/// `p` with softcap 30 and/or ALiBi (geometric slopes of its heads) added to its modifiers.
+fn with_softcap_alibi(
+    p: flashattn::AttnProblem,
+    softcap: bool,
+    alibi: bool,
+) -> flashattn::AttnProblem {
+    let mods = flashattn::scores::ScoreMods {
+        softcap: softcap.then_some(30.0),
+        alibi: alibi.then(|| flashattn::scores::Alibi::geometric(p.shape.heads_q)),
+        ..p.scores.clone()
+    };
+    p.with_scores(mods).unwrap()
+}
+
 fn jobs() -> Vec<Job> {
     let mut out = Vec::new();
     for &arch in CI_ARCHS.iter() {
@@ -148,21 +162,19 @@ fn jobs() -> Vec<Job> {
     }
     // The backward pass (attn_bwd and its two small kernels), every arch, the head dims it
     // serves at the edges of its register budget (256: each of its two channel passes, where
-    // the tile's shared memory fits), no mask, causal and a sliding window.
+    // the tile's shared memory fits), no mask, causal and a sliding window; softcap (no mask),
+    // ALiBi (causal) and both with a causal window (attn_bwd alone takes them).
     for &arch in CI_ARCHS.iter() {
         for d in [8, 40, 56, 64, 96, 128, 256] {
             for dtype in DTYPES {
-                let tile = flashattn::cuda::backward::BwdTile::for_head_dim(
-                    d,
-                    dtype,
-                    parse_cc(arch),
-                    smem_limit(arch),
-                );
-                for (causal, window, deterministic) in [
-                    (false, false, false),
-                    (true, false, false),
-                    (false, true, false),
-                    (false, true, true),
+                for (causal, window, deterministic, softcap, alibi) in [
+                    (false, false, false, false, false),
+                    (true, false, false, false, false),
+                    (false, true, false, false, false),
+                    (false, true, true, false, false),
+                    (false, false, false, true, false),
+                    (true, false, false, false, true),
+                    (true, true, false, true, true),
                 ] {
                     if deterministic && dtype != DType::F16 {
                         continue;
@@ -171,7 +183,13 @@ fn jobs() -> Vec<Job> {
                         deterministic,
                         ..Default::default()
                     };
-                    let p = bwd_problem(d, causal, window);
+                    let p = with_softcap_alibi(bwd_problem(d, causal, window), softcap, alibi);
+                    let tile = flashattn::cuda::backward::BwdTile::for_problem(
+                        &p,
+                        dtype,
+                        parse_cc(arch),
+                        smem_limit(arch),
+                    );
                     if tile.smem_bytes(d) > smem_limit(arch) {
                         continue; // refused with a typed error there (BwdTile::for_call)
                     }
@@ -186,13 +204,15 @@ fn jobs() -> Vec<Job> {
                             functions: &["attn_bwd", "attn_bwd_dsum", "attn_bwd_dq"],
                             smem: tile.smem_bytes(d),
                             tile: format!(
-                                "bwd {}x{}x{}{}{}{}",
+                                "bwd {}x{}x{}{}{}{}{}{}",
                                 tile.nwarps,
                                 tile.keys_per_warp,
                                 tile.br,
                                 if ch0 > 0 { " ch128" } else { "" },
                                 if window { " window" } else { "" },
-                                if deterministic { " det" } else { "" }
+                                if deterministic { " det" } else { "" },
+                                if softcap { " softcap" } else { "" },
+                                if alibi { " alibi" } else { "" }
                             ),
                             roles: None,
                         });

@@ -21,13 +21,21 @@
 // rounding of P and dS, in src/backward_tiles.rs, whose tests hold them against the exact
 // gradients.
 // Specialised at NVRTC time by HEAD_DIM (multiple of 8 up to 128, or 256), CH0, NWARPS, BWD_BR,
-// KEYS_PER_WARP, DETERMINISTIC, IS_BF16, IS_CAUSAL and IS_LOCAL (attn_common.cuh's key range);
-// softcap and ALiBi are refused by the host for now.
+// KEYS_PER_WARP, DETERMINISTIC, IS_BF16, IS_CAUSAL, IS_LOCAL (attn_common.cuh's key range),
+// HAS_SOFTCAP and HAS_ALIBI (the forward's score modifiers, applied to S^T before P^T as
+// attn_common.cuh's score_row does: S^T becomes tanh(S^T softcap_pre), then the bias is
+// subtracted). A softcap c multiplies dS by the derivative of c tanh(s / c), 1 - tanh^2
+// (src/scores.rs score_grad): that factor goes into the 16-bit P that dS^T is formed from, so
+// dS^T = (P^T (1 - tanh^2)) (dP^T - D), one rounding as without it; those pairs wait in the
+// lane's own cells of the dS^T tile, not in registers (the kernel is at 255 registers at d128:
+// 8 more live through dV spilled). ALiBi's bias is constant: dS passes through. Without them
+// the kernel carries none of their code (scripts/sass-compare.sh: the same SASS). The host
+// routes both here (attn_bwd_wgmma has neither); src/backward_tiles.rs models them.
 #include "ptx.cuh"
 #include "hopper.cuh"
 #include "attn_common.cuh"
 #include "bwd_common.cuh"
-static_assert(!IS_VARLEN && !HAS_SOFTCAP && !HAS_ALIBI, "attn_bwd: no varlen, softcap or ALiBi yet");
+static_assert(!IS_VARLEN, "attn_bwd: no varlen yet");
 
 #ifndef NWARPS
 #define NWARPS 8
@@ -298,6 +306,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
         const u32 sQ = base + OFF_Q + buf * QBUF, sDO = base + OFF_DO + buf * QBUF;
         const float *sL = (const float *)(smem_raw + OFF_L) + buf * BR;
         const float *sD = (const float *)(smem_raw + OFF_D) + buf * BR;
+#if HAS_ALIBI
+        // The bias of (row i, key j) in S's units: coef |i + diag - j|. Loaded here, before
+        // S^T: loaded after it, ptxas spilled the d128 causal build on sm_120 (255 registers).
+        const float coef = alibi_coef(p, b, h);
+#endif
 
         // S^T = K Q^T (this warp's KPW keys x BR rows), then P^T in place. Element e of
         // n-tile nt of m-tile mt: key key0 + KPW warp + 16mt + g + 8(e/2), row row0 + 8nt +
@@ -318,18 +331,45 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
             int rmin[2], rmax[2];
 #pragma unroll
             for (int r = 0; r < 2; ++r) rows_of_key(p, diag, key0 + warp * KPW + mt * 16 + g + 8 * r, row0, rmin[r], rmax[r]);
+#if HAS_ALIBI
+            // i + diag - j of the lane's first row and key; element e of n-tile nt is
+            // 8nt + e%2 rows and 8(e/2) keys on. In f32: exact below 2^24, as the forward's
+            // score_row (one value, not one per key: the kernel is at 255 registers at d128).
+            const float center = (float)((i64)row0 + 2 * t + diag - (key0 + warp * KPW + mt * 16 + g));
+#endif
+#if HAS_SOFTCAP
+            float gt[NQ][4]; // 1 - tanh^2 of each element
+#endif
 #pragma unroll
             for (int nt = 0; nt < NQ; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int rl = 8 * nt + 2 * t + e % 2;
                     const bool seen = rl >= rmin[e / 2] && rl <= rmax[e / 2];
+#if HAS_SOFTCAP
+                    const float tc = tanh_exp2(st[mt][nt][e] * p.softcap_pre);
+                    st[mt][nt][e] = tc;
+                    gt[nt][e] = 1.f - tc * tc;
+#endif
+#if HAS_ALIBI
+                    st[mt][nt][e] -= coef * fabsf(center + (float)(8 * nt + e % 2 - 8 * (e / 2)));
+#endif
                     st[mt][nt][e] = seen ? ex2(fmaf(st[mt][nt][e], p.scale_log2, -LOG2E * sL[rl])) : 0.f;
                 }
 #pragma unroll
             for (int nt = 0; nt < NQ; ++nt)
 #pragma unroll
-                for (int r = 0; r < 2; ++r) pf[mt][nt][r] = pack2(st[mt][nt][2 * r], st[mt][nt][2 * r + 1]);
+                for (int r = 0; r < 2; ++r) {
+                    pf[mt][nt][r] = pack2(st[mt][nt][2 * r], st[mt][nt][2 * r + 1]);
+#if HAS_SOFTCAP
+                    // P^T (1 - tanh^2), what dS^T is formed from, into the cells of dS^T that
+                    // this lane writes later (free since this step's first barrier; read back
+                    // by the same lane only).
+                    const int key = warp * KPW + mt * 16 + g + 8 * r;
+                    st_shared_u32(sDS + (u32)(key * RSS + 8 * nt + 2 * t) * 2,
+                                  pack2(st[mt][nt][2 * r] * gt[nt][2 * r], st[mt][nt][2 * r + 1] * gt[nt][2 * r + 1]));
+#endif
+                }
         }
         // dV += P^T dO
         gemm_frags_rows(dv, pf, sDO + CH0 * 2, lane);
@@ -343,14 +383,29 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
                 for (int e = 0; e < 4; ++e) dpt[mt][nt][e] = 0.f;
         gemm_rows_rows(dpt, vw, sDO, lane);
         // P from its 16-bit pairs (the f32 values are not kept live through dP^T: at d128
-        // they pushed the kernel past 255 registers); P V used the same rounded values.
+        // they pushed the kernel past 255 registers); P V used the same rounded values. With a
+        // softcap, P (1 - tanh^2) from the dS^T cells it waited in.
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
+#if HAS_SOFTCAP
+            u32 pg[NQ][2];
+#pragma unroll
+            for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int key = warp * KPW + mt * 16 + g + 8 * r;
+                    pg[nt][r] = ld_shared_u32(sDS + (u32)(key * RSS + 8 * nt + 2 * t) * 2);
+                }
+#endif
 #pragma unroll
             for (int nt = 0; nt < NQ; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
+#if HAS_SOFTCAP
+                    const u32 pair = pg[nt][e / 2];
+#else
                     const u32 pair = pf[mt][nt][e / 2];
+#endif
                     const float pe = to_f32((u16)(e % 2 ? pair >> 16 : pair & 0xffff));
                     dpt[mt][nt][e] = pe * (dpt[mt][nt][e] - sD[8 * nt + 2 * t + e % 2]);
                 }

@@ -5,11 +5,11 @@
 //! - attn_bwd_wgmma ([`crate::cuda::bwd::backward_wgmma`]; wgmma + TMA, FlashAttention-3's structure):
 //!   the default on sm_90 at head_dim 64 and 72..=128;
 //! - attn_bwd (`mma.sync`, bulk reductions on sm_90, atomics before): every other call, the
-//!   deterministic mode, and any call that asks for it ([`BwdKernel::Mma`]).
+//!   deterministic mode, softcap and ALiBi, and any call that asks for it ([`BwdKernel::Mma`]).
 //!
 //! Serves every head_dim up to 256 ([`run_head_dim`]: some padded with zero channels, 256 in
-//! two channel passes), no mask, causal and sliding windows; softcap and ALiBi are refused
-//! with a typed error (the CPU backward, [`crate::cpu_backward`], has them).
+//! two channel passes), no mask, causal, sliding windows, softcap and ALiBi (the forward's
+//! score modifiers, [`crate::scores`]).
 //! dQ's additions make its last bits depend on the order the blocks run in, unless the call
 //! asks for [`BackwardOptions::deterministic`]; dK and dV are the same bytes run to run.
 //!
@@ -24,6 +24,7 @@ use crate::cuda::runtime::args::{check_aligned, check_contexts, check_gpu_proble
 use crate::cuda::runtime::device::{Gpu, cuda_err};
 use crate::cuda::runtime::launch::{
     FlashParams, GpuElement, KernelKind, Launch, launch_context, score_defines, set_dynamic_smem,
+    upload_slopes,
 };
 use crate::cuda::runtime::tma::TmaMap;
 use crate::cuda::sources::KernelSource;
@@ -87,29 +88,17 @@ pub struct BackwardInfo {
 }
 
 /// Why the GPU backward cannot take this problem, as the error a call would return; `None`
-/// when it can. The CPU backward ([`crate::cpu_backward::backward`]) takes every problem.
+/// when it can. Every mask and score modifier is taken; only a head_dim above
+/// [`MAX_HEAD_DIM`] is refused (which [`AttnProblem::validate`] refuses first). The CPU
+/// backward ([`crate::cpu_backward::backward`]) takes every problem.
 pub fn unsupported(p: &AttnProblem) -> Option<AttnError> {
     let d = p.shape.head_dim;
-    if d > MAX_HEAD_DIM {
-        return Some(AttnError::UnsupportedHeadDim {
-            head_dim: d,
-            backend: "the GPU backward (attn_bwd)".into(),
-            supported: format!(
-                "up to {MAX_HEAD_DIM} (padded where the kernels need it); the CPU backward takes every head_dim"
-            ),
-        });
-    }
-    let m = &p.scores;
-    let feature = [
-        (m.softcap.is_some(), "softcap"),
-        (m.alibi.is_some(), "ALiBi"),
-    ]
-    .into_iter()
-    .find(|(on, _)| *on);
-    feature.map(|(_, f)| AttnError::UnsupportedFeature {
-        feature: f.into(),
+    (d > MAX_HEAD_DIM).then(|| AttnError::UnsupportedHeadDim {
+        head_dim: d,
         backend: "the GPU backward (attn_bwd)".into(),
-        hint: "use the CPU backward (flashattn::cpu_backward::backward), which has it".into(),
+        supported: format!(
+            "up to {MAX_HEAD_DIM} (padded where the kernels need it); the CPU backward takes every head_dim"
+        ),
     })
 }
 
@@ -141,6 +130,26 @@ impl BwdTile {
     ///   where their shared memory fits (sm_80, sm_90), else 4; 64 rows per step at
     ///   head_dim <= 64 (registers allow it there).
     pub fn for_head_dim(head_dim: usize, dtype: DType, cc: (i32, i32), smem_limit: usize) -> Self {
+        let two_m_tiles = head_dim <= 64 && head_dim != 56 && dtype == DType::F16 && cc == (9, 0);
+        Self::choose(head_dim, two_m_tiles, smem_limit)
+    }
+
+    /// [`BwdTile::for_head_dim`] for a problem's score modifiers: with a softcap, 16 keys per
+    /// warp where the default takes 32 (ptxas spilled 32 with the softcap at d64 f16 on
+    /// sm_90, the kernel being at 255 registers there without it).
+    pub fn for_problem(p: &AttnProblem, dtype: DType, cc: (i32, i32), smem_limit: usize) -> Self {
+        let d = p.shape.head_dim;
+        let t = Self::for_head_dim(d, dtype, cc, smem_limit);
+        if p.scores.softcap.is_some() && t.keys_per_warp == 32 {
+            return Self::choose(d, false, smem_limit);
+        }
+        t
+    }
+
+    /// The first tile that fits of: 4 warps of 32 keys (where `two_m_tiles`), 8 warps of 16
+    /// keys (64 rows at head_dim <= 64, else 32), 8 of 16 with 32 rows, 4 of 16 with 32 rows
+    /// (the only one above head_dim 128).
+    fn choose(head_dim: usize, two_m_tiles: bool, smem_limit: usize) -> Self {
         let tile = |nwarps, br, keys_per_warp| BwdTile {
             nwarps,
             br,
@@ -151,7 +160,7 @@ impl BwdTile {
         if head_dim > 128 {
             options = vec![tile(4, 32, 16)];
         }
-        if head_dim <= 64 && head_dim != 56 && dtype == DType::F16 && cc == (9, 0) {
+        if two_m_tiles {
             options.insert(0, tile(4, 32, 32));
         }
         options
@@ -160,19 +169,20 @@ impl BwdTile {
             .unwrap_or(tile(4, 32, 16))
     }
 
-    /// [`BwdTile::for_head_dim`], or the tile `FLASHATTN_BWD_TILE` names.
+    /// [`BwdTile::for_problem`], or the tile `FLASHATTN_BWD_TILE` names.
     ///
     /// # Errors
     /// [`AttnError::InvalidInput`] for a malformed variable, or a tile this head_dim or device
     /// cannot take (64 rows above head_dim 64 would spill; shared memory past the limit).
     pub fn for_call(
-        head_dim: usize,
+        p: &AttnProblem,
         dtype: DType,
         cc: (i32, i32),
         smem_limit: usize,
     ) -> Result<Self> {
+        let head_dim = p.shape.head_dim;
         let Ok(v) = std::env::var(TILE_ENV) else {
-            let t = Self::for_head_dim(head_dim, dtype, cc, smem_limit);
+            let t = Self::for_problem(p, dtype, cc, smem_limit);
             t.check(head_dim, smem_limit)
                 .map_err(|why| AttnError::UnsupportedHeadDim {
                     head_dim,
@@ -333,7 +343,9 @@ unsafe impl DeviceRepr for BwdWgmmaParams {}
 ///
 /// # Errors
 /// [`unsupported`]'s errors; every error of [`check_gpu_problem`]; [`AttnError::InvalidInput`]
-/// for a malformed `FLASHATTN_BWD_TILE` ([`BwdTile::for_call`]);
+/// for a malformed `FLASHATTN_BWD_TILE` ([`BwdTile::for_call`]), for [`BwdKernel::Wgmma`] on
+/// a call attn_bwd_wgmma cannot serve (softcap and ALiBi among them), and for ALiBi inside a
+/// CUDA graph capture (its slopes are copied from host memory);
 /// [`AttnError::BufferTooShort`] for any buffer shorter than its layout needs (`do` named as
 /// such); [`AttnError::InvalidStrides`] for a base address not 16-byte aligned;
 /// [`AttnError::ShapeMismatch`] for a buffer of another context; [`AttnError::Compile`] /
@@ -419,7 +431,7 @@ where
     let (dsp, _gds) = dsum.device_ptr_mut(stream);
     let info = gpu.info();
     let tile = BwdTile::for_call(
-        s.head_dim,
+        p,
         T::DTYPE,
         info.compute_capability,
         info.smem_per_block_optin as usize,
@@ -474,7 +486,13 @@ where
         .map_err(cuda_err(format!("{ctx}: allocating the dQ workspace")))?;
     let (dap, _gda) = dq_accum.device_ptr_mut(stream);
 
-    let launch = Launch::dense(p, T::DTYPE, [qp, kp, vp, op, lp]);
+    // ALiBi's slopes on the device (freed in stream order after the launches), as the forward.
+    let slopes = upload_slopes(gpu, &p.scores)?;
+    let alibi = slopes.as_ref().map(|d| d.device_ptr(stream));
+    let launch = Launch {
+        alibi: alibi.as_ref().map_or(0, |(ptr, _)| *ptr),
+        ..Launch::dense(p, T::DTYPE, [qp, kp, vp, op, lp])
+    };
     let num_k_blocks = s.seqlen_k.div_ceil(bc);
     let blocks = num_k_blocks as u64 * s.heads_kv as u64 * s.batch as u64;
     // gridDim.x is at most 2^31 - 1.
@@ -774,6 +792,27 @@ mod tests {
     }
 
     #[test]
+    fn softcap_takes_16_keys_per_warp() {
+        let p = AttnProblem::new(AttnShape::new(1, 64, 2, 64)).unwrap();
+        let sm90 = |p: &AttnProblem| BwdTile::for_problem(p, DType::F16, (9, 0), 227 * 1024);
+        assert_eq!(sm90(&p).keys_per_warp, 32);
+        let alibi = crate::scores::ScoreMods {
+            alibi: Some(crate::scores::Alibi::geometric(2)),
+            ..Default::default()
+        };
+        assert_eq!(
+            sm90(&p.clone().with_scores(alibi).unwrap()).keys_per_warp,
+            32
+        );
+        let softcap = crate::scores::ScoreMods {
+            softcap: Some(30.0),
+            ..Default::default()
+        };
+        let t = sm90(&p.with_scores(softcap).unwrap());
+        assert_eq!((t.nwarps, t.br, t.keys_per_warp), (8, 64, 16));
+    }
+
+    #[test]
     fn tiles_parse_or_name_the_form() {
         assert_eq!(
             BwdTile::parse("4, 64").unwrap(),
@@ -795,17 +834,22 @@ mod tests {
         let p = |d| AttnProblem::new(AttnShape::new(1, 64, 2, d)).unwrap();
         assert!(unsupported(&p(64)).is_none());
         assert!(unsupported(&p(128).with_mask(Mask::Causal)).is_none());
-        // Every head_dim is taken (padded where the kernels need it); softcap and ALiBi are not.
+        // Every head_dim a problem can have is taken (padded where the kernels need it), and
+        // every score modifier; only a hand-built problem past 256 (which validation refuses
+        // first) is not.
         for d in [1, 36, 136, 256] {
             assert!(unsupported(&p(d)).is_none(), "d{d}");
         }
-        let softcap = p(64)
-            .with_scores(crate::scores::ScoreMods {
-                softcap: Some(30.0),
-                ..Default::default()
-            })
-            .unwrap();
-        let e = unsupported(&softcap).expect("refused");
+        let mods = crate::scores::ScoreMods {
+            window: crate::scores::Window::from_fa(40, 8).unwrap(),
+            softcap: Some(30.0),
+            alibi: Some(crate::scores::Alibi::geometric(2)),
+        };
+        let modified = p(64).with_mask(Mask::Causal).with_scores(mods).unwrap();
+        assert!(unsupported(&modified).is_none());
+        let mut big = p(256);
+        big.shape.head_dim = 264;
+        let e = unsupported(&big).expect("refused");
         assert!(e.to_string().contains("CPU backward"), "{e}");
     }
 }

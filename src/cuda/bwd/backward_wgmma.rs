@@ -80,6 +80,9 @@ pub fn unsupported(info: &DeviceInfo, p: &AttnProblem, deterministic: bool) -> O
     if deterministic {
         return Some("the deterministic dQ order is attn_bwd's".into());
     }
+    if p.scores.softcap.is_some() || p.scores.alibi.is_some() {
+        return Some("softcap and ALiBi are attn_bwd's".into());
+    }
     if padded_head_dim(p.shape.head_dim).is_none() {
         return Some(format!(
             "attn_bwd_wgmma serves head_dim 64 and multiples of 8 in 72..=128, not {}",
