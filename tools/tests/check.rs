@@ -94,3 +94,63 @@ fn field_reports_large_logits_are_judged_by_their_f32_precision() {
         }
     }
 }
+
+/// The backward check's softcap and ALiBi cases (`check::backward::mod_cases`): labels unique
+/// among every backward case and carrying `softcap` or `alibi` (the GPU check's filters), and
+/// well-conditioned: the CPU backward, which rounds as coarsely as the kernels do not, meets
+/// the bound the GPU is held to against the exact gradients on each of them.
+#[test]
+fn backward_softcap_and_alibi_cases_are_labelled_and_within_reach() {
+    use flashattn::compare::{Tolerance, diff, random_vec, widen};
+    use flashattn::dtype::DType;
+    use flashattn::{cpu, cpu_backward, reference_grad};
+    use flashattn_tools::check::backward::{cases, mod_cases};
+    let all = cases();
+    let mut labels: Vec<&str> = all.iter().map(|c| c.label.as_str()).collect();
+    labels.sort_unstable();
+    let n = labels.len();
+    labels.dedup();
+    assert_eq!(labels.len(), n, "backward labels must be unique");
+    let mods = mod_cases();
+    assert!(mods.len() >= 8 && mods.len() <= 16, "{} cases", mods.len());
+    fn one<T: Element>(p: &flashattn::AttnProblem, label: &str) {
+        let s = p.shape;
+        let (q, k, v) = random_inputs::<T>(p, 11);
+        let n_o = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
+        let n_k = s.batch * s.seqlen_k * s.heads_kv * s.head_dim;
+        let (mut o, mut lse) = (vec![T::default(); n_o], vec![0.0f32; s.lse_len()]);
+        cpu::forward(p, &q, &k, &v, &mut o, &mut lse).unwrap();
+        let d_o: Vec<T> = random_vec(n_o, 0xd0);
+        let (mut dq, mut dk, mut dv) = (
+            vec![T::default(); n_o],
+            vec![T::default(); n_k],
+            vec![T::default(); n_k],
+        );
+        cpu_backward::backward(p, &q, &k, &v, &o, &lse, &d_o, &mut dq, &mut dk, &mut dv).unwrap();
+        let exact = reference_grad::backward(p, &q, &k, &v, &d_o).unwrap();
+        let bound = 2.0 * Tolerance::for_dtype(T::DTYPE).o_rel_l2;
+        for (name, g, want) in [
+            ("dq", &dq, &exact.dq),
+            ("dk", &dk, &exact.dk),
+            ("dv", &dv, &exact.dv),
+        ] {
+            let d = diff(widen(g), want);
+            assert!(
+                d.is_clean() && d.rel_l2 <= bound,
+                "{label} {name}: {d} (bound {bound:e})"
+            );
+        }
+    }
+    for c in &mods {
+        assert!(
+            c.label.contains("softcap") || c.label.contains("alibi"),
+            "{}",
+            c.label
+        );
+        assert!(all.iter().any(|a| a.label == c.label));
+        match c.dtype {
+            DType::BF16 => one::<bf16>(&c.problem, &c.label),
+            _ => one::<f16>(&c.problem, &c.label),
+        }
+    }
+}

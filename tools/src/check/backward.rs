@@ -3,20 +3,21 @@
 //! (the default and attn_bwd by name): both dtypes, head dims 8 to 256 (36 and 160 padded),
 //! no mask, causal (seqlen_q
 //! below, equal to and above seqlen_k) and sliding windows, GQA and MQA, lengths that are not
-//! multiples of the tiles. o and lse come from the CPU forward, so that a forward error cannot
-//! hide a backward one; the gradients start as NaN (an element the kernels skip fails). The
-//! deterministic mode runs 5 times per case and must give the same bytes every time.
-//! Problems the GPU backward does not take must be refused with a typed error.
+//! multiples of the tiles; softcap and ALiBi (attn_bwd, [`mod_cases`]). o and lse come from
+//! the CPU forward, so that a forward error cannot hide a backward one; the gradients start as
+//! NaN (an element the kernels skip fails). The deterministic mode runs 5 times per case and
+//! must give the same bytes every time. Problems the GPU backward does not take must be
+//! refused with a typed error.
 
 use super::outcome::CaseResult;
 use flashattn::compare::{Tolerance, diff, random_inputs, random_vec, widen};
-use flashattn::cuda::backward::{BackwardOptions, BwdKernel, backward_host, unsupported};
+use flashattn::cuda::backward::{BackwardOptions, BwdKernel, backward_host};
 use flashattn::cuda::backward_wgmma::padded_head_dim;
 use flashattn::cuda::{Gpu, GpuElement, KernelKind};
 use flashattn::dtype::DType;
 use flashattn::error::Result;
 use flashattn::mask::Mask;
-use flashattn::scores::{ScoreMods, Window};
+use flashattn::scores::{Alibi, ScoreMods, Window};
 use flashattn::shape::{AttnProblem, AttnShape};
 use flashattn::{cpu, reference_grad};
 use half::{bf16, f16};
@@ -110,6 +111,121 @@ pub fn cases() -> Vec<BwdCase> {
                     }
                 }
             }
+        }
+    }
+    out.extend(mod_cases());
+    out
+}
+
+/// Softcap and ALiBi, which attn_bwd alone takes (the default routes them there): softcaps
+/// small enough that tanh bends the random scores (2, 5) and FlashAttention's usual 30;
+/// slopes per head and per (batch, head); alone, together, with causal (seqlen_q above
+/// seqlen_k: rows that see no key) and a window; GQA and MQA; odd lengths; head dims 64, 128,
+/// 96, 36 (padded to 40) in both dtypes, 256 (two channel passes) and the deterministic mode
+/// in f16. Labels carry ` softcapC` and ` alibi` ([`super::cases::describe_scores`]).
+pub fn mod_cases() -> Vec<BwdCase> {
+    let shape = |b, sq, sk, hq, hkv, d| {
+        let mut s = AttnShape::new(b, sq, hq, d);
+        s.seqlen_k = sk;
+        s.heads_kv = hkv;
+        s
+    };
+    let window = Window::from_fa(40, 8).expect("valid window");
+    let mods = |window, softcap, alibi| ScoreMods {
+        window,
+        softcap,
+        alibi,
+    };
+    let full = Window::default();
+    let per_head = |h| Some(Alibi::geometric(h));
+    // A row of slopes per batch entry: the geometric ones times 1, 2, ...
+    let per_batch = |b: usize, h: usize| {
+        let row = |i: usize| {
+            Alibi::geometric(h)
+                .slopes
+                .into_iter()
+                .map(move |x| x * (i + 1) as f32)
+        };
+        Some(Alibi {
+            slopes: (0..b).flat_map(row).collect(),
+            per_batch: true,
+        })
+    };
+    let both = &[DType::F16, DType::BF16][..];
+    let f16_only = &[DType::F16][..];
+    use Mask::{Causal, None as Full};
+    // (shape, mask, modifiers, dtypes, deterministic)
+    let list = [
+        (
+            shape(1, 77, 77, 4, 2, 64),
+            Full,
+            mods(full, Some(5.0), None),
+            both,
+            false,
+        ),
+        (
+            shape(2, 100, 130, 4, 1, 128),
+            Causal,
+            mods(full, None, per_batch(2, 4)),
+            both,
+            false,
+        ),
+        (
+            shape(1, 200, 150, 6, 2, 96),
+            Causal,
+            mods(full, Some(2.0), per_head(6)),
+            both,
+            false,
+        ),
+        (
+            shape(1, 65, 300, 2, 2, 36),
+            Full,
+            mods(window, Some(30.0), per_head(2)),
+            both,
+            false,
+        ),
+        (
+            shape(1, 200, 150, 6, 2, 96),
+            Causal,
+            mods(full, Some(2.0), per_head(6)),
+            f16_only,
+            true,
+        ),
+        (
+            shape(1, 100, 180, 4, 2, 256),
+            Causal,
+            mods(full, Some(5.0), per_head(4)),
+            f16_only,
+            false,
+        ),
+    ];
+    let mut out = Vec::new();
+    for (shape, mask, mods, dtypes, deterministic) in list {
+        let name = format!("{}{}", mask.name(), super::cases::describe_scores(&mods));
+        let problem = AttnProblem::new(shape)
+            .expect("valid case")
+            .with_mask(mask)
+            .with_scores(mods)
+            .expect("valid modifiers");
+        let AttnShape {
+            batch: b,
+            seqlen_q: sq,
+            seqlen_k: sk,
+            heads_q: hq,
+            heads_kv: hkv,
+            head_dim: d,
+        } = shape;
+        for &dtype in dtypes {
+            out.push(BwdCase {
+                label: format!(
+                    "{dtype} backward b={b} sq={sq} sk={sk} hq={hq} hkv={hkv} d={d} {name}{}",
+                    if deterministic { " deterministic" } else { "" }
+                ),
+                dtype,
+                problem: problem.clone(),
+                deterministic,
+                kernel: BwdKernel::Auto,
+            });
         }
     }
     out
@@ -222,55 +338,50 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &BwdCase, seed: u64) -> Result<Case
     Ok(result)
 }
 
-/// Problems the GPU backward must refuse with a typed error (softcap, ALiBi),
-/// each checked through [`backward_host`]: `(label, passed, message)`.
+/// Calls the GPU backward must refuse with a typed error, each checked through
+/// [`backward_host`]: softcap and ALiBi with attn_bwd_wgmma asked for by name (attn_bwd alone
+/// takes them; the error says attn_bwd_wgmma cannot serve the call, on any device).
+/// `(label, passed, message)`.
 pub fn refusals(gpu: &Gpu) -> Vec<(String, bool, String)> {
-    let p = |d| AttnProblem::new(AttnShape::new(1, 32, 2, d)).expect("valid shape");
-    let softcap = p(64)
-        .with_scores(ScoreMods {
-            softcap: Some(30.0),
-            ..ScoreMods::default()
-        })
-        .expect("valid softcap");
-    let alibi = p(64)
-        .with_scores(ScoreMods {
-            alibi: Some(flashattn::scores::Alibi::geometric(2)),
-            ..ScoreMods::default()
-        })
-        .expect("valid ALiBi");
-    [("softcap", softcap), ("ALiBi", alibi)]
+    let with = |mods: ScoreMods| {
+        AttnProblem::new(AttnShape::new(1, 32, 2, 64))
+            .expect("valid shape")
+            .with_scores(mods)
+            .expect("valid modifiers")
+    };
+    let softcap = with(ScoreMods {
+        softcap: Some(30.0),
+        ..ScoreMods::default()
+    });
+    let alibi = with(ScoreMods {
+        alibi: Some(Alibi::geometric(2)),
+        ..ScoreMods::default()
+    });
+    let wgmma = BackwardOptions {
+        kernel: BwdKernel::Wgmma,
+        ..BackwardOptions::default()
+    };
+    let want = "attn_bwd_wgmma cannot serve this call";
+    [("softcap", softcap), ("alibi", alibi)]
         .into_iter()
         .map(|(label, prob)| {
+            let label = format!("backward {label} on attn_bwd_wgmma");
             let s = prob.shape;
             let n_q = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
             let n_k = s.batch * s.seqlen_k * s.heads_kv * s.head_dim;
             let x = vec![f16::from_f32(0.5); n_q.max(n_k)];
             let lse = vec![0.0f32; s.lse_len()];
-            let r = backward_host(
-                gpu,
-                &prob,
-                BackwardOptions::default(),
-                &x,
-                &x,
-                &x,
-                &x,
-                &lse,
-                &x,
-            );
-            let expected = unsupported(&prob).map(|e| e.to_string());
-            match (r, expected) {
-                (Err(e), Some(want)) if e.to_string() == want => {
-                    (format!("backward {label}"), true, e.to_string())
-                }
-                (Err(e), _) => (
-                    format!("backward {label}"),
+            match backward_host(gpu, &prob, wgmma, &x, &x, &x, &x, &lse, &x) {
+                Err(e) if e.to_string().contains(want) => (label, true, e.to_string()),
+                Err(e) => (
+                    label,
                     false,
-                    format!("refused with an unexpected error: {e}"),
+                    format!("refused with an unexpected error: {e} (expected '{want}')"),
                 ),
-                (Ok(_), _) => (
-                    format!("backward {label}"),
+                Ok(_) => (
+                    label,
                     false,
-                    "accepted a problem the GPU backward does not serve".into(),
+                    "accepted a call attn_bwd_wgmma does not serve".into(),
                 ),
             }
         })
