@@ -8,8 +8,8 @@ tensors (float16, bfloat16) on its GPU kernels, compiled at run time by NVRTC (f
 ``nvidia-cuda-nvrtc`` wheel, found without ``LD_LIBRARY_PATH``), enqueued on the caller's
 current stream (PyTorch's or CuPy's) with no copy and no device synchronisation, so a call can
 be captured in a CUDA graph (JAX GPU arrays are refused: JAX arrays are immutable). PyTorch tensors that require grad get gradients through
-``torch.autograd`` (``flash_attn_func`` and the packed functions; the GPU backward has no
-softcap or ALiBi). ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache`` run on CUDA tensors
+``torch.autograd`` (``flash_attn_func`` and the packed functions, every score modifier
+included). ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache`` run on CUDA tensors
 too (forward only), but copy their index arrays (``cu_seqlens_*``, ``cache_seqlens``,
 ``block_table``) to the host to validate and plan the call: on CUDA those calls synchronise
 and cannot be captured in a graph.

@@ -230,8 +230,8 @@ impl Job for Backward<'_> {
 /// Gradients of attention: `q`, `k`, `v`, `out`, `lse` as [`forward`] took and wrote them,
 /// `dout` with `out`'s shape and strides; writes `dq` (q's shape), `dk`, `dv` (k's shape), all
 /// three contiguous (dk, dv summed over the query heads of each kv head). CPU tensors run on
-/// the CPU backward, CUDA tensors on the GPU backward (softcap and ALiBi: CPU only), enqueued
-/// on `stream`. `deterministic`: dq the same bytes run to run (GPU; the CPU always is).
+/// the CPU backward, CUDA tensors on the GPU backward (every score modifier), enqueued on
+/// `stream`. `deterministic`: dq the same bytes run to run (GPU; the CPU always is).
 #[pyfunction]
 #[pyo3(signature = (q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic, stream=None, current=false, torch=false))]
 #[allow(clippy::too_many_arguments)]
