@@ -24,6 +24,14 @@
 //                       and adds it to the f32 workspace with one bulk reduction: the
 //                       workspace is laid out tile by tile (dq_tile_index), so that the
 //                       tile is one contiguous run; attn_bwd_dq_tiled turns it back.
+//   dQ is issued before dK, so that its staging runs while dK's products do (FA3's order).
+// - warps 1 and 2 of warpgroup 0, the dQ writers: writer c issues consumer c's bulk
+//   reduction once the tile is staged (named barrier "full"), and frees the tile once the
+//   copy engine has read it ("empty"), so that the consumer never waits on the reduction. In
+//   the DETERMINISTIC mode the writer first waits until the key blocks above this one that
+//   visit the step have added theirs (a counter per dQ tile), and counts itself once its
+//   reduction is complete: the tiles are added in descending key-block order, the same bytes
+//   every run.
 //   dS^T has two buffers: a consumer writes step s+1's only after the barrier of step s, which
 //   both passed after their dQ products of step s-1 (the last reads of that buffer).
 // Layouts: shared tiles are TMA boxes of 64 channels x rows, 128-byte swizzled (hopper.cuh);
@@ -33,7 +41,7 @@
 //
 // Specialised at NVRTC time by HEAD_DIM (the real head_dim: 64, or 72..128 padded to 128 by
 // TMA's zero fill), BWD_BR (rows per step), STAGES, IS_BF16, IS_CAUSAL, IS_LOCAL (attn_common.cuh's key range),
-// CONSUMER_REGS and PRODUCER_REGS; softcap, ALiBi, varlen and the deterministic order stay on
+// CONSUMER_REGS, PRODUCER_REGS and DETERMINISTIC; softcap, ALiBi and varlen stay on
 // attn_bwd.cu (the host routes them there).
 #include "ptx.cuh"
 #include "attn_common.cuh"
@@ -51,13 +59,16 @@ static_assert(!IS_VARLEN && !HAS_SOFTCAP && !HAS_ALIBI, "attn_bwd_wgmma: no varl
 #define STAGES 2
 #endif
 #ifndef CONSUMER_REGS
-#define CONSUMER_REGS 240
+#define CONSUMER_REGS 232
 #endif
 #ifndef PRODUCER_REGS
-#define PRODUCER_REGS 24
+#define PRODUCER_REGS 40
 #endif
 #ifndef BWD_BR
 #define BWD_BR 64
+#endif
+#ifndef DETERMINISTIC
+#define DETERMINISTIC 0
 #endif
 
 
@@ -84,15 +95,18 @@ constexpr int NQ = DP / 4;              // dQ accumulators per thread (DP/2 chan
 static_assert(D % 8 == 0 && (D == 64 || (D >= 72 && D <= 128)), "HEAD_DIM 64 or 72..128");
 static_assert(STAGES >= 2 && STAGES <= 4, "STAGES in 2..4");
 static_assert(BR == 64 || BR == 128, "BWD_BR is 64 or 128");
+static_assert(D > DP / 2, "both consumers' dQ halves hold real channels (every tile is added)");
 static_assert((2 * CONSUMER_REGS + PRODUCER_REGS) * 128 <= (65536 / NT / 8 * 8) * NT,
               "setmaxnreg targets exceed the block's register pool");
 
 // Named barriers (0 is __syncthreads, used only before the roles split).
 constexpr u32 BAR_DS = 1;               // both consumers: dS of the step written
-constexpr u32 BAR_DQ = 2;               // + consumer: its dQ staging rows
+constexpr u32 BAR_DQ_FULL = 2;          // + c: consumer c's dQ tile staged (c's 128 + writer)
+constexpr u32 BAR_DQ_EMPTY = 4;         // + c: its reduction has read the tile
+constexpr u32 DQ_BAR_THREADS = 128 + 32;
 
 // Shared memory from a 1024-byte-aligned base (swizzle atoms): K | V | Q stages | dO stages |
-// dS x2 | dQ staging (f32) | lse, D stages (f32) | mbarriers. src/cuda/backward_wgmma.rs
+// dS x2 | dQ staging (f32) | lse, D stages (f32) | mbarriers | the dQ hand-off words. src/cuda/backward_wgmma.rs
 // sizes it the same way (smem_bytes).
 constexpr u32 OFF_K = 0;
 constexpr u32 OFF_V = OFF_K + KV_BYTES;
@@ -103,7 +117,8 @@ constexpr u32 OFF_DQ = OFF_DS + 2 * DS_BYTES;
 constexpr u32 OFF_L = OFF_DQ + 2 * DQ_HALF_BYTES;
 constexpr u32 OFF_D = OFF_L + STAGES * BR * 4;
 constexpr u32 OFF_BARS = OFF_D + STAGES * BR * 4;
-constexpr u32 SMEM_BYTES = OFF_BARS + 8 * (1 + 2 * STAGES) + 1024; // + alignment slack
+constexpr u32 OFF_HAND = OFF_BARS + 8 * (1 + 2 * STAGES); // per consumer: tile number, ahead
+constexpr u32 SMEM_BYTES = OFF_HAND + 16 + 1024;             // + alignment slack
 
 // The dQ workspace, tile by tile: for (batch b, query head h, step of rows m, consumer half)
 // a contiguous [BR rows][HALF channels] f32 tile, channel c of row r at c ^ swz(r) (the
@@ -136,6 +151,7 @@ struct Smem {
     FA_DEVICE u32 kv_full() const { return base + OFF_BARS; }
     FA_DEVICE u32 full(int s) const { return base + OFF_BARS + 8 * (1 + s); }
     FA_DEVICE u32 empty(int s) const { return base + OFF_BARS + 8 * (1 + STAGES + s); }
+    FA_DEVICE u32 hand(int c) const { return base + OFF_HAND + 4 * (u32)c; }
 };
 
 // x, through an empty asm the compiler cannot see into: a value made from it inside the step
@@ -154,7 +170,6 @@ FA_DEVICE void producer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
     const BwdParams &bp = w.bp;
     const Params &p = bp.p;
     const int hk = kb.hk, b = kb.b;
-    if (tid >= 32) return;
     const int lane = tid;
     if (lane == 0) {
         tma_prefetch(w.tq);
@@ -184,14 +199,58 @@ FA_DEVICE void producer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
         // compute-sanitizer's racecheck does not model mbarriers: its `hazard` report mode
         // lists these stores as WAR hazards; the default `analysis` mode reports none
         // (docs/perf-notes.md 40).
-        const i64 at = lse_offset(p, b, h, 0);
-        for (int r = lane; r < BR; r += 32) {
+        // (b and lane through in_loop: hoisted out of the step loop, their products spill
+        // from the warpgroup's 24 registers.)
+        const i64 at = lse_offset(p, (int)in_loop((u32)b), h, 0);
+        for (int r = (int)in_loop((u32)lane); r < BR; r += 32) {
             const bool ok = row0 + r < p.seqlen_q;
             st_shared_u32(sm.lse(stage) + r * 4, __float_as_uint(ok ? p.lse[at + row0 + r] * LOG2E : 0.f));
             st_shared_u32(sm.dsum(stage) + r * 4, __float_as_uint(ok ? bp.dsum[at + row0 + r] : 0.f));
         }
         mbar_arrive(sm.full(stage));
     }
+}
+
+// ================================ dQ writers ===============================================
+// Writer warp `cons` (warp 1 + cons of warpgroup 0): each dQ tile of consumer cons, once
+// staged, added to the workspace tile whose number (dq_tile_index / tile size) the consumer
+// left in hand(cons), by one bulk reduction; the staging tile is released once read
+// (DETERMINISTIC: once the reduction is complete and counted). Number -1 ends the block.
+// The consumer computes the number: the producer warpgroup runs on 24 registers.
+FA_DEVICE void dq_writer(const BwdWgmmaParams &w, const Smem &sm, int cons, int lane) {
+    const BwdParams &bp = w.bp;
+    const u32 sdq = sm.dq() + (u32)cons * DQ_HALF_BYTES;
+#pragma unroll 1
+    for (;;) {
+        named_sync(BAR_DQ_FULL + cons, DQ_BAR_THREADS);
+        const int tile = (int)ld_shared_u32(sm.hand(cons));
+        if (tile < 0) break;
+        if (lane == 0) {
+#if DETERMINISTIC
+            // One counter per dQ tile: the key blocks n + 1 .. n_last that visit its step of
+            // rows add theirs before this block (the consumer's tile number carries ahead =
+            // n_last - n in its own word, below).
+            int *order = bp.dq_order + tile;
+            const int ahead = (int)ld_shared_u32(sm.hand(2 + cons));
+            while (ld_acquire_gpu(order) != ahead) {
+            }
+            // The acquired count (generic proxy) before the reduction (async proxy).
+            fence_proxy_async_global();
+#endif
+            bulk_reduce_add_f32(bp.dq_accum + (i64)tile * (BR * HALF), sdq, DQ_HALF_BYTES);
+            bulk_commit();
+#if DETERMINISTIC
+            bulk_wait0();
+            fence_proxy_async_global();
+            red_release_gpu_add(order, 1);
+#else
+            bulk_wait_read0();
+#endif
+        }
+        __syncwarp();
+        named_arrive(BAR_DQ_EMPTY + cons, DQ_BAR_THREADS);
+    }
+    if (lane == 0) bulk_wait0();
 }
 
 // ================================ consumers ================================================
@@ -215,7 +274,6 @@ FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
     // B of dQ = dS K: K MN-major from channel c0 (a whole box at DP 128, half a box at 64:
     // the swizzle is a function of the address, as for the K-major k-steps inside a box).
     const u32 sk_cols = sm.k() + (u32)(c0 / 64) * SUB_K + (u32)(c0 % 64) * 2;
-    const int dq_cols = min(D - c0, DP / 2); // real channels of this consumer's dQ half
     // The lane's two keys (accumulator rows g and g + 8 of its warp).
     const int kw = key0 + cons * 64 + warp * 16 + g;
 
@@ -315,18 +373,13 @@ FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
             st_shared_u16(ds_at[r][1] + (u32)(i / 4) * 1024, (u16)(pair >> 16));
         }
 
-        // dK += dS^T Q (softmax_scale applied at the end)
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < RSTEPS; ++kk)
-            wgmma_rs<DP, 1>(dk, dsf[4 * kk], dsf[4 * kk + 1], dsf[4 * kk + 2], dsf[4 * kk + 3], desc_mnmajor_sw128(sq, kk, SUB_Q), 1);
-        wgmma_commit();
-
         // dS of both consumers written (generic stores, read by wgmma: proxy fence first).
         fence_proxy_async();
         named_sync(BAR_DS, 256);
 
-        // dQ = dS K for this consumer's channels, over all 128 keys (rows in m64 halves).
+        // dQ = dS K for this consumer's channels, over all 128 keys (rows in m64 halves), then
+        // dK += dS^T Q (softmax_scale applied at the end): dQ first, so that its staging
+        // below runs while dK's products do (FlashAttention-3's order).
         float dq[MH][NQ];
         const u32 k_cols = in_loop(sk_cols);
         wgmma_fence();
@@ -337,20 +390,20 @@ FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
                 wgmma_ss<HALF, 1>(dq[mh], desc_kmajor_sw128(sm.ds(s & 1) + (u32)mh * 64 * 128, kk, SUB_Q),
                                   desc_mnmajor_sw128(k_cols, kk, SUB_K), kk > 0);
         wgmma_commit();
-        wgmma_wait<0>();
+#pragma unroll
+        for (int kk = 0; kk < RSTEPS; ++kk)
+            wgmma_rs<DP, 1>(dk, dsf[4 * kk], dsf[4 * kk + 1], dsf[4 * kk + 2], dsf[4 * kk + 3], desc_mnmajor_sw128(sq, kk, SUB_Q), 1);
+        wgmma_commit();
+        // dV and dQ done (groups complete in order); dK may still run.
+        wgmma_wait<1>();
         fence_regs(dv);
-        fence_regs(dk);
 #pragma unroll
         for (int mh = 0; mh < MH; ++mh) fence_regs(dq[mh]);
-        // Q, dO, lse and D of the stage are read: every lane's reads before lane 0's arrive.
-        __syncwarp();
-        if (lane == 0) mbar_arrive(sm.empty(stage));
 
-        // dQ (times softmax_scale) to this consumer's staging tile, then one bulk reduction.
-        // The previous step's reduction must have read the tile first.
+        // dQ (times softmax_scale) to this consumer's staging tile, for its writer warp to
+        // add. The previous step's reduction must have read the tile first.
         const u32 sdq = sm.dq() + (u32)cons * DQ_HALF_BYTES;
-        if (ctid == 0) bulk_wait_read0();
-        named_sync(BAR_DQ + cons, 128);
+        if (s > 0) named_sync(BAR_DQ_EMPTY + cons, DQ_BAR_THREADS);
         const int gl = (int)in_loop((u32)g); // (the 16 swizzled addresses are not hoisted: registers)
 #pragma unroll
         for (int mh = 0; mh < MH; ++mh)
@@ -360,14 +413,28 @@ FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
                 const int c = 8 * (i / 4) + 2 * t;
                 st_shared_f32x2(sdq + (u32)(row * HALF + (c ^ swz(row))) * 4, dq[mh][i] * bp.scale, dq[mh][i + 1] * bp.scale);
             }
-        fence_proxy_async();
-        named_sync(BAR_DQ + cons, 128);
-        if (ctid == 0 && dq_cols > 0) {
-            bulk_reduce_add_f32(bp.dq_accum + dq_tile_index(p, b, h, row0 / BR, cons), sdq, DQ_HALF_BYTES);
-            bulk_commit();
+        if (ctid == 0) {
+            const int m = row0 / BR;
+            st_shared_u32(sm.hand(cons), (u32)(dq_tile_index(p, b, h, m, cons) / (BR * HALF)));
+#if DETERMINISTIC
+            const int last = last_block_of_step<BR, BC>(p, bp.num_k_blocks, kb.n_block, m);
+            st_shared_u32(sm.hand(2 + cons), (u32)(last - kb.n_block));
+#endif
         }
+        fence_proxy_async();
+        named_arrive(BAR_DQ_FULL + cons, DQ_BAR_THREADS);
+
+        // dK done: Q, dO, lse and D of the stage are read; every lane's reads before lane
+        // 0's arrive.
+        wgmma_wait<0>();
+        fence_regs(dk);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(sm.empty(stage));
     }
-    if (ctid == 0) bulk_wait0();
+    // The end of the block for the writer.
+    if (steps > 0) named_sync(BAR_DQ_EMPTY + cons, DQ_BAR_THREADS);
+    if (ctid == 0) st_shared_u32(sm.hand(cons), 0xffffffffu);
+    named_arrive(BAR_DQ_FULL + cons, DQ_BAR_THREADS);
 
     // dK (times softmax_scale) and dV of the lane's keys, as 16-bit pairs, dense.
 #pragma unroll
@@ -391,10 +458,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd_wgmma(const __grid_
     const Smem sm{(smem_u32(smem_raw) + 1023u) & ~1023u};
     const int tid = threadIdx.x, wg = tid / 128;
 
-    // Key blocks in index order. (Starting each key block at a different step, so that the
-    // blocks of a head add to different dQ tiles at any one time, measured the same within 2
-    // %, run 70.)
-    const KeyBlock<BR, BC> kb(w.bp, false);
+    // Key blocks in index order; the last first when DETERMINISTIC (dq_writer's descending
+    // order: a block waits only for blocks launched before it). (Starting each key block at a
+    // different step, so that the blocks of a head add to different dQ tiles at any one time,
+    // measured the same within 2 %, run 70.)
+    const KeyBlock<BR, BC> kb(w.bp, DETERMINISTIC);
 
     if (tid == 0) {
         mbar_init(sm.kv_full(), 1);
@@ -407,10 +475,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd_wgmma(const __grid_
     }
     __syncthreads();
 
-    // The roles: the producer warp, then the consumer warpgroups.
+    // The roles: the producer warp, the two dQ writer warps, then the consumer warpgroups.
     if (wg == 0) {
         setmaxnreg_dec<PRODUCER_REGS>();
-        producer(w, sm, kb, tid);
+        if (tid < 32) producer(w, sm, kb, tid);
+        else if (tid < 96) dq_writer(w, sm, tid / 32 - 1, tid % 32);
         return;
     }
     setmaxnreg_inc<CONSUMER_REGS>();

@@ -81,6 +81,21 @@ template <int BR, int BC> FA_DEVICE void step_range(const Params &p, int n, int 
     m_end = i_end > i_begin ? (int)((i_end + BR - 1) / BR) : m_begin;
 }
 
+// The last key block that visits step m, given that block n does (step_range's ends are
+// non-decreasing in n, so the blocks that visit m are one run from n): the deterministic
+// modes' count of the blocks that add to a dQ tile before block n (last - n, descending).
+template <int BR, int BC> FA_DEVICE int last_block_of_step(const Params &p, int num_k_blocks, int n, int m) {
+    int lo = n, hi = num_k_blocks - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        int mb, me;
+        step_range<BR, BC>(p, mid, mb, me);
+        if (mb <= m && me > m) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 // A block's key block (keys key0 = n_block BC ..), kv head hk and batch b, from its index
 // in the grid (n_index: its key block in launch order, the last first when `reversed`), and
 // its steps: over (query head of the group, step of BR rows), head_of(p, s) and row0_of(s).

@@ -4,8 +4,10 @@
 //! workspace converted to the element type. Two main kernels:
 //! - attn_bwd_wgmma ([`crate::cuda::bwd::backward_wgmma`]; wgmma + TMA, FlashAttention-3's structure):
 //!   the default on sm_90 at head_dim 64 and 72..=128;
-//! - attn_bwd (`mma.sync`, bulk reductions on sm_90, atomics before): every other call, the
-//!   deterministic mode, softcap and ALiBi, and any call that asks for it ([`BwdKernel::Mma`]).
+//! - attn_bwd (`mma.sync`, bulk reductions on sm_90, atomics before): every other call
+//!   (softcap and ALiBi included), and any call that asks for it ([`BwdKernel::Mma`]).
+//!
+//! Both have the deterministic mode.
 //!
 //! Serves every head_dim up to 256 ([`run_head_dim`]: some padded with zero channels, 256 in
 //! two channel passes), no mask, causal, sliding windows, softcap and ALiBi (the forward's
@@ -57,8 +59,8 @@ pub struct BackwardOptions {
     /// one of the two by name.
     pub kernel: BwdKernel,
     /// dQ the same bytes run to run: the key blocks add their dQ tiles of each step of rows
-    /// in a fixed order, the last key block first (a counter per (batch, query head, step)),
-    /// instead of as they come.
+    /// in a fixed order, the last key block first (a counter per dQ tile), instead of as they
+    /// come.
     /// dK and dV are the same bytes either way. FlashAttention-2's `deterministic=True`.
     pub deterministic: bool,
 }
@@ -439,7 +441,7 @@ where
     // attn_bwd_wgmma where it serves the call and its tensor maps encode; else attn_bwd.
     let wgmma_maps = match opts.kernel {
         BwdKernel::Mma => Err("the call asked for attn_bwd".to_string()),
-        BwdKernel::Auto | BwdKernel::Wgmma => match bw::unsupported(info, p, opts.deterministic) {
+        BwdKernel::Auto | BwdKernel::Wgmma => match bw::unsupported(info, p) {
             Some(why) => Err(why),
             None => bw::maps(
                 T::DTYPE,
@@ -465,13 +467,13 @@ where
     let bc = if wgmma { bw::BC } else { tile.bc() };
     // attn_bwd's passes over the channels of dK, dV and dQ (two at head_dim 256).
     let passes = BwdTile::passes(s.head_dim);
-    // The key-block counters of the deterministic mode: one per (batch, query head, step),
-    // for each pass.
+    // The key-block counters of the deterministic mode: attn_bwd's one per (batch, query
+    // head, step), for each pass; attn_bwd_wgmma's one per dQ tile.
     let per_pass = s.batch * s.heads_q * s.seqlen_q.div_ceil(tile.br);
-    let n_order = if opts.deterministic {
-        per_pass * passes.len()
-    } else {
-        1
+    let n_order = match (opts.deterministic, wgmma) {
+        (false, _) => 1,
+        (true, true) => bw::dq_order_len(p),
+        (true, false) => per_pass * passes.len(),
     };
     let mut dq_order: CudaSlice<i32> = stream
         .alloc_zeros(n_order)
@@ -524,7 +526,7 @@ where
             KernelSource::AttnBwdWgmma,
             "attn_bwd_wgmma",
             "attn_bwd_dq_tiled",
-            bw::defines(T::DTYPE, p),
+            bw::defines(T::DTYPE, p, opts.deterministic),
             bw::smem_bytes(s.head_dim),
             bw::THREADS,
             n_q / 8,

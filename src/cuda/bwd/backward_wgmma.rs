@@ -4,7 +4,9 @@
 //!
 //! One block per (128 keys, kv head, batch): a producer warp loads K and V once and the Q and
 //! dO tiles of each step (64 query rows) by TMA; two consumer warpgroups of 64 keys each run
-//! S^T, dP^T, dV, dK and dQ on `wgmma` (PTX ISA 9.0, 9.7.15), dK and dV in registers.
+//! S^T, dP^T, dV, dK and dQ on `wgmma` (PTX ISA 9.0, 9.7.15), dK and dV in registers; two
+//! writer warps add each consumer's dQ tile to the f32 workspace by a bulk reduction (in
+//! descending key-block order when deterministic).
 
 use crate::cuda::runtime::device::DeviceInfo;
 use crate::cuda::runtime::tma::{TiledMap, TmaMap, bshd_map};
@@ -48,8 +50,8 @@ pub const STAGES: usize = 2;
 /// Which backward kernel a call runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub enum BwdKernel {
-    /// attn_bwd_wgmma where it serves the call (sm_90, head_dim 64 or 72..=128, not
-    /// deterministic, TMA-describable strides), else attn_bwd.
+    /// attn_bwd_wgmma where it serves the call (sm_90, head_dim 64 or 72..=128,
+    /// TMA-describable strides, no softcap, no ALiBi), else attn_bwd.
     #[default]
     Auto,
     /// attn_bwd (`mma.sync`) always.
@@ -70,15 +72,12 @@ pub fn padded_head_dim(head_dim: usize) -> Option<usize> {
 
 /// Why attn_bwd_wgmma cannot serve a call (`None` when it can); the maps are checked at
 /// launch ([`maps`]).
-pub fn unsupported(info: &DeviceInfo, p: &AttnProblem, deterministic: bool) -> Option<String> {
+pub fn unsupported(info: &DeviceInfo, p: &AttnProblem) -> Option<String> {
     if info.compute_capability != (9, 0) {
         return Some(format!(
             "attn_bwd_wgmma needs sm_90 (wgmma, TMA); this device is {}",
             info.arch
         ));
-    }
-    if deterministic {
-        return Some("the deterministic dQ order is attn_bwd's".into());
     }
     if p.scores.softcap.is_some() || p.scores.alibi.is_some() {
         return Some("softcap and ALiBi are attn_bwd's".into());
@@ -100,8 +99,8 @@ pub fn unsupported(info: &DeviceInfo, p: &AttnProblem, deterministic: bool) -> O
 }
 
 /// Dynamic shared memory of a block (attn_bwd_wgmma.cu's layout: K, V; STAGES of Q and dO;
-/// two dS tiles; the f32 dQ staging rows; STAGES of lse and D; the mbarriers; 1024 bytes to
-/// align the base for the swizzle).
+/// two dS tiles; the f32 dQ staging rows; STAGES of lse and D; the mbarriers; four words of
+/// the consumers' hand-off to the dQ writers; 1024 bytes to align the base for the swizzle).
 pub fn smem_bytes(head_dim: usize) -> usize {
     let dp = padded_head_dim(head_dim).unwrap_or(128);
     let br = br(head_dim);
@@ -110,7 +109,7 @@ pub fn smem_bytes(head_dim: usize) -> usize {
     let ds = 2 * br * BC * 2;
     let dq = br * dp * 4;
     let ld = 2 * STAGES * br * 4;
-    kv + qdo + ds + dq + ld + 8 * (1 + 2 * STAGES) + 1024
+    kv + qdo + ds + dq + ld + 8 * (1 + 2 * STAGES) + 16 + 1024
 }
 
 /// Elements of the tiled f32 dQ workspace: per (batch, query head, step of BR rows), a tile
@@ -122,8 +121,16 @@ pub fn dq_accum_len(p: &AttnProblem) -> usize {
     s.batch * s.heads_q * s.seqlen_q.div_ceil(br) * br * dp
 }
 
-/// NVRTC defines of attn_bwd_wgmma (and of the D and dQ kernels in the same program).
-pub fn defines(dtype: DType, p: &AttnProblem) -> Vec<(String, String)> {
+/// Counters of the deterministic mode: one per dQ tile of the workspace (per batch, query
+/// head, step of [`br`] rows and consumer half), zeroed by the host.
+pub fn dq_order_len(p: &AttnProblem) -> usize {
+    let s = &p.shape;
+    s.batch * s.heads_q * s.seqlen_q.div_ceil(br(s.head_dim)) * 2
+}
+
+/// NVRTC defines of attn_bwd_wgmma (and of the D and dQ kernels in the same program);
+/// `deterministic` adds the dQ tiles in a fixed order.
+pub fn defines(dtype: DType, p: &AttnProblem, deterministic: bool) -> Vec<(String, String)> {
     let b = |x: bool| u8::from(x).to_string();
     let mut d = vec![
         ("HEAD_DIM".to_string(), p.shape.head_dim.to_string()),
@@ -131,6 +138,7 @@ pub fn defines(dtype: DType, p: &AttnProblem) -> Vec<(String, String)> {
         ("BWD_BR".to_string(), br(p.shape.head_dim).to_string()),
         ("IS_BF16".to_string(), b(dtype == DType::BF16)),
         ("IS_CAUSAL".to_string(), b(p.mask.is_causal())),
+        ("DETERMINISTIC".to_string(), b(deterministic)),
     ];
     d.extend(crate::cuda::runtime::launch::score_defines(p));
     d
@@ -179,17 +187,17 @@ mod tests {
             assert_eq!(padded_head_dim(d), None, "d{d}");
         }
         // d128: K, V 2 x 32 KB; Q, dO 2 stages x 16 KB each; dS 2 x 16 KB; dQ 64 x 128 f32;
-        // lse, D 2 stages x 256 B; 5 mbarriers; alignment.
+        // lse, D 2 stages x 256 B; 5 mbarriers; the hand-off words; alignment.
         assert_eq!(
             smem_bytes(128),
-            65536 + 65536 + 32768 + 64 * 128 * 4 + 1024 + 40 + 1024
+            65536 + 65536 + 32768 + 64 * 128 * 4 + 1024 + 40 + 16 + 1024
         );
         // d64 takes 128 rows per step: K, V 2 x 16 KB; Q, dO 2 x 2 x 16 KB; dS 2 x 32 KB; dQ
         // 128 x 64 f32; lse, D 2 x 2 x 512 B.
         assert_eq!(br(64), 128);
         assert_eq!(
             smem_bytes(64),
-            32768 + 65536 + 65536 + 128 * 64 * 4 + 2048 + 40 + 1024
+            32768 + 65536 + 65536 + 128 * 64 * 4 + 2048 + 40 + 16 + 1024
         );
         // Both fit the H200's 227 KB per block.
         assert!(smem_bytes(128) <= 227 * 1024 && smem_bytes(64) <= 227 * 1024);
