@@ -324,7 +324,7 @@ fn line_result(
 
 /// The backward line of a case: o and lse from one forward (attn_mma) on the first input set,
 /// a random dO, then the line's backward (`bwd`: the default kernel, `bwd-mma`: attn_bwd,
-/// `bwd-det`: attn_bwd deterministic) timed as [`time_launches`] times every line (on that one set:
+/// `bwd-det`: the default kernel, deterministic) timed as [`time_launches`] times every line (on that one set:
 /// q, k, v, o and dO of the default sweep are 5 x 64 MB, well past L2), and dq checked finite.
 fn time_backward<T: GpuElement>(
     gpu: &Gpu,
@@ -354,10 +354,10 @@ fn time_backward<T: GpuElement>(
     let timed = time_launches(gpu, &what, iters, warmup, |_| {
         let opts = BackwardOptions {
             deterministic: line.name == "bwd-det",
-            kernel: if line.name == "bwd" {
-                BwdKernel::Auto
-            } else {
+            kernel: if line.name == "bwd-mma" {
                 BwdKernel::Mma
+            } else {
+                BwdKernel::Auto
             },
         };
         let info = backward_device(

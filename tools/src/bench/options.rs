@@ -101,7 +101,7 @@ pub struct BenchOptions {
     pub alibi: bool,
     /// Time the backward pass instead of the forward: line `bwd` (dq, dk, dv from o, lse and
     /// a random dO, on attn_bwd_wgmma where it serves the call, else attn_bwd), `bwd-mma`
-    /// (attn_bwd) and `bwd-det` (attn_bwd in the deterministic mode); --kernels picks among
+    /// (attn_bwd) and `bwd-det` (the default kernel in the deterministic mode); --kernels picks among
     /// these lines, --tiles does not apply; with --peers each SDPA backend's backward in the
     /// same run. TFLOP/s count 2.5x the forward's FLOPs (FlashAttention's convention).
     #[arg(long)]
@@ -317,7 +317,7 @@ impl BenchOptions {
                 });
             }
             // bwd: attn_bwd_wgmma where it serves the call; bwd-mma: attn_bwd; bwd-det: the
-            // deterministic mode (attn_bwd).
+            // default kernel in the deterministic mode.
             for name in BWD_LINES {
                 if !self.kernels.is_empty() && !self.kernels.iter().any(|k| k.trim() == name) {
                     continue;

@@ -81,8 +81,8 @@ pub fn cases() -> Vec<BwdCase> {
             // The deterministic mode where more than one key block adds to a dQ row (more
             // than 128 keys): every shape in f16, the GQA one in bf16 too.
             let det = sk > 128 && (dtype == DType::F16 || hq != hkv && d == 96);
-            // Where attn_bwd_wgmma takes the head_dim, the non-deterministic cases run on both
-            // kernels (the default and attn_bwd by name).
+            // Where attn_bwd_wgmma takes the head_dim, the cases run on both kernels (the
+            // default and attn_bwd by name), the deterministic ones too.
             let kernels: &[BwdKernel] = if padded_head_dim(d).is_some() {
                 &[BwdKernel::Auto, BwdKernel::Mma]
             } else {
@@ -94,9 +94,6 @@ pub fn cases() -> Vec<BwdCase> {
                         continue;
                     }
                     for &kernel in kernels {
-                        if deterministic && kernel != BwdKernel::Auto {
-                            continue;
-                        }
                         out.push(BwdCase {
                             label: format!(
                                 "{dtype} backward b={b} sq={sq} sk={sk} hq={hq} hkv={hkv} d={d} {name}{}{}",
