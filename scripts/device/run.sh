@@ -149,7 +149,7 @@ r_bench_varlen() {
 }
 
 # ncu [DTYPE] [HEAD_DIM] [CAUSAL] [SEQLEN] [KERNEL] [cudnn]: Nsight Compute on one launch of one
-# bench case (default f16 128 off 1024, attn_wgmma): speed of light, compute and memory
+# bench case (default f16 128 off 1024, attn_wgmma; attn_mma, attn_bwd_wgmma, attn_bwd too): speed of light, compute and memory
 # workload, warp states with every stall reason, scheduler, and the tensor-pipe, issue and
 # MUFU metrics; with `cudnn` last, cuDNN's SDPA kernel on the same shape (sdpa-once.py).
 r_ncu() {
@@ -157,21 +157,29 @@ r_ncu() {
   causal=$(on_or_off "${3:-off}")
   local m=sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__cycles_active.avg,gpu__time_duration.sum
   local secs=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section LaunchStats)
-  local kernels=wgmma; [ "$kernel" = attn_mma ] && kernels=mma
+  local kernels=(--kernels wgmma)
+  case $kernel in
+    attn_mma) kernels=(--kernels mma) ;;
+    attn_bwd_wgmma) kernels=(--backward --kernels bwd) ;;
+    attn_bwd) kernels=(--backward --kernels bwd-mma) ;;
+  esac
   local name=ncu-$kernel-$dt-d$d-$causal-$sk
   el "ncu $kernel $dt d$d causal $causal $sk"
   timeout 200 ncu --clock-control none --kernel-name "$kernel" --launch-skip 3 --launch-count 1 "${secs[@]}" --metrics "$m" \
-    "$B" bench --kernels "$kernels" --dtype "$dt" --head-dim "$d" --seqlen "$sk" --causal "$causal" --warmup-ms 0 --warmup 1 --iters 20 --no-plot --out-dir /tmp/bn \
+    "$B" bench "${kernels[@]}" --dtype "$dt" --head-dim "$d" --seqlen "$sk" --causal "$causal" --warmup-ms 0 --warmup 1 --iters 20 --no-plot --out-dir /tmp/bn \
     > "$OUT/$name.txt" 2>&1
   echo "ncu exit $?" | say
   grep -E "Duration|Registers Per|Achieved Occupancy|Compute \(SM\) Throughput|hmma_cycles_active|issue_active" "$OUT/$name.txt" | head -8 | say
   if [ "$peer" = cudnn ]; then
     el "ncu cudnn $dt d$d causal $causal $sk"
     local cz=0; [ "$causal" = on ] && cz=1
-    timeout 200 ncu --clock-control none --kernel-name regex:sdpa --launch-skip 1 --launch-count 1 "${secs[@]}" --metrics "$m" \
-      python3 "$HERE/sdpa-once.py" cudnn "$d" "$sk" "$cz" 3 "$dt" > "$OUT/ncu-cudnn-$dt-d$d-$causal-$sk.txt" 2>&1
+    # The backward kernels: cuDNN's flash backward is named *bprop*.
+    local pk=regex:sdpa pass=fwd
+    case $kernel in attn_bwd*) pk=regex:bprop; pass=bwd ;; esac
+    timeout 200 ncu --clock-control none --kernel-name "$pk" --launch-skip 1 --launch-count 1 "${secs[@]}" --metrics "$m" \
+      python3 "$HERE/sdpa-once.py" cudnn "$d" "$sk" "$cz" 3 "$dt" "$pass" > "$OUT/ncu-cudnn-$pass-$dt-d$d-$causal-$sk.txt" 2>&1
     echo "ncu exit $?" | say
-    grep -E "Duration|hmma_cycles_active|issue_active" "$OUT/ncu-cudnn-$dt-d$d-$causal-$sk.txt" | head -4 | say
+    grep -E "Duration|hmma_cycles_active|issue_active" "$OUT/ncu-cudnn-$pass-$dt-d$d-$causal-$sk.txt" | head -4 | say
   fi
 }
 
@@ -209,6 +217,7 @@ r_python() {
 # way every kernel change was judged): each label's `BIN bench --kernels wgmma` in turn,
 # ROUNDS times, then the means and ratios to the first label (ab-table.py). A label's BIN may
 # be a wrapper script that sets an environment variable (e.g. FLASHATTN_WGMMA_TILE).
+# AB_KERNELS picks the line (default wgmma; `bwd` with `--backward` in BENCH-ARGS).
 r_ab() {
   local rounds=${1:?ROUNDS} pairs=${2:?label=BIN ...} round pair
   shift 2
@@ -216,7 +225,7 @@ r_ab() {
     for pair in $pairs; do
       local v=${pair%%=*} bin=${pair#*=}
       el "bench $v round $round"
-      timeout 200 "$bin" bench --kernels wgmma --no-plot --out-dir "/tmp/ab-$v-$round" "$@" > /tmp/ab.log 2>&1
+      timeout 200 "$bin" bench --kernels "${AB_KERNELS:-wgmma}" --no-plot --out-dir "/tmp/ab-$v-$round" "$@" > /tmp/ab.log 2>&1
       echo "bench exit $?" | say
       grep -E "^(f16|bf16)" "/tmp/ab-$v-$round/bench.txt" | awk -v v="$v" -v r="$round" '{print v, r, $0}' >> "$OUT/ab.txt"
     done
