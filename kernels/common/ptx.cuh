@@ -45,6 +45,20 @@ FA_DEVICE void ldmatrix_x4_trans(u32 &r0, u32 &r1, u32 &r2, u32 &r3, u32 addr) {
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
 }
 
+// ---- stmatrix (9.7.14.5.16, sm_90): the inverse of ldmatrix with the same .trans: register ri
+// of lane l goes to the cells of tile i that ldmatrix would hand to it, at the 16-byte row
+// addresses of lanes 8i..8i+7. Proven by layout_probe.cu's layout_trans_store.
+#if __CUDA_ARCH__ >= 900
+FA_DEVICE void stmatrix_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+}
+FA_DEVICE void stmatrix_x4(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+}
+#endif
+
 // ---- mma.sync m16n8k16 (9.7.14.5.14), f32 accumulate. With g = lane/4, t = lane%4:
 // A (row): a0={A[g][2t],A[g][2t+1]} a1={A[g+8][2t],..} a2={A[g][2t+8],..} a3={A[g+8][2t+8],..}
 // B (col): b0={B[2t][g],B[2t+1][g]} b1={B[2t+8][g],B[2t+9][g]}

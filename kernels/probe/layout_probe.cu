@@ -19,10 +19,17 @@
 //   ldmatrix.x4.trans, lane l addressing row k = l%8 + 8*(t/2) at column m = 8*(t%2) of tile
 //   t = l/8; B (B[k][j] = j) and the output words as in layout_probe, so D[i][j] = 16*i*j +
 //   1920*j (every value exact in f16, bf16 and f32).
+// layout_trans_store (sm_90): the backward's dS^T accumulators stored transposed as dS with
+//   stmatrix.x4.trans (kernels/bwd/attn_bwd_wgmma.cu). Each lane builds the C fragments of
+//   X = A^T (16x16, X[k][i] = A[i][k] = i + 16k) from the accumulator layout (g = lane/4,
+//   t = lane%4: rows g, g+8, columns 2t, 2t+1) as the kernel's pairs (register m: X rows
+//   8(m%2).., columns 8(m/2)..), stores them with .trans to A row-major, lane l addressing
+//   row l%8 + 8((l/8)/2) at column 8((l/8)%2); then A is loaded with ldmatrix.x4 and
+//   multiplied as in layout_trans_a (the same expected registers: D[i][j] = 16*i*j + 1920*j).
 //
 // Defines: PROBE_BF16=1 stores the inputs as bf16 (default f16); PROBE_FAULT=1 loads B of
 // layout_probe and A^T of layout_trans_a WITHOUT .trans (deliberate layout bugs the host
-// checker must catch).
+// checker must catch), and stores layout_trans_store's fragments WITHOUT .trans.
 #include "ptx.cuh"
 
 #ifndef PROBE_BF16
@@ -173,4 +180,36 @@ extern "C" __global__ void __launch_bounds__(32) layout_trans_a(u32 *out) {
     (void)b3;
 
     mma_and_dump(out, lane, a0, a1, a2, a3, b0, b1);
+}
+
+extern "C" __global__ void __launch_bounds__(32) layout_trans_store(u32 *out) {
+#if __CUDA_ARCH__ >= 900
+    __shared__ __align__(16) u16 sA[16 * 16];
+    __shared__ __align__(16) u16 sB[16 * 8];
+    const int lane = threadIdx.x;
+    for (int e = lane; e < 16 * 16; e += 32) sA[e] = 0xffff;                // poison (NaN)
+    for (int e = lane; e < 16 * 8; e += 32) sB[e] = to16((float)(e % 8)); // B[k][j] = j
+    const int g = lane / 4, t = lane % 4;
+    u32 x[4];
+    for (int m = 0; m < 4; ++m) {
+        const int k = 8 * (m % 2) + g, i = 8 * (m / 2) + 2 * t; // X[k][i] = i + 16k
+        x[m] = pack16((float)(i + 16 * k), (float)(i + 1 + 16 * k));
+    }
+    __syncthreads();
+    const int tile = lane / 8, r = lane % 8;
+    const u32 addr = smem_u32(sA + (r + 8 * (tile >> 1)) * 16 + 8 * (tile & 1));
+#if PROBE_FAULT
+    stmatrix_x4(addr, x[0], x[1], x[2], x[3]); // the bug: the fragments are of A^T
+#else
+    stmatrix_x4_trans(addr, x[0], x[1], x[2], x[3]);
+#endif
+    __syncthreads();
+    u32 a0, a1, a2, a3;
+    ldmatrix_x4(a0, a1, a2, a3, a_x4_addr(sA, lane));
+    u32 b0, b1, b2, b3;
+    ldmatrix_x4_trans(b0, b1, b2, b3, smem_u32(sB + (r + 8 * (tile & 1)) * 8));
+    (void)b2;
+    (void)b3;
+    mma_and_dump(out, lane, a0, a1, a2, a3, b0, b1);
+#endif
 }

@@ -249,6 +249,31 @@ pub fn ldmatrix(
     out
 }
 
+/// Emulates `stmatrix.sync.aligned.m8n8.{num}{.trans}.shared.b16` for a whole warp: the
+/// inverse of [`ldmatrix`] with the same `trans` (PTX ISA 9.0, 9.7.14.5.16 "stmatrix": the
+/// fragment of each 8x8 tile held by the lanes is the one `ldmatrix` would hand out). Half
+/// `half` of `regs[lane][tile]` goes to the cell [`ldmatrix_cell`] names, in the row whose
+/// address lane `8 * tile + row` supplies.
+///
+/// # Panics
+/// When an addressed row runs past the end of `smem` (an out-of-bounds shared access).
+pub fn stmatrix(
+    smem: &mut [u16],
+    row_addr: &Warp<usize>,
+    regs: &Warp<[u32; 4]>,
+    num: LdmatrixNum,
+    trans: bool,
+) {
+    for (lane, lane_regs) in regs.iter().enumerate() {
+        for (tile, &reg) in lane_regs.iter().enumerate().take(num.tiles()) {
+            for half in 0..2 {
+                let (row, col) = ldmatrix_cell(lane, tile, half, trans);
+                smem[row_addr[ldmatrix_addr_lane(tile, row)] + col] = unpack(reg, half);
+            }
+        }
+    }
+}
+
 /// Emulates `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32`: `D = A B + C`.
 ///
 /// Each lane's A, B and C registers are scattered to matrices through [`a_cell`], [`b_cell`]

@@ -17,11 +17,17 @@
 //!   and loaded with `ldmatrix.x4.trans` at the addresses attn_bwd.cu uses, with
 //!   `A[i][j] = i + 16*j` (each value names its row and column, so a wrong k order shows) and
 //!   B as in the probe case: `D[i][j] = 16*i*j + 1920*j`.
+//! - **transposed store** (sm_90: attn_bwd_wgmma's dS^T accumulators stored as dS): each lane
+//!   builds the C fragments of `X = A^T` from the accumulator layout, stores them with
+//!   `stmatrix.x4.trans` at the kernel's address pattern, loads A back with `ldmatrix.x4` and
+//!   multiplies as in the transposed-A case (the same expected registers). Skipped on GPUs
+//!   below sm_90 (no `stmatrix`); the emulator always runs it.
 //!
 //! The GPU path ([`run_gpu`]) and the emulator path ([`run_emulated`]) fill the same
 //! [`RegisterDump`], and one checker ([`check`]) judges both. The fault variant loads B of the
-//! probe case and A^T of the transposed-A case without `.trans` (`-DPROBE_FAULT=1` on the GPU,
-//! `trans = false` in the emulator): the checker must then fail and name the lanes.
+//! probe case and A^T of the transposed-A case without `.trans`, and stores the transposed-store
+//! case's fragments without `.trans` (`-DPROBE_FAULT=1` on the GPU, `trans = false` in the
+//! emulator): the checker must then fail and name the lanes.
 
 use crate::layout::{
     self, Acc16x8, Input16, LdmatrixNum, Mat16x8, Mat16x16, WARP, Warp, a_cell, a_x4_addrs,
@@ -72,12 +78,15 @@ pub struct RegisterDump {
     pub handoff: Warp<HandoffLane>,
     /// The transposed-A case, by lane (registers as in the probe case).
     pub trans_a: Warp<ProbeLane>,
+    /// The transposed-store case, by lane (registers as in the probe case); `None` where the
+    /// GPU has no `stmatrix` (below sm_90).
+    pub trans_store: Option<Warp<ProbeLane>>,
 }
 
 impl RegisterDump {
-    /// Parses the kernels' output buffers (`out[lane * PROBE_REGS + r]` of `layout_probe`
-    /// and `layout_trans_a`, `out[lane * HANDOFF_REGS + r]` of `layout_handoff`, f32 stored as
-    /// bits).
+    /// Parses the kernels' output buffers (`out[lane * PROBE_REGS + r]` of `layout_probe`,
+    /// `layout_trans_a` and `layout_trans_store`, `out[lane * HANDOFF_REGS + r]` of
+    /// `layout_handoff`, f32 stored as bits).
     ///
     /// # Errors
     /// [`AttnError::ShapeMismatch`] when a buffer has the wrong length.
@@ -86,19 +95,23 @@ impl RegisterDump {
         probe: &[u32],
         handoff: &[u32],
         trans_a: &[u32],
+        trans_store: Option<&[u32]>,
     ) -> Result<Self> {
         if probe.len() != WARP * PROBE_REGS
             || handoff.len() != WARP * HANDOFF_REGS
             || trans_a.len() != WARP * PROBE_REGS
+            || trans_store.is_some_and(|w| w.len() != WARP * PROBE_REGS)
         {
             return Err(AttnError::ShapeMismatch {
                 what: format!(
-                    "probe dumps hold {}, {} and {} words, expected {}, {} and {}",
+                    "probe dumps hold {}, {}, {} and {:?} words, expected {}, {}, {} and {}",
                     probe.len(),
                     handoff.len(),
                     trans_a.len(),
+                    trans_store.map(<[u32]>::len),
                     WARP * PROBE_REGS,
                     WARP * HANDOFF_REGS,
+                    WARP * PROBE_REGS,
                     WARP * PROBE_REGS
                 ),
             });
@@ -128,6 +141,7 @@ impl RegisterDump {
             probe,
             handoff,
             trans_a: probe_lanes(trans_a),
+            trans_store: trans_store.map(probe_lanes),
         })
     }
 }
@@ -239,11 +253,41 @@ pub fn emulate(input: Input16, inject_fault: bool) -> RegisterDump {
         b: [b[l][0], b[l][1]],
         d: d[l],
     });
+    // Transposed-store case: the C fragments of X = A^T (X[k][i] = i + 16k) from the
+    // accumulator layout, register m holding X's rows 8(m%2).. and columns 8(m/2)..; stored
+    // with stmatrix at the transposed-A addresses into A (row-major, poisoned first), loaded
+    // back with ldmatrix.x4; B at 256 as before.
+    let x: Warp<[u32; 4]> = std::array::from_fn(|l| {
+        std::array::from_fn(|m| {
+            let (k, i) = cd_cell(l, 2 * (m % 2));
+            let i = i + 8 * (m / 2);
+            let v = |i: usize| input.encode((i + 16 * k) as f32);
+            layout::pack(v(i), v(i + 1))
+        })
+    });
+    let mut smem = vec![u16::MAX; 256];
+    smem.extend((0..128).map(|e| input.encode((e % 8) as f32)));
+    layout::stmatrix(
+        &mut smem,
+        &a_x4_trans_addrs(0, 16),
+        &x,
+        LdmatrixNum::X4,
+        !inject_fault,
+    );
+    let a = layout::ldmatrix(&smem, &a_x4_addrs(0, 16), LdmatrixNum::X4, false);
+    let b = layout::ldmatrix(&smem, &b_x4_trans_addrs(256, 8, 1), LdmatrixNum::X4, true);
+    let d = layout::mma(input, &a, &first_two(&b), &zero);
+    let trans_store = Some(std::array::from_fn(|l| ProbeLane {
+        a: a[l],
+        b: [b[l][0], b[l][1]],
+        d: d[l],
+    }));
     RegisterDump {
         input,
         probe,
         handoff,
         trans_a,
+        trans_store,
     }
 }
 
@@ -599,6 +643,15 @@ pub fn check(dump: &RegisterDump, source: impl Into<String>) -> ProbeReport {
         16,
         " (A from A^T, ldmatrix.trans)",
     );
+    if let Some(lanes) = &dump.trans_store {
+        check_probe_lanes(
+            &mut report,
+            input,
+            lanes,
+            16,
+            " (A stored from A^T's fragments, stmatrix.trans)",
+        );
+    }
 
     let mut s = Section::new("S = A1*B1 = 16*i+k (two C fragments)");
     let mut p = Section::new(format!(
@@ -718,7 +771,7 @@ fn launch_dump(
         .map_err(cuda_err(what("reading the output of")))
 }
 
-/// Runs the three probe kernels on `gpu` and checks every lane's registers.
+/// Runs the probe kernels on `gpu` (the transposed-store one on sm_90 and above) and checks every lane's registers.
 ///
 /// # Errors
 /// [`AttnError::DTypeMismatch`] for f32; compile, load and launch errors from the driver.
@@ -741,7 +794,19 @@ pub fn run_gpu(gpu: &Gpu, dtype: DType, inject_fault: bool) -> Result<ProbeRepor
         "layout_trans_a",
         WARP * PROBE_REGS,
     )?;
-    let dump = RegisterDump::from_words(input, &probe, &handoff, &trans_a)?;
+    // stmatrix is sm_90's.
+    let trans_store = if gpu.info().compute_capability.0 >= 9 {
+        Some(launch_dump(
+            gpu,
+            input,
+            inject_fault,
+            "layout_trans_store",
+            WARP * PROBE_REGS,
+        )?)
+    } else {
+        None
+    };
+    let dump = RegisterDump::from_words(input, &probe, &handoff, &trans_a, trans_store.as_deref())?;
     let info = gpu.info();
     Ok(check(&dump, format!("{} ({})", info.name, info.arch)))
 }

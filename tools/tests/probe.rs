@@ -6,13 +6,16 @@ use flashattn::cuda::{CI_ARCHS, KernelSource, compile_cubin};
 use flashattn_tools::layout::{Input16, WARP};
 use flashattn_tools::probe::{self, HANDOFF_REGS, PROBE_REGS, RegisterDump};
 
-const PASS_LINES: [&str; 9] = [
+const PASS_LINES: [&str; 12] = [
     "[PASS] A[i][j] = i: all 256 cells",
     "[PASS] B[k][j] = j: all 128 cells",
     "[PASS] D[i][j] = 16*i*j: all 128 cells",
     "[PASS] A[i][j] = i + 16*j (A from A^T, ldmatrix.trans): all 256 cells",
     "[PASS] B[k][j] = j (A from A^T, ldmatrix.trans): all 128 cells",
     "[PASS] D[i][j] = 16*i*j + 1920*j (A from A^T, ldmatrix.trans): all 128 cells",
+    "[PASS] A[i][j] = i + 16*j (A stored from A^T's fragments, stmatrix.trans): all 256 cells",
+    "[PASS] B[k][j] = j (A stored from A^T's fragments, stmatrix.trans): all 128 cells",
+    "[PASS] D[i][j] = 16*i*j + 1920*j (A stored from A^T's fragments, stmatrix.trans): all 128 cells",
     "[PASS] S = A1*B1 = 16*i+k (two C fragments): all 256 cells",
     "[PASS] P = S packed to {dt} pairs as an A fragment: all 256 cells",
     "[PASS] D2 = P*B2 (emulator, two steps): all 128 cells",
@@ -28,7 +31,7 @@ fn emulated_probe_passes_for_f16_and_bf16() {
             .collect();
         assert_eq!(report.lines, want, "{dtype}:\n{report}");
         assert!(report.passed);
-        assert_eq!((report.checked, report.wrong), (1664, 0));
+        assert_eq!((report.checked, report.wrong), (2176, 0));
         assert!(report.mismatches.is_empty());
         assert_eq!(report.source, "emulator");
     }
@@ -49,6 +52,19 @@ fn emulated_fault_is_caught_with_lanes_and_registers() {
         );
         assert!(
             text.contains("[PASS] B[k][j] = j (A from A^T, ldmatrix.trans): all 128 cells"),
+            "{text}"
+        );
+        // The fragments stored without .trans land transposed: A and so D are wrong.
+        assert!(
+            text.contains(
+                "[FAIL] A[i][j] = i + 16*j (A stored from A^T's fragments, stmatrix.trans): "
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "[FAIL] D[i][j] = 16*i*j + 1920*j (A stored from A^T's fragments, stmatrix.trans): "
+            ),
             "{text}"
         );
         assert!(text.contains("[FAIL] B[k][j] = j: "), "{text}");
@@ -179,15 +195,38 @@ fn dump_words_round_trip() {
         .collect();
     assert_eq!(probe_words.len(), WARP * PROBE_REGS);
     assert_eq!(handoff_words.len(), WARP * HANDOFF_REGS);
-    let back = RegisterDump::from_words(Input16::F16, &probe_words, &handoff_words, &trans_a_words)
-        .unwrap();
+    let trans_store_words: Vec<u32> = dump
+        .trans_store
+        .expect("the emulator runs the transposed-store case")
+        .iter()
+        .flat_map(|l| l.a.into_iter().chain(l.b).chain(l.d.map(f32::to_bits)))
+        .collect();
+    let back = RegisterDump::from_words(
+        Input16::F16,
+        &probe_words,
+        &handoff_words,
+        &trans_a_words,
+        Some(&trans_store_words),
+    )
+    .unwrap();
     assert_eq!(back, dump);
+    assert!(
+        RegisterDump::from_words(
+            Input16::F16,
+            &probe_words,
+            &handoff_words,
+            &trans_a_words,
+            Some(&trans_store_words[1..])
+        )
+        .is_err()
+    );
     assert!(
         RegisterDump::from_words(
             Input16::F16,
             &probe_words[1..],
             &handoff_words,
-            &trans_a_words
+            &trans_a_words,
+            None
         )
         .is_err()
     );
@@ -196,7 +235,8 @@ fn dump_words_round_trip() {
             Input16::F16,
             &probe_words,
             &handoff_words,
-            &trans_a_words[1..]
+            &trans_a_words[1..],
+            None
         )
         .is_err()
     );
@@ -206,6 +246,7 @@ fn dump_words_round_trip() {
         &vec![u32::MAX; WARP * PROBE_REGS],
         &vec![u32::MAX; WARP * HANDOFF_REGS],
         &vec![u32::MAX; WARP * PROBE_REGS],
+        Some(&vec![u32::MAX; WARP * PROBE_REGS]),
     )
     .unwrap();
     let report = probe::check(&poisoned, "poison");
@@ -257,7 +298,18 @@ fn probe_kernels_compile_without_spills() {
                 let cubin = compile_cubin(&src, KernelSource::LayoutProbe.name(), arch, &defines)
                     .unwrap_or_else(|e| panic!("{arch} {input:?} fault={fault}: {e}"));
                 assert!(!cubin.image.is_empty());
-                for f in ["layout_probe", "layout_handoff", "layout_trans_a"] {
+                // layout_trans_store has a body on sm_90 and above only (stmatrix).
+                let sm90 = arch
+                    .trim_start_matches("sm_")
+                    .trim_end_matches('a')
+                    .parse::<u32>()
+                    .unwrap_or(0)
+                    >= 90;
+                let store: &[&str] = if sm90 { &["layout_trans_store"] } else { &[] };
+                for &f in ["layout_probe", "layout_handoff", "layout_trans_a"]
+                    .iter()
+                    .chain(store)
+                {
                     let s = cubin
                         .stats
                         .iter()
