@@ -17,8 +17,8 @@
 //     P^T  = 2^(S^T scale_log2 - lse log2 e), masked (rows_of_key); dS^T = P^T (dP^T - D)
 //     dV  += P^T dO     A = P^T from registers (the forward's P), B = dO MN-major (the forward's V)
 //     dK  += dS^T Q     the same with dS^T and Q
-//     dQ   = dS K       dS^T goes to shared memory transposed (dS: BR rows x 128 keys, K-major,
-//                       the 128-byte swizzle); after a barrier of both consumers, consumer c
+//     dQ   = dS K       dS^T goes to shared memory transposed by stmatrix.trans (dS: BR rows x
+//                       128 keys, K-major, the 128-byte swizzle); after a barrier of both consumers, consumer c
 //                       computes channels [c DP/2, (c+1) DP/2) of dQ over all 128 keys
 //                       (A = dS, B = K MN-major), stages them as an f32 tile in shared memory
 //                       and adds it to the f32 workspace with one bulk reduction: the
@@ -342,24 +342,12 @@ FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
             wgmma_rs<DP, 1>(dv, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3], desc_mnmajor_sw128(sdo, kk, SUB_Q), 1);
         wgmma_commit();
 
-        // dS^T = P^T (dP^T - D); to shared memory transposed: dS[row][key] at row rl, key
-        // 16 warp + g + 8r of the 64-key box cons.
+        // dS^T = P^T (dP^T - D), as 16-bit pairs: pair 2j + r holds keys 16 warp + g + 8r,
+        // rows 8j + 2t, +1 (the accumulator layout).
         u32 dsf[NSC / 2];
-        // Row 8(i/4) + 2t + e sits at 128 bytes per row, its 16-byte chunk of keys (2 warp + r)
-        // at chunk (2 warp + r) ^ (2t + e) (the row's index mod 8): four lane addresses, and
-        // 1024 bytes more per i/4.
-        const u32 sds = sm.ds(s & 1) + (u32)cons * SUB_Q;
-        u32 ds_at[2][2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const u32 row = (u32)(2 * t + e), chunk = (u32)(2 * warp + r);
-                ds_at[r][e] = sds + row * 128 + ((chunk ^ row) * 16) + (u32)g * 2;
-            }
 #pragma unroll
         for (int i = 0; i < NSC; i += 2) {
-            const int rl = 8 * (i / 4) + 2 * t, r = (i / 2) % 2;
+            const int rl = 8 * (i / 4) + 2 * t;
             // P from its 16-bit pair, the values dV used (the f32 ones are not kept live
             // through dP^T: registers).
             const float p0 = to_f32((u16)(pd[i / 2] & 0xffff)), p1 = to_f32((u16)(pd[i / 2] >> 16));
@@ -367,10 +355,21 @@ FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
             ld_shared_f32x2(sd + rl * 4, D0, D1);
             const float d0 = p0 * (dpt[i] - D0);
             const float d1 = p1 * (dpt[i + 1] - D1);
-            const u32 pair = pack2(d0, d1);
-            dsf[i / 2] = pair;
-            st_shared_u16(ds_at[r][0] + (u32)(i / 4) * 1024, (u16)(pair & 0xffff));
-            st_shared_u16(ds_at[r][1] + (u32)(i / 4) * 1024, (u16)(pair >> 16));
+            dsf[i / 2] = pack2(d0, d1);
+        }
+        // To shared memory transposed, dS[row][key] (K-major for dQ = dS K), by
+        // stmatrix.x4.trans: x4 number q stores the 8x8 tiles of pairs 4q .. 4q + 3 (rows
+        // 16q + 8(m/2).., keys 16 warp + 8(m%2).. for tile m); lane 8m + i addresses row
+        // 16q + 8(m/2) + i, whose 16-byte chunk of keys 2 warp + m%2 sits at that chunk ^ i
+        // (the row's index mod 8) in the 128-byte swizzle. (layout_probe.cu's
+        // layout_trans_store proves the store at this address pattern, unswizzled.)
+        {
+            const int m = lane / 8, i8 = lane % 8;
+            const u32 chunk = (u32)(2 * warp + (m & 1));
+            const u32 at = sm.ds(s & 1) + (u32)cons * SUB_Q + (u32)(8 * (m >> 1) + i8) * 128 + ((chunk ^ (u32)i8) * 16);
+#pragma unroll
+            for (int q = 0; q < BR / 16; ++q)
+                stmatrix_x4_trans(at + (u32)q * 2048, dsf[4 * q], dsf[4 * q + 1], dsf[4 * q + 2], dsf[4 * q + 3]);
         }
 
         // dS of both consumers written (generic stores, read by wgmma: proxy fence first).
@@ -400,8 +399,8 @@ FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
 #pragma unroll
         for (int mh = 0; mh < MH; ++mh) fence_regs(dq[mh]);
 
-        // dQ (times softmax_scale) to this consumer's staging tile, for its writer warp to
-        // add. The previous step's reduction must have read the tile first.
+        // dQ to this consumer's staging tile, for its writer warp to add (softmax_scale is
+        // applied once, by attn_bwd_dq_tiled). The previous step's reduction must have read the tile first.
         const u32 sdq = sm.dq() + (u32)cons * DQ_HALF_BYTES;
         if (s > 0) named_sync(BAR_DQ_EMPTY + cons, DQ_BAR_THREADS);
         const int gl = (int)in_loop((u32)g); // (the 16 swizzled addresses are not hoisted: registers)
@@ -411,7 +410,7 @@ FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
             for (int i = 0; i < NQ; i += 2) {
                 const int row = mh * 64 + warp * 16 + gl + 8 * ((i / 2) % 2);
                 const int c = 8 * (i / 4) + 2 * t;
-                st_shared_f32x2(sdq + (u32)(row * HALF + (c ^ swz(row))) * 4, dq[mh][i] * bp.scale, dq[mh][i + 1] * bp.scale);
+                st_shared_f32x2(sdq + (u32)(row * HALF + (c ^ swz(row))) * 4, dq[mh][i], dq[mh][i + 1]);
             }
         if (ctid == 0) {
             const int m = row0 / BR;
@@ -486,8 +485,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd_wgmma(const __grid_
     consumer(w, sm, kb, tid, wg);
 }
 
-// The tiled dQ workspace (dq_tile_index) to the element type, dense [batch, seqlen_q,
-// heads_q, head_dim]: one thread per 8 channels (the swizzle moves 8-channel runs whole: two
+// The tiled dQ workspace (dq_tile_index) times softmax_scale to the element type, dense
+// [batch, seqlen_q, heads_q, head_dim]: one thread per 8 channels (the swizzle moves 8-channel runs whole: two
 // 16-byte loads, one 16-byte store).
 extern "C" __global__ void attn_bwd_dq_tiled(const BwdParams bp, u16 *dq) {
     const Params &p = bp.p;
@@ -502,5 +501,6 @@ extern "C" __global__ void attn_bwd_dq_tiled(const BwdParams bp, u16 *dq) {
     const int r = row % BR, half = c / HALF, cc = c % HALF;
     const float4 *src = (const float4 *)(bp.dq_accum + dq_tile_index(p, b, h, row / BR, half) + r * HALF + (cc ^ swz(r)));
     const float4 x = src[0], y = src[1];
-    st_global_v4(dq + idx * 8, pack2(x.x, x.y), pack2(x.z, x.w), pack2(y.x, y.y), pack2(y.z, y.w));
+    const float sc = bp.scale;
+    st_global_v4(dq + idx * 8, pack2(x.x * sc, x.y * sc), pack2(x.z * sc, x.w * sc), pack2(y.x * sc, y.y * sc), pack2(y.z * sc, y.w * sc));
 }

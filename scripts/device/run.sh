@@ -155,7 +155,7 @@ r_bench_varlen() {
 r_ncu() {
   local dt=${1:-f16} d=${2:-128} causal sk=${4:-1024} kernel=${5:-attn_wgmma} peer=${6:-}
   causal=$(on_or_off "${3:-off}")
-  local m=sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__cycles_active.avg,gpu__time_duration.sum
+  local m=sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__cycles_active.avg,gpu__time_duration.sum,regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$
   local secs=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section LaunchStats)
   local kernels=(--kernels wgmma)
   case $kernel in
