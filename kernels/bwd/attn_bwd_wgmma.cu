@@ -162,6 +162,18 @@ FA_DEVICE u32 in_loop(u32 x) {
     return x;
 }
 
+// wgmma descriptors (hopper.cuh make_desc) of the 128-byte-swizzled boxes as a low word made
+// once per operand and step, plus each k-step's byte offset / 16: the start address field
+// (bits 0-13 of the low word, address / 16) cannot carry into the LBO field above it, as every
+// shared address is below 256 KB. The high word (SBO 1024, SWIZZLE_128B) is a constant. Saves
+// the mask, shift and or of every descriptor (32 a step).
+constexpr u32 DESC_HI_SW128 = (1024u >> 4) | ((u32)SWIZZLE_128B << 30);
+FA_DEVICE u32 desc_lo(u32 addr, u32 lbo_bytes) { return ((addr & 0x3FFFF) >> 4) | ((lbo_bytes >> 4) << 16); }
+FA_DEVICE u64 desc_at(u32 lo, u32 off_bytes) { return ((u64)DESC_HI_SW128 << 32) | (u64)(lo + (off_bytes >> 4)); }
+// The k-step offsets of desc_kmajor_sw128 and desc_mnmajor_sw128 (hopper.cuh).
+FA_DEVICE constexpr u32 kmajor_off(int kk, u32 sub_bytes) { return (u32)(kk / 4) * sub_bytes + (u32)(kk % 4) * 32; }
+FA_DEVICE constexpr u32 mnmajor_off(int kk) { return (u32)kk * 16 * 128; }
+
 // ================================ producer =================================================
 // The producer warp (the first of warpgroup 0): K and V of the key block once, then each
 // step's Q and dO (lane 0, TMA) and its rows' lse and D (every lane) into the stage ring,
@@ -287,18 +299,20 @@ FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
         const int h = head_of(s), row0 = row0_of(s);
         mbar_wait(sm.full(stage), (u32)(s / STAGES) & 1);
         const u32 sq = sm.q(stage), sdo = sm.d_o(stage);
-        const u32 k_rows = in_loop(sk_rows), v_rows = in_loop(sv_rows);
+        // Descriptor low words (K-major: LBO 16; MN-major: LBO = the next 64 columns).
+        const u32 k_lo = in_loop(desc_lo(sk_rows, 16)), v_lo = in_loop(desc_lo(sv_rows, 16));
+        const u32 q_lo = desc_lo(sq, 16), do_lo = desc_lo(sdo, 16);
 
         // S^T = K Q^T and dP^T = V dO^T, two groups.
         float st[NSC], dpt[NSC];
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KSTEPS; ++kk)
-            wgmma_ss<BR, 0>(st, desc_kmajor_sw128(k_rows, kk, SUB_K), desc_kmajor_sw128(sq, kk, SUB_Q), kk > 0);
+            wgmma_ss<BR, 0>(st, desc_at(k_lo, kmajor_off(kk, SUB_K)), desc_at(q_lo, kmajor_off(kk, SUB_Q)), kk > 0);
         wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < KSTEPS; ++kk)
-            wgmma_ss<BR, 0>(dpt, desc_kmajor_sw128(v_rows, kk, SUB_K), desc_kmajor_sw128(sdo, kk, SUB_Q), kk > 0);
+            wgmma_ss<BR, 0>(dpt, desc_at(v_lo, kmajor_off(kk, SUB_K)), desc_at(do_lo, kmajor_off(kk, SUB_Q)), kk > 0);
         wgmma_commit();
 
         // P^T while dP^T runs: element i is key kw + 8((i/2)%2), row row0 + 8(i/4) + 2t + i%2.
@@ -339,7 +353,7 @@ FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < RSTEPS; ++kk)
-            wgmma_rs<DP, 1>(dv, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3], desc_mnmajor_sw128(sdo, kk, SUB_Q), 1);
+            wgmma_rs<DP, 1>(dv, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3], desc_at(desc_lo(sdo, SUB_Q), mnmajor_off(kk)), 1);
         wgmma_commit();
 
         // dS^T = P^T (dP^T - D), as 16-bit pairs: pair 2j + r holds keys 16 warp + g + 8r,
@@ -380,18 +394,18 @@ FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
         // dK += dS^T Q (softmax_scale applied at the end): dQ first, so that its staging
         // below runs while dK's products do (FlashAttention-3's order).
         float dq[MH][NQ];
-        const u32 k_cols = in_loop(sk_cols);
+        const u32 kc_lo = in_loop(desc_lo(sk_cols, SUB_K)), ds_lo = desc_lo(sm.ds(s & 1), 16);
         wgmma_fence();
 #pragma unroll
         for (int mh = 0; mh < MH; ++mh)
 #pragma unroll
             for (int kk = 0; kk < QSTEPS; ++kk)
-                wgmma_ss<HALF, 1>(dq[mh], desc_kmajor_sw128(sm.ds(s & 1) + (u32)mh * 64 * 128, kk, SUB_Q),
-                                  desc_mnmajor_sw128(k_cols, kk, SUB_K), kk > 0);
+                wgmma_ss<HALF, 1>(dq[mh], desc_at(ds_lo, (u32)mh * 64 * 128 + kmajor_off(kk, SUB_Q)),
+                                  desc_at(kc_lo, mnmajor_off(kk)), kk > 0);
         wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < RSTEPS; ++kk)
-            wgmma_rs<DP, 1>(dk, dsf[4 * kk], dsf[4 * kk + 1], dsf[4 * kk + 2], dsf[4 * kk + 3], desc_mnmajor_sw128(sq, kk, SUB_Q), 1);
+            wgmma_rs<DP, 1>(dk, dsf[4 * kk], dsf[4 * kk + 1], dsf[4 * kk + 2], dsf[4 * kk + 3], desc_at(desc_lo(sq, SUB_Q), mnmajor_off(kk)), 1);
         wgmma_commit();
         // dV and dQ done (groups complete in order); dK may still run.
         wgmma_wait<1>();
@@ -403,15 +417,26 @@ FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
         // applied once, by attn_bwd_dq_tiled). The previous step's reduction must have read the tile first.
         const u32 sdq = sm.dq() + (u32)cons * DQ_HALF_BYTES;
         if (s > 0) named_sync(BAR_DQ_EMPTY + cons, DQ_BAR_THREADS);
-        const int gl = (int)in_loop((u32)g); // (the 16 swizzled addresses are not hoisted: registers)
+        // Element i of dQ half mh: row mh 64 + 16 warp + g + 8((i/2)%2), channel c = 8(i/4) + 2t
+        // at c ^ swz(row), where swz(row) = 8(g % 4) for every row of the lane: with i/4 = 4a + j,
+        // the channel's 8-block is 4a + (j ^ g % 4). So four lane addresses (one per j) and
+        // immediate offsets for a, the row half and mh. (g through in_loop: the four are
+        // made here, not kept across the loop: registers.)
+        {
+            const u32 gl = in_loop((u32)g);
+            const u32 row_at = sdq + ((u32)(warp * 16) + gl) * (HALF * 4) + (u32)t * 8;
+            u32 at_j[4];
 #pragma unroll
-        for (int mh = 0; mh < MH; ++mh)
+            for (int j = 0; j < 4; ++j) at_j[j] = row_at + (((u32)j ^ (gl & 3u)) * 32);
 #pragma unroll
-            for (int i = 0; i < NQ; i += 2) {
-                const int row = mh * 64 + warp * 16 + gl + 8 * ((i / 2) % 2);
-                const int c = 8 * (i / 4) + 2 * t;
-                st_shared_f32x2(sdq + (u32)(row * HALF + (c ^ swz(row))) * 4, dq[mh][i], dq[mh][i + 1]);
-            }
+            for (int mh = 0; mh < MH; ++mh)
+#pragma unroll
+                for (int i = 0; i < NQ; i += 2) {
+                    const int q = i / 4, r = (i / 2) % 2;
+                    const u32 imm = (u32)((mh * 64 + 8 * r) * HALF * 4 + (q / 4) * 128);
+                    st_shared_f32x2(at_j[q % 4] + imm, dq[mh][i], dq[mh][i + 1]);
+                }
+        }
         if (ctid == 0) {
             const int m = row0 / BR;
             st_shared_u32(sm.hand(cons), (u32)(dq_tile_index(p, b, h, m, cons) / (BR * HALF)));
@@ -455,7 +480,10 @@ FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
 extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd_wgmma(const __grid_constant__ BwdWgmmaParams w) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const Smem sm{(smem_u32(smem_raw) + 1023u) & ~1023u};
-    const int tid = threadIdx.x, wg = tid / 128;
+    // The warpgroup through a broadcast: the compiler then knows it is warp-uniform and keeps
+    // what derives from it (the consumers' shared addresses, their descriptors) in uniform
+    // registers.
+    const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0);
 
     // Key blocks in index order; the last first when DETERMINISTIC (dq_writer's descending
     // order: a block waits only for blocks launched before it). (Starting each key block at a
