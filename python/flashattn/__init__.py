@@ -34,6 +34,14 @@ variable-length functions), and ``S_dmask`` an empty tensor (shape ``(0,)``, q's
 device), which is what FlashAttention-2 returns there too when ``dropout_p`` is 0 (its
 probabilities exist only with dropout, for testing). flashattn has no dropout.
 
+``torch.compile`` (``fullgraph=True``) and ``torch.export`` trace models that call these
+functions without a graph break: while a trace runs they call ``torch.library`` custom ops
+(``flashattn::fwd``, ``flashattn::bwd``, ``flashattn::varlen_fwd``, ``flashattn::varlen_bwd``,
+``flashattn::kvcache_fwd``; :mod:`flashattn._torch_ops`) with fake implementations and
+autograd formulas, which run the eager path's own code. torch stays optional: importing
+flashattn never imports it; the ops are registered when torch is imported (before or after
+flashattn; torch 2.4 or later).
+
 Errors: every call that flashattn refuses raises :class:`FlashAttnError` (a ``ValueError``),
 at the call, before anything runs, with a message that says what is wrong and what to do.
 What flashattn does not implement raises its subclass :class:`FlashAttnUnsupportedError`
@@ -415,8 +423,36 @@ def _plain_torch_cuda(q, k, v):
     return torch if q.dim() == 4 else None
 
 
+def _compiling():
+    """Whether torch.compile (Dynamo) or torch.export is tracing this call: the calls then go
+    through the custom ops of :mod:`flashattn._torch_ops` (Dynamo cannot trace the native
+    extension)."""
+    torch = sys.modules.get("torch")  # imported by any caller that passes its tensors
+    if torch is None:
+        return False
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return is_compiling is not None and is_compiling()
+
+
+def _ops():
+    """:mod:`flashattn._torch_ops`, registered when torch was imported (a trace cannot
+    import it: see :class:`_AfterTorch`)."""
+    ops = sys.modules.get(__name__ + "._torch_ops")
+    if ops is None:
+        raise FlashAttnUnsupportedError(
+            "torch.compile: flashattn's custom ops are not registered "
+            f"({_torch_ops_error or 'torch was imported before flashattn was, through a route no import hook sees'}); "
+            "torch.compile needs torch 2.4 or later; import flashattn after torch"
+        )
+    return ops
+
+
 def _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
              deterministic=False):
+    if _compiling():
+        return _ops().dense(
+            q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
+        )
     scores = _scores(softmax_scale, causal, window_size, softcap, alibi_slopes)
     torch = _plain_torch_cuda(q, k, v)
     if torch is not None:
@@ -555,18 +591,10 @@ class _Varlen:
         return _varlen_backward(saved, dout, self)
 
 
-def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-            softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-            block_table=None):
-    """flash_attn_varlen_func's work: (out, lse)."""
-    _check_dropout(dropout_p)
-    if block_table is not None:
-        raise FlashAttnUnsupportedError(
-            "block_table in flash_attn_varlen_func (paged K/V): not supported by flashattn; "
-            "pass k, v packed [total_k, heads_kv, head_dim] and block_table=None, or decode "
-            "against a paged cache with flash_attn_with_kvcache"
-        )
-    scores = _scores(softmax_scale, causal, window_size, softcap, alibi_slopes)
+def _varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scores,
+                 deterministic):
+    """A checked variable-length call: the offsets copied to the host and checked against
+    ``max_seqlen_*``, q, k, v made compact. Returns (call, q, k, v)."""
     _tensors(q=q, k=k, v=v)
     # The varlen kernels read compact tensors; FlashAttention-2 takes row strides (views of
     # packed qkv): those are copied here (with PyTorch the copy passes gradients back).
@@ -584,7 +612,29 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
             raise FlashAttnError(
                 f"max_seqlen_{name} = {bound} but the longest sequence has {longest} rows"
             )
-    call = _Varlen(scores, cq, ck, deterministic)
+    return _Varlen(scores, cq, ck, deterministic), q, k, v
+
+
+def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+            softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+            block_table=None):
+    """flash_attn_varlen_func's work: (out, lse)."""
+    _check_dropout(dropout_p)
+    if block_table is not None:
+        raise FlashAttnUnsupportedError(
+            "block_table in flash_attn_varlen_func (paged K/V): not supported by flashattn; "
+            "pass k, v packed [total_k, heads_kv, head_dim] and block_table=None, or decode "
+            "against a paged cache with flash_attn_with_kvcache"
+        )
+    if _compiling():
+        return _ops().varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+            causal, window_size, softcap, alibi_slopes, deterministic,
+        )
+    scores = _scores(softmax_scale, causal, window_size, softcap, alibi_slopes)
+    call, q, k, v = _varlen_call(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scores, deterministic
+    )
     if _wants_grad(q, k, v):
         return _function().apply(call, q, k, v)
     return call.forward(q, k, v)
@@ -779,6 +829,23 @@ class _KvCache:
         )
 
 
+def _kvcache_call(k_cache, v_cache, cache_seqlens, block_table, scores, num_splits):
+    """A KV-cache call with its index arguments copied to the host and checked."""
+    if cache_seqlens is None:
+        lens = None  # the caches are full
+    elif isinstance(cache_seqlens, (numbers.Integral, bool)):
+        lens = _int("cache_seqlens", cache_seqlens, -(2**31), 2**31 - 1)  # every sequence's
+    else:
+        lens, _ = _host_ints("cache_seqlens", cache_seqlens, 1, "[batch]")
+    # 0: the library picks (the native calls take no negative count).
+    num_splits = _int("num_splits", num_splits, 0, 2**63 - 1)
+    table, max_blocks = None, 0
+    if block_table is not None:
+        table, shape = _host_ints("block_table", block_table, 2, "[batch, max_blocks]")
+        max_blocks = int(shape[1])
+    return _KvCache(k_cache, v_cache, lens, table, max_blocks, scores, num_splits)
+
+
 def flash_attn_with_kvcache(
     q,
     k_cache,
@@ -827,23 +894,72 @@ def flash_attn_with_kvcache(
     ):
         if arg is not None:
             raise FlashAttnUnsupportedError(f"{name}: not supported by flashattn yet; pass None")
+    if _compiling():
+        out, lse = _ops().kvcache(
+            q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
+            window_size, softcap, alibi_slopes, num_splits,
+        )
+        return (out, lse) if return_softmax_lse else out
     scores = _scores(softmax_scale, causal, window_size, softcap, alibi_slopes)
     _tensors(("k", "v"), q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
-    if cache_seqlens is None:
-        lens = None  # the caches are full
-    elif isinstance(cache_seqlens, (numbers.Integral, bool)):
-        lens = _int("cache_seqlens", cache_seqlens, -(2**31), 2**31 - 1)  # every sequence's
-    else:
-        lens, _ = _host_ints("cache_seqlens", cache_seqlens, 1, "[batch]")
-    # 0: the library picks (the native calls take no negative count).
-    num_splits = _int("num_splits", num_splits, 0, 2**63 - 1)
-    table, max_blocks = None, 0
-    if block_table is not None:
-        table, shape = _host_ints("block_table", block_table, 2, "[batch, max_blocks]")
-        max_blocks = int(shape[1])
-    call = _KvCache(k_cache, v_cache, lens, table, max_blocks, scores, num_splits)
+    call = _kvcache_call(k_cache, v_cache, cache_seqlens, block_table, scores, num_splits)
     if _wants_grad(q, k, v):
         out, lse = _function().apply(call, q, k, v)
     else:
         out, lse = call.forward(q, k, v)
     return (out, lse) if return_softmax_lse else out
+
+
+
+class _AfterTorch:
+    """A one-shot import hook (on ``sys.meta_path``) for a process that imports torch after
+    flashattn (``import flashattn`` sorts before ``import torch``): right after torch's own
+    module has run, it registers the custom ops, which a trace cannot import later. It finds
+    nothing itself; it only wraps the loader that the other finders give for ``torch``."""
+
+    def __init__(self):
+        self.finding = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch" or self.finding:
+            return None
+        import importlib.util
+
+        self.finding = True  # the finders after this one
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self.finding = False
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            _register_torch_ops()
+
+        loader.exec_module = exec_module
+        return spec
+
+
+_torch_ops_error = None
+
+
+def _register_torch_ops():
+    """Registers torch.compile's custom ops (:mod:`flashattn._torch_ops`); a failure (a torch
+    without ``torch.library.custom_op``, before 2.4) is kept for :func:`_ops` to report
+    and never fails an import."""
+    global _torch_ops_error
+    try:
+        from . import _torch_ops  # noqa: F401
+    except Exception as e:  # reported where a compiled call needs the ops
+        _torch_ops_error = e
+
+
+if "torch" in sys.modules:
+    _register_torch_ops()
+else:
+    sys.meta_path.insert(0, _AfterTorch())

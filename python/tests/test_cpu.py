@@ -624,3 +624,137 @@ def test_torch_cpu_tensors_that_require_grad():
     assert torch.equal(kc[:, 3:7], kn.detach())
     with pytest.raises(flashattn.FlashAttnUnsupportedError, match="no backward"):
         out.sum().backward()
+
+
+# ---- torch.compile (issue 40 item 3): the calls as torch.library custom ops ----
+
+
+def _torch_compile():
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch.library, "custom_op"):
+        pytest.skip("flashattn's custom ops need torch 2.4 or later")
+    return torch
+
+
+def test_custom_ops_pass_opcheck():
+    """Schema, fake (meta) implementations against the real ones, autograd registration and
+    AOT dispatch of every op, on the CPU."""
+    torch = _torch_compile()
+    from flashattn import _torch_ops as ops
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 9, 4, 16, generator=g, requires_grad=True)
+    k = torch.randn(2, 11, 2, 16, generator=g, requires_grad=True)
+    v = torch.randn(2, 11, 2, 16, generator=g, requires_grad=True)
+    slopes = torch.tensor([0.5, 0.25, 0.1, 0.05])
+    for args in [
+        (q, k, v, None, True, -1, -1, 0.0, None, False, True),
+        (q, k, v, 0.3, False, 3, 2, 5.0, slopes, True, True),
+    ]:
+        torch.library.opcheck(ops.fwd, args)
+    out, lse = ops.fwd(*args)
+    do = torch.randn(out.shape, generator=g)
+    plain = [x.detach() for x in (q, k, v, out)]
+    torch.library.opcheck(ops.bwd, (do, *plain, lse, 0.3, False, 3, 2, 5.0, slopes, True))
+    qs, cu = torch.randn(12, 2, 16, generator=g), torch.tensor([0, 5, 12], dtype=torch.int32)
+    torch.library.opcheck(ops.varlen_fwd, (qs, qs, qs, cu, cu, 7, 7, None, True, -1, -1, 0.0, None, False))
+    kc, vc = torch.randn(2, 32, 2, 16, generator=g), torch.randn(2, 32, 2, 16, generator=g)
+    qd, kn = torch.randn(2, 1, 4, 16, generator=g), torch.randn(2, 1, 2, 16, generator=g)
+    lens = torch.tensor([3, 7], dtype=torch.int32)
+    torch.library.opcheck(ops.kvcache_fwd, (qd, kc, vc, kn, kn.clone(), lens, None, None, None, True, -1, -1, 0.0, None, 0))
+    torch.library.opcheck(ops.kvcache_fwd, (qd, kc, vc, None, None, None, 5, None, 0.5, False, -1, -1, 0.0, None, 2))
+    torch.library.opcheck(ops.no_backward, (qd, [qd], "x"), test_utils=("test_schema", "test_faketensor"))
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    """A module calling the packed forms and flash_attn_func (window, softcap, ALiBi,
+    return_attn_probs, deterministic) compiles without a graph break (fullgraph=True) and
+    gives eager's outputs and gradients (aot_eager runs the same kernels: the same bytes)."""
+    torch = _torch_compile()
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(32, 3 * 32)
+
+        def forward(self, x):
+            b, n, _ = x.shape
+            qkv = self.lin(x).view(b, n, 3, 2, 16)
+            o = flashattn.flash_attn_qkvpacked_func(qkv, causal=True)
+            q = qkv[:, :, 0]
+            o2, lse, s_dmask = flashattn.flash_attn_kvpacked_func(
+                q, qkv[:, :, 1:], window_size=(4, 0), softcap=5.0,
+                alibi_slopes=torch.tensor([0.5, 0.25]), return_attn_probs=True,
+            )
+            o3 = flashattn.flash_attn_func(q, qkv[:, :, 1], qkv[:, :, 2], 0.0, 0.2, False, (-1, -1), 0.0, None, True)
+            return (o + o2 + o3).sum(-1), lse, s_dmask
+
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(2, 20, 32)
+    want = model(x)
+    want[0].square().sum().backward()
+    want_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    torch._dynamo.reset()
+    got = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+    got[0].square().sum().backward()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert got[2].shape == (0,) and got[2].dtype == x.dtype
+    for p, w in zip(model.parameters(), want_grads):
+        assert torch.equal(p.grad, w)
+
+
+def test_torch_compile_varlen_and_kvcache():
+    torch = _torch_compile()
+    g = torch.Generator().manual_seed(1)
+
+    def decode(q, kc, vc, kn, vn, lens, qs, cu):
+        o = flashattn.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, causal=True)
+        o1, l1 = flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=3, return_softmax_lse=True)
+        ov = flashattn.flash_attn_varlen_func(qs, qs, qs, cu, cu, 7, 7, causal=True)
+        oq = flashattn.flash_attn_varlen_qkvpacked_func(torch.stack([qs, qs, qs], 1), cu, 7)
+        return o, o1, l1, ov, oq
+
+    q, kc, vc = torch.randn(2, 1, 2, 16, generator=g), torch.randn(2, 32, 2, 16, generator=g), torch.randn(2, 32, 2, 16, generator=g)
+    kn, vn = torch.randn(2, 1, 2, 16, generator=g), torch.randn(2, 1, 2, 16, generator=g)
+    lens = torch.tensor([5, 9], dtype=torch.int32)
+    qs, cu = torch.randn(12, 2, 16, generator=g), torch.tensor([0, 5, 12], dtype=torch.int32)
+    kc2, vc2 = kc.clone(), vc.clone()
+    want = decode(q, kc, vc, kn, vn, lens, qs, cu)
+    torch._dynamo.reset()
+    got = torch.compile(decode, fullgraph=True, backend="aot_eager")(q, kc2, vc2, kn, vn, lens, qs, cu)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)  # the new rows, written in place
+    # No backward: the forward runs on tensors that require grad; running a backward raises.
+    qg, kg = q.clone().requires_grad_(True), qs.clone().requires_grad_(True)
+    varlen = torch.compile(lambda x: flashattn.flash_attn_varlen_func(x, x, x, cu, cu, 7, 7), fullgraph=True, backend="aot_eager")
+    out = varlen(kg)
+    assert out.requires_grad
+    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="no backward"):
+        out.sum().backward()
+    cache = torch.compile(lambda x: flashattn.flash_attn_with_kvcache(x, kc, vc, cache_seqlens=4), fullgraph=True, backend="aot_eager")
+    out = cache(qg)
+    assert out.requires_grad
+    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="no backward"):
+        out.sum().backward()
+
+
+def test_torch_is_optional_and_either_import_order_compiles():
+    """import flashattn does not import torch; torch imported after flashattn still finds
+    the custom ops registered (an import hook), so a first call inside a trace works."""
+    _torch_compile()
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, flashattn\n"
+        "assert 'torch' not in sys.modules\n"
+        "import torch\n"
+        "assert 'flashattn._torch_ops' in sys.modules\n"
+        "q = torch.randn(1, 16, 2, 16)\n"
+        "f = lambda q: flashattn.flash_attn_func(q, q, q, causal=True)\n"
+        "assert torch.equal(torch.compile(f, fullgraph=True, backend='aot_eager')(q), f(q))\n"
+        "print('ok')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

@@ -505,3 +505,76 @@ def test_what_the_backward_refuses_is_refused_at_the_forward_call(monkeypatch):
     monkeypatch.delenv("FLASHATTN_BWD_TILE")
     flash_attn_func(q, q, q).sum().backward()
     assert torch.isfinite(q.grad).all()
+
+
+# ---- torch.compile: the calls as torch.library custom ops ----
+
+
+class _Attention(torch.nn.Module):
+    """GQA self-attention through the packed form and flash_attn_func (with a window)."""
+
+    def __init__(self, dim=512, heads=8, heads_kv=2):
+        super().__init__()
+        self.h, self.hkv, self.d = heads, heads_kv, dim // heads
+        self.qkv = torch.nn.Linear(dim, (heads + 2 * heads_kv) * self.d, bias=False)
+        self.proj = torch.nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+        q, k, v = q.view(b, s, self.h, self.d), k.view(b, s, self.hkv, self.d), v.view(b, s, self.hkv, self.d)
+        o = flash_attn_func(q, k, v, causal=True) + flash_attn_func(q, k, v, window_size=(64, 0), softcap=30.0)
+        kv = torch.stack([k, v], dim=2)
+        o = o + flash_attn_kvpacked_func(q, kv, causal=True, deterministic=True)
+        return self.proj(o.reshape(b, s, -1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_torch_compile_fullgraph_matches_eager(dtype):
+    """No graph break (fullgraph=True, inductor), the attention's own output the same bytes
+    as eager, the module's outputs and gradients within rounding of eager's."""
+    attn = torch.compile(lambda q, k, v: flash_attn_func(q, k, v, causal=True), fullgraph=True)
+    q, k, v = rand(2, 300, 8, 128, dtype=dtype, seed=1), rand(2, 300, 2, 128, dtype=dtype, seed=2), rand(2, 300, 2, 128, dtype=dtype, seed=3)
+    assert torch.equal(attn(q, k, v), flash_attn_func(q, k, v, causal=True))
+    torch.manual_seed(0)
+    model = _Attention().to("cuda", dtype)
+    x = rand(2, 257, 512, dtype=dtype, seed=4)
+    want = model(x)
+    want.float().square().mean().backward()
+    want_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    compiled = torch.compile(model, fullgraph=True)
+    got = compiled(x)
+    got.float().square().mean().backward()
+    close(got, want, "compiled out")
+    for p, w in zip(model.parameters(), want_grads):
+        close(p.grad, w, "compiled grad")
+
+
+def test_torch_compile_varlen_and_kvcache_on_cuda():
+    from flashattn import flash_attn_varlen_func, flash_attn_with_kvcache
+
+    def decode(q, kc, vc, kn, vn, lens, qs, cu):
+        o = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, causal=True)
+        ov = flash_attn_varlen_func(qs, qs, qs, cu, cu, 300, 300, causal=True)
+        return o, ov
+
+    q, kn, vn = rand(3, 1, 8, 100, seed=1), rand(3, 1, 2, 100, seed=2), rand(3, 1, 2, 100, seed=3)  # d 100: padded
+    kc, vc = rand(3, 512, 2, 100, seed=4), rand(3, 512, 2, 100, seed=5)
+    lens = torch.tensor([0, 77, 400], dtype=torch.int32, device="cuda")
+    qs = rand(437, 4, 64, seed=6)
+    cu = torch.tensor([0, 37, 337, 437], dtype=torch.int32, device="cuda")
+    kc2, vc2 = kc.clone(), vc.clone()
+    want = decode(q, kc, vc, kn, vn, lens, qs, cu)
+    got = torch.compile(decode, fullgraph=True)(q, kc2, vc2, kn, vn, lens, qs, cu)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
+
+
+def test_torch_compile_reduce_overhead_captures_the_forward():
+    """mode="reduce-overhead" records flash_attn_func in CUDA graphs (it enqueues on the
+    current stream without synchronising) and replays it on new inputs."""
+    f = torch.compile(lambda q, k, v: flash_attn_func(q, k, v, causal=True), mode="reduce-overhead", fullgraph=True)
+    for seed in range(4):
+        q, k, v = (rand(2, 512, 8, 64, seed=seed * 3 + i) for i in range(3))
+        assert torch.equal(f(q, k, v), flash_attn_func(q, k, v, causal=True)), seed
