@@ -1,5 +1,11 @@
 """flashattn: exact attention with FlashAttention-2's interface, on a Rust core.
 
+Code written for FlashAttention-2's ``flash_attn`` package runs unchanged: the same seven
+functions (``flash_attn_func``, ``flash_attn_qkvpacked_func``, ``flash_attn_kvpacked_func``,
+``flash_attn_varlen_func``, ``flash_attn_varlen_qkvpacked_func``,
+``flash_attn_varlen_kvpacked_func``, ``flash_attn_with_kvcache``) with FlashAttention-2's
+positional and keyword arguments, defaults and return values (v2.6-2.8).
+
 Tensors come in through DLPack (``__dlpack__``; PyTorch CUDA tensors through their own
 ``data_ptr``/``shape``/``stride``, which costs less per call): NumPy arrays, PyTorch tensors and
 other DLPack producers are read without a copy, and the output is allocated in the caller's
@@ -7,21 +13,47 @@ framework. CPU tensors run on the library's CPU backend (float16, bfloat16, floa
 tensors (float16, bfloat16) on its GPU kernels, compiled at run time by NVRTC (from the
 ``nvidia-cuda-nvrtc`` wheel, found without ``LD_LIBRARY_PATH``), enqueued on the caller's
 current stream (PyTorch's or CuPy's) with no copy and no device synchronisation, so a call can
-be captured in a CUDA graph (JAX GPU arrays are refused: JAX arrays are immutable). PyTorch tensors that require grad get gradients through
-``torch.autograd`` (``flash_attn_func`` and the packed functions, every score modifier
-included). ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache`` run on CUDA tensors
-too (forward only), but copy their index arrays (``cu_seqlens_*``, ``cache_seqlens``,
-``block_table``) to the host to validate and plan the call: on CUDA those calls synchronise
-and cannot be captured in a graph.
+be captured in a CUDA graph (JAX GPU arrays are refused: JAX arrays are immutable). PyTorch
+tensors that require grad get gradients through ``torch.autograd`` (``flash_attn_func`` and
+the packed functions, every score modifier included). The variable-length functions and
+``flash_attn_with_kvcache`` run on CUDA tensors too, but copy their index arrays
+(``cu_seqlens_*``, ``cache_seqlens``, ``block_table``) to the host to validate and plan the
+call: on CUDA those calls synchronise and cannot be captured in a graph.
 
 Semantics are FlashAttention-2's: ``[batch, seqlen, heads, head_dim]`` layout, causal
-aligned bottom-right, ``window_size=(left, right)`` with -1 unbounded, ``softcap`` > 0 caps
-scores as ``softcap * tanh(s / softcap)``, ``alibi_slopes`` ``[heads]`` or ``[batch, heads]``
-(copied to the host: on CUDA that call synchronises); GQA/MQA when k and v have fewer heads
-than q. ``softmax_scale`` must be finite and above 0.
+aligned bottom-right, ``window_size=(left, right)`` (a tuple, list or tensor of two ints)
+with -1 unbounded, ``softcap`` > 0 caps scores as ``softcap * tanh(s / softcap)``,
+``alibi_slopes`` ``[heads]`` or ``[batch, heads]`` (copied to the host: on CUDA that call
+synchronises); GQA/MQA when k and v have fewer heads than q; head dims that are not a
+multiple of 8 run padded with zero channels on the GPU. ``softmax_scale`` must be finite and
+above 0.
 
-What is not supported raises an exception that names it, never a silent difference:
-``dropout_p > 0``, ``return_attn_probs=True``.
+``return_attn_probs=True`` returns ``(out, softmax_lse, S_dmask)`` as FlashAttention-2 does:
+``softmax_lse`` float32 ``[batch, heads, seqlen_q]`` (``[heads, total_q]`` for the
+variable-length functions), and ``S_dmask`` an empty tensor (shape ``(0,)``, q's dtype and
+device), which is what FlashAttention-2 returns there too when ``dropout_p`` is 0 (its
+probabilities exist only with dropout, for testing). flashattn has no dropout.
+
+``torch.compile`` (``fullgraph=True``) and ``torch.export`` trace models that call these
+functions without a graph break: while a trace runs they call ``torch.library`` custom ops
+(``flashattn::fwd``, ``flashattn::bwd``, ``flashattn::varlen_fwd``, ``flashattn::varlen_bwd``,
+``flashattn::kvcache_fwd``; :mod:`flashattn._torch_ops`) with fake implementations and
+autograd formulas, which run the eager path's own code. torch stays optional: importing
+flashattn never imports it; the ops are registered when torch is imported (before or after
+flashattn; torch 2.4 or later).
+
+Errors: every call that flashattn refuses raises :class:`FlashAttnError` (a ``ValueError``),
+at the call, before anything runs, with a message that says what is wrong and what to do.
+What flashattn does not implement raises its subclass :class:`FlashAttnUnsupportedError`
+(also a ``NotImplementedError``): ``dropout_p > 0``, ``block_table`` in
+``flash_attn_varlen_func``, the rotary, ``cache_batch_idx`` and ``cache_leftpad`` arguments
+of ``flash_attn_with_kvcache``, JAX GPU arrays, a head_dim above 256, and, on a GPU whose
+shared memory cannot hold the backward of a head_dim above 128, a call whose gradients are
+wanted. One refusal waits for the backward, because FlashAttention-2 code calls these
+functions on tensors that require grad without taking gradients: the variable-length
+functions and ``flash_attn_with_kvcache`` have no backward in this version, so their output
+is computed and their backward (``.backward()`` through them) raises
+``FlashAttnUnsupportedError``.
 """
 
 import numbers
@@ -64,14 +96,19 @@ _preload_nvrtc()
 
 from . import _native  # noqa: E402
 
+
 FlashAttnError = _native.FlashAttnError
+FlashAttnUnsupportedError = _native.FlashAttnUnsupportedError
 
 __all__ = [
     "FlashAttnError",
+    "FlashAttnUnsupportedError",
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
 ]
 
@@ -88,11 +125,11 @@ def _framework(x):
         return "cupy", cupy
     if x.__dlpack_device__()[0] == 2:  # kDLCUDA, from a framework other than torch or cupy
         if module in ("jax", "jaxlib"):
-            raise NotImplementedError(
+            raise FlashAttnUnsupportedError(
                 "JAX arrays on a GPU: JAX arrays are immutable, so flashattn cannot allocate its "
                 "output in JAX; pass PyTorch or CuPy tensors (e.g. through DLPack), or JAX CPU arrays"
             )
-        raise NotImplementedError(
+        raise FlashAttnUnsupportedError(
             f"CUDA arrays of {module}: flashattn allocates its output and finds the current "
             "stream in PyTorch or CuPy; pass PyTorch or CuPy tensors (e.g. through DLPack)"
         )
@@ -113,23 +150,38 @@ def _empty_like(x, shape, float32=False):
     return fw.empty(shape, dtype=fw.float32 if float32 else x.dtype)
 
 
-def _unsupported(dropout_p, return_attn_probs):
-    """The two FlashAttention-2 arguments flashattn does not implement (the library has
-    neither): refused here, the only place that sees them."""
+def _contiguous(x):
+    """`x` in its framework, compact (a copy only where it is not)."""
+    name, fw = _framework(x)
+    if name == "torch":
+        return x.contiguous()  # differentiable: gradients reach a packed input through it
+    if name == "cupy":
+        with x.device:
+            return fw.ascontiguousarray(x)
+    return fw.ascontiguousarray(x)
+
+
+def _check_dropout(dropout_p):
+    """FlashAttention-2's ``dropout_p``: a probability, and 0 here (flashattn computes exact
+    attention without dropout)."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not (
         0.0 <= dropout_p <= 1.0
     ):
-        raise ValueError(f"dropout_p={dropout_p!r}: expected a probability in [0, 1]")
+        raise FlashAttnError(f"dropout_p={dropout_p!r}: expected a probability in [0, 1]")
     if dropout_p != 0.0:
-        raise NotImplementedError(
+        raise FlashAttnUnsupportedError(
             f"dropout_p={dropout_p}: flashattn computes exact attention without dropout; "
             "pass dropout_p=0.0 (as at inference)"
         )
+
+
+def _with_probs(q, out, lse, return_attn_probs):
+    """What FlashAttention-2's functions return: out, or with ``return_attn_probs``
+    ``(out, softmax_lse, S_dmask)``, S_dmask being FlashAttention-2's own at ``dropout_p=0``:
+    an empty tensor of q's dtype on q's device (its probabilities exist only with dropout)."""
     if return_attn_probs:
-        raise NotImplementedError(
-            "return_attn_probs=True: flashattn never materialises the attention "
-            "probabilities; pass return_attn_probs=False"
-        )
+        return out, lse, _empty_like(q, (0,))
+    return out
 
 
 def _slopes(alibi_slopes):
@@ -146,6 +198,14 @@ def _slopes(alibi_slopes):
 
 def _is_torch(x):
     return type(x).__module__.split(".")[0] == "torch"
+
+
+def _on_cuda(x):
+    """Whether `x` lives on a CUDA device."""
+    if _is_torch(x):
+        return x.is_cuda
+    device = getattr(x, "__dlpack_device__", None)
+    return device is not None and device()[0] == 2  # kDLCUDA
 
 
 def _stream(x):
@@ -199,17 +259,13 @@ def _dl(x):
     return x.detach() if _is_torch(x) and x.requires_grad else x
 
 
-def _no_grad(fn, *tensors):
-    """Refuses PyTorch tensors that require grad where no backward exists (never a silent
-    output cut off from the graph)."""
-    if any(_is_torch(t) and t.requires_grad for t in tensors if t is not None):
-        import torch
-
-        if torch.is_grad_enabled():
-            raise NotImplementedError(
-                f"{fn}: gradients are not supported; call it under torch.no_grad() (or on "
-                "tensors that do not require grad), or use flash_attn_func"
-            )
+def _wants_grad(*tensors):
+    """Whether a call's output needs a backward: grad mode on and a PyTorch tensor among
+    `tensors` (None entries skipped) that requires grad."""
+    torch = sys.modules.get("torch")  # imported by any caller that passes its tensors
+    if torch is None or not torch.is_grad_enabled():
+        return False
+    return any(_is_torch(t) and t.requires_grad for t in tensors if t is not None)
 
 
 def _tensors(optional=(), **named):
@@ -221,7 +277,7 @@ def _tensors(optional=(), **named):
         raise FlashAttnError(f"{', '.join(missing)} is None: {required} are required tensors")
     for name, x in named.items():
         if x is not None and not hasattr(x, "__dlpack__"):
-            raise ValueError(
+            raise FlashAttnError(
                 f"{name}: a {type(x).__name__} is not a DLPack tensor; pass a NumPy array, "
                 "a PyTorch tensor or another object with __dlpack__"
             )
@@ -242,22 +298,33 @@ def _int(name, x, lo, hi):
 _I64 = (-(2**63), 2**63 - 1)
 
 
+def _window(window_size):
+    """``window_size`` as its two sides: a tuple or list of two ints, or (as FlashAttention-2,
+    which indexes it) a tensor or array of two integers; 0-d tensors as sides too."""
+    pair = window_size
+    if not isinstance(pair, (tuple, list)) and hasattr(pair, "tolist"):
+        pair = pair.tolist()  # a torch tensor (a CUDA one synchronises), NumPy or CuPy array
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        raise FlashAttnError(
+            f"window_size = {window_size!r}: expected a pair (left, right) of key counts, "
+            "-1 for unbounded: (-1, -1) is no window"
+        )
+    left, right = (x.tolist() if hasattr(x, "tolist") else x for x in pair)
+    return (
+        _int("window_size[0] (-1 = unbounded)", left, *_I64),
+        _int("window_size[1] (-1 = unbounded)", right, *_I64),
+    )
+
+
 def _scores(softmax_scale, causal, window_size, softcap, alibi_slopes):
     """FlashAttention-2's score arguments as every native call takes them, in its order:
     (softmax_scale or None, causal, window_left, window_right, softcap, alibi_slopes). Only
     their Python types are checked here; their values (scale and softcap finite and above 0,
     window sides >= -1, the slopes' shape) are the native call's and the library's to judge."""
-    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
-        raise FlashAttnError(
-            f"window_size = {window_size!r}: expected a pair (left, right) of key counts, "
-            "-1 for unbounded: (-1, -1) is no window"
-        )
-    left, right = window_size
     return (
         None if softmax_scale is None else float(softmax_scale),
         bool(causal),
-        _int("window_size[0] (-1 = unbounded)", left, *_I64),
-        _int("window_size[1] (-1 = unbounded)", right, *_I64),
+        *_window(window_size),
         float(softcap),
         _slopes(alibi_slopes),
     )
@@ -271,11 +338,12 @@ def _outputs(q, rank, lse_axes):
     return _empty_like(q, shape), _empty_like(q, lse, float32=True)
 
 
-def _run_forward(q, k, v, scores):
+def _run_forward(q, k, v, scores, check_backward=False):
     out, lse = _outputs(q, 4, (0, 2, 1))
     stream, current = _stream(q)
     _native.forward(
-        _dl(q), _dl(k), _dl(v), out, lse, *scores, stream, current, torch=_is_torch(q)
+        _dl(q), _dl(k), _dl(v), out, lse, *scores, stream, current, torch=_is_torch(q),
+        check_backward=check_backward,
     )
     return out, lse
 
@@ -297,30 +365,45 @@ def _run_backward(saved, dout, scores, deterministic):
     return dq, dk, dv
 
 
+class _Dense:
+    """A dense call (``flash_attn_func`` and the packed forms) for autograd: its forward
+    refuses on CUDA what the GPU backward would refuse, so that no refusal waits for it."""
+
+    def __init__(self, scores, deterministic):
+        self.scores, self.deterministic = scores, bool(deterministic)
+
+    def forward(self, q, k, v):
+        return _run_forward(q, k, v, self.scores, check_backward=True)
+
+    def backward(self, saved, dout):
+        return _run_backward(saved, dout, self.scores, self.deterministic)
+
+
 _autograd = None
 
 
 def _function():
-    """The ``torch.autograd.Function`` of a call (built on first use: torch is imported only
-    by callers that pass torch tensors)."""
+    """The ``torch.autograd.Function`` of every call whose output needs a backward (built on
+    first use: torch is imported only by callers that pass torch tensors). It runs
+    ``call.forward(*tensors)`` -> (out, lse), saves the tensors, out and lse, and hands
+    ``call.backward(saved, dout)`` the gradient of out (lse is not differentiable)."""
     global _autograd
     if _autograd is None:
         import torch
 
         class FlashAttnFunction(torch.autograd.Function):
             @staticmethod
-            def forward(ctx, q, k, v, scores, deterministic):
-                out, lse = _run_forward(q, k, v, scores)
-                ctx.save_for_backward(q, k, v, out, lse)
-                ctx.args = scores, deterministic
+            def forward(ctx, call, *tensors):
+                out, lse = call.forward(*tensors)
+                ctx.save_for_backward(*tensors, out, lse)
+                ctx.call = call
                 ctx.mark_non_differentiable(lse)
                 return out, lse
 
             @staticmethod
             @torch.autograd.function.once_differentiable
             def backward(ctx, dout, _dlse):
-                dq, dk, dv = _run_backward(ctx.saved_tensors, dout, *ctx.args)
-                return dq, dk, dv, None, None
+                return (None, *ctx.call.backward(ctx.saved_tensors, dout))
 
         _autograd = FlashAttnFunction
     return _autograd
@@ -340,8 +423,36 @@ def _plain_torch_cuda(q, k, v):
     return torch if q.dim() == 4 else None
 
 
+def _compiling():
+    """Whether torch.compile (Dynamo) or torch.export is tracing this call: the calls then go
+    through the custom ops of :mod:`flashattn._torch_ops` (Dynamo cannot trace the native
+    extension)."""
+    torch = sys.modules.get("torch")  # imported by any caller that passes its tensors
+    if torch is None:
+        return False
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return is_compiling is not None and is_compiling()
+
+
+def _ops():
+    """:mod:`flashattn._torch_ops`, registered when torch was imported (a trace cannot
+    import it: see :class:`_AfterTorch`)."""
+    ops = sys.modules.get(__name__ + "._torch_ops")
+    if ops is None:
+        raise FlashAttnUnsupportedError(
+            "torch.compile: flashattn's custom ops are not registered "
+            f"({_torch_ops_error or 'torch was imported before flashattn was, through a route no import hook sees'}); "
+            "torch.compile needs torch 2.4 or later; import flashattn after torch"
+        )
+    return ops
+
+
 def _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
              deterministic=False):
+    if _compiling():
+        return _ops().dense(
+            q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
+        )
     scores = _scores(softmax_scale, causal, window_size, softcap, alibi_slopes)
     torch = _plain_torch_cuda(q, k, v)
     if torch is not None:
@@ -356,13 +467,8 @@ def _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
         )
         return out, lse
     _tensors(q=q, k=k, v=v)
-    if _is_torch(q):
-        import torch
-
-        if torch.is_grad_enabled() and any(
-            _is_torch(t) and t.requires_grad for t in (q, k, v)
-        ):
-            return _function().apply(q, k, v, scores, bool(deterministic))
+    if _wants_grad(q, k, v):
+        return _function().apply(_Dense(scores, deterministic), q, k, v)
     return _run_forward(q, k, v, scores)
 
 
@@ -380,15 +486,18 @@ def flash_attn_func(
     return_attn_probs=False,
 ):
     """Attention of q ``[batch, seqlen_q, heads_q, head_dim]`` to k, v ``[batch, seqlen_k,
-    heads_kv, head_dim]``; returns out like q. ``softmax_scale`` defaults to
-    ``1/sqrt(head_dim)``. With PyTorch tensors that require grad, gradients flow to q, k, v;
-    ``deterministic=True`` then makes the GPU backward's dq the same bytes run to run (the
-    forward and the CPU backward always are)."""
-    _unsupported(dropout_p, return_attn_probs)
-    out, _ = _forward(
+    heads_kv, head_dim]``; returns out like q, or with ``return_attn_probs``
+    ``(out, softmax_lse, S_dmask)``: softmax_lse float32 ``[batch, heads_q, seqlen_q]``,
+    S_dmask an empty tensor (FlashAttention-2's own at ``dropout_p=0``; see the package's
+    docstring). ``softmax_scale`` defaults to ``1/sqrt(head_dim)``; ``dropout_p`` must be 0
+    (else :class:`FlashAttnUnsupportedError`). With PyTorch tensors that require grad,
+    gradients flow to q, k, v; ``deterministic=True`` then makes the GPU backward's dq the
+    same bytes run to run (the forward and the CPU backward always are)."""
+    _check_dropout(dropout_p)
+    out, lse = _forward(
         q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
     )
-    return out
+    return _with_probs(q, out, lse, return_attn_probs)
 
 
 def _unpack(name, x, n, layout):
@@ -411,16 +520,16 @@ def _takes_the_rest_of_flash_attn_func(fn, tensors):
 
 
 def flash_attn_qkvpacked_func(qkv, *args, **kwargs):
-    """As :func:`flash_attn_func` (the same arguments after the tensors) with ``qkv``
-    ``[batch, seqlen, 3, heads, head_dim]`` (the three slices are read in place, as strided
-    views)."""
+    """As :func:`flash_attn_func` (the same arguments after the tensors, the same returns)
+    with ``qkv`` ``[batch, seqlen, 3, heads, head_dim]`` (the three slices are read in place,
+    as strided views)."""
     q, k, v = _unpack("qkv", qkv, 3, "[batch, seqlen, 3, heads, head_dim]")
     return flash_attn_func(q, k, v, *args, **kwargs)
 
 
 def flash_attn_kvpacked_func(q, kv, *args, **kwargs):
-    """As :func:`flash_attn_func` (the same arguments after the tensors) with ``kv``
-    ``[batch, seqlen_k, 2, heads_kv, head_dim]``."""
+    """As :func:`flash_attn_func` (the same arguments after the tensors, the same returns)
+    with ``kv`` ``[batch, seqlen_k, 2, heads_kv, head_dim]``."""
     k, v = _unpack("kv", kv, 2, "[batch, seqlen_k, 2, heads_kv, head_dim]")
     return flash_attn_func(q, k, v, *args, **kwargs)
 
@@ -435,6 +544,8 @@ def _host_ints(name, x, ndim, what):
     its shape. What the values must be is the library's to judge."""
     if hasattr(x, "detach"):  # torch
         x = x.detach().cpu().numpy()
+    elif hasattr(x, "get") and type(x).__module__.split(".")[0] == "cupy":
+        x = x.get()
     import numpy
 
     a = numpy.asarray(x)
@@ -445,6 +556,88 @@ def _host_ints(name, x, ndim, what):
     if a.size and (int(a.min()) < -(2**31) or int(a.max()) >= 2**31):
         raise FlashAttnError(f"{name} holds values outside int32")
     return [int(v) for v in a.reshape(-1)], a.shape
+
+
+def _varlen_backward(saved, dout, call):
+    """The backward of the variable-length functions: THE one place it goes when the
+    library's varlen backward lands. `saved` is (q, k, v, out, lse) as the forward took and
+    wrote them (packed; lse ``[heads_q, total_q]``), `call` the :class:`_Varlen` (its
+    `scores`, `cu_seqlens_q`, `cu_seqlens_k`, `deterministic`); returns dq, dk, dv."""
+    raise FlashAttnUnsupportedError(
+        "flash_attn_varlen_func (and its packed forms) has no backward in this version: its "
+        "forward ran, but a gradient through it cannot be computed; compute this loss without "
+        "it, or use flash_attn_func on padded batches for training"
+    )
+
+
+class _Varlen:
+    """A packed variable-length call (offsets and score arguments checked) for
+    :func:`_function` or for a direct run."""
+
+    def __init__(self, scores, cu_seqlens_q, cu_seqlens_k, deterministic):
+        self.scores, self.deterministic = scores, bool(deterministic)
+        self.cu_seqlens_q, self.cu_seqlens_k = cu_seqlens_q, cu_seqlens_k
+
+    def forward(self, q, k, v):
+        out, lse = _outputs(q, 3, (1, 0))
+        stream, current = _stream(q)
+        _native.varlen_forward(
+            _dl(q), _dl(k), _dl(v), out, lse, self.cu_seqlens_q, self.cu_seqlens_k,
+            *self.scores, stream, current, torch=_is_torch(q),
+        )
+        return out, lse
+
+    def backward(self, saved, dout):
+        return _varlen_backward(saved, dout, self)
+
+
+def _varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scores,
+                 deterministic):
+    """A checked variable-length call: the offsets copied to the host and checked against
+    ``max_seqlen_*``, q, k, v made compact. Returns (call, q, k, v)."""
+    _tensors(q=q, k=k, v=v)
+    # The varlen kernels read compact tensors; FlashAttention-2 takes row strides (views of
+    # packed qkv): those are copied here (with PyTorch the copy passes gradients back).
+    q, k, v = (_contiguous(x) for x in (q, k, v))
+    cq, _ = _host_ints("cu_seqlens_q", cu_seqlens_q, 1, "[batch + 1]")
+    ck, _ = _host_ints("cu_seqlens_k", cu_seqlens_k, 1, "[batch + 1]")
+    max_seqlen_q = _int("max_seqlen_q", max_seqlen_q, 0, 2**31 - 1)
+    max_seqlen_k = _int("max_seqlen_k", max_seqlen_k, 0, 2**31 - 1)
+    # max_seqlen_*: FlashAttention-2's grid sizes, which the library does not take.
+    for name, cu, bound in (("q", cq, max_seqlen_q), ("k", ck, max_seqlen_k)):
+        steps = [b - a for a, b in zip(cu, cu[1:])]
+        longest = max(steps, default=0)
+        # Offsets that decrease are the library's to report (it names the entry).
+        if min(steps, default=0) >= 0 and longest > int(bound):
+            raise FlashAttnError(
+                f"max_seqlen_{name} = {bound} but the longest sequence has {longest} rows"
+            )
+    return _Varlen(scores, cq, ck, deterministic), q, k, v
+
+
+def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+            softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+            block_table=None):
+    """flash_attn_varlen_func's work: (out, lse)."""
+    _check_dropout(dropout_p)
+    if block_table is not None:
+        raise FlashAttnUnsupportedError(
+            "block_table in flash_attn_varlen_func (paged K/V): not supported by flashattn; "
+            "pass k, v packed [total_k, heads_kv, head_dim] and block_table=None, or decode "
+            "against a paged cache with flash_attn_with_kvcache"
+        )
+    if _compiling():
+        return _ops().varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+            causal, window_size, softcap, alibi_slopes, deterministic,
+        )
+    scores = _scores(softmax_scale, causal, window_size, softcap, alibi_slopes)
+    call, q, k, v = _varlen_call(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scores, deterministic
+    )
+    if _wants_grad(q, k, v):
+        return _function().apply(call, q, k, v)
+    return call.forward(q, k, v)
 
 
 def flash_attn_varlen_func(
@@ -463,35 +656,194 @@ def flash_attn_varlen_func(
     alibi_slopes=None,
     deterministic=False,
     return_attn_probs=False,
+    block_table=None,
 ):
     """Packed variable-length batch: q ``[total_q, heads_q, head_dim]``, k, v ``[total_k,
-    heads_kv, head_dim]`` (contiguous: this version needs compact packed tensors),
-    ``cu_seqlens_q``/``cu_seqlens_k`` int32 ``[batch + 1]``;
-    returns out like q. ``max_seqlen_q``/``max_seqlen_k`` must be at least the longest
-    sequence (FA2 sizes its grid with them; here they are checked)."""
-    _unsupported(dropout_p, return_attn_probs)
-    scores = _scores(softmax_scale, causal, window_size, softcap, alibi_slopes)
-    _tensors(q=q, k=k, v=v)
-    cq, _ = _host_ints("cu_seqlens_q", cu_seqlens_q, 1, "[batch + 1]")
-    ck, _ = _host_ints("cu_seqlens_k", cu_seqlens_k, 1, "[batch + 1]")
-    max_seqlen_q = _int("max_seqlen_q", max_seqlen_q, 0, 2**31 - 1)
-    max_seqlen_k = _int("max_seqlen_k", max_seqlen_k, 0, 2**31 - 1)
-    # max_seqlen_*: FlashAttention-2's grid sizes, which the library does not take.
-    for name, cu, bound in (("q", cq, max_seqlen_q), ("k", ck, max_seqlen_k)):
-        steps = [b - a for a, b in zip(cu, cu[1:])]
-        longest = max(steps, default=0)
-        # Offsets that decrease are the library's to report (it names the entry).
-        if min(steps, default=0) >= 0 and longest > int(bound):
-            raise FlashAttnError(
-                f"max_seqlen_{name} = {bound} but the longest sequence has {longest} rows"
-            )
-    _no_grad("flash_attn_varlen_func", q, k, v)
-    out, lse = _outputs(q, 3, (1, 0))
-    stream, current = _stream(q)
-    _native.varlen_forward(
-        _dl(q), _dl(k), _dl(v), out, lse, cq, ck, *scores, stream, current, torch=_is_torch(q)
+    heads_kv, head_dim]`` (any strides; the kernels read compact tensors, so a tensor that is
+    not compact, such as a slice of packed qkv, is copied compact first),
+    ``cu_seqlens_q``/``cu_seqlens_k`` int32 ``[batch + 1]``; returns out like
+    q, or with ``return_attn_probs`` ``(out, softmax_lse, S_dmask)``: softmax_lse float32
+    ``[heads_q, total_q]``, S_dmask an empty tensor (as FlashAttention-2 at ``dropout_p=0``).
+    ``max_seqlen_q``/``max_seqlen_k`` must be at least the longest sequence (FA2 sizes its
+    grid with them; here they are checked). ``block_table`` (paged K/V) must be None, else
+    :class:`FlashAttnUnsupportedError`. No backward in this version: tensors that require
+    grad are fine (the output is computed), but a backward through the output raises
+    :class:`FlashAttnUnsupportedError`."""
+    out, lse = _varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+        softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, block_table,
     )
-    return out
+    return _with_probs(q, out, lse, return_attn_probs)
+
+
+def _unpack_varlen(name, x, n, layout):
+    """The `n` tensors packed along the second axis of `x`, as strided views (which
+    :func:`_varlen` copies compact)."""
+    _tensors(**{name: x})
+    if len(x.shape) != 4 or x.shape[1] != n:
+        raise FlashAttnError(f"{name} has shape {tuple(x.shape)}; expected {layout}")
+    return [x[:, i] for i in range(n)]
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv,
+    cu_seqlens,
+    max_seqlen,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """As :func:`flash_attn_varlen_func` (the same returns) with ``qkv`` ``[total, 3, heads,
+    head_dim]``, one ``cu_seqlens`` int32 ``[batch + 1]`` and one ``max_seqlen`` for queries
+    and keys. q, k and v are copied out of qkv compact (a copy of qkv in all)."""
+    _check_dropout(dropout_p)
+    q, k, v = _unpack_varlen("qkv", qkv, 3, "[total, 3, heads, head_dim]")
+    out, lse = _varlen(
+        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
+        causal, window_size, softcap, alibi_slopes, deterministic,
+    )
+    return _with_probs(qkv, out, lse, return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(
+    q,
+    kv,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """As :func:`flash_attn_varlen_func` (the same returns) with ``kv`` ``[total_k, 2,
+    heads_kv, head_dim]``. k and v are copied out of kv compact (a copy of kv in all)."""
+    _check_dropout(dropout_p)
+    k, v = _unpack_varlen("kv", kv, 2, "[total_k, 2, heads_kv, head_dim]")
+    out, lse = _varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+        softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+    )
+    return _with_probs(q, out, lse, return_attn_probs)
+
+
+def _pad_channels(x, width):
+    """A compact copy of `x` (in its framework) with its last axis padded with zeros to
+    `width`."""
+    name, fw = _framework(x)
+    extra = width - x.shape[-1]
+    if name == "torch":
+        return fw.nn.functional.pad(x, (0, extra)).contiguous()
+    pad = [(0, 0)] * (len(x.shape) - 1) + [(0, extra)]
+    if name == "cupy":
+        with x.device:
+            return fw.pad(x, pad)
+    return fw.pad(x, pad)
+
+
+def _assign(dst, src):
+    """dst[...] = src in place, in dst's framework (no autograd record)."""
+    name, fw = _framework(dst)
+    if name == "torch":
+        with fw.no_grad():
+            dst.copy_(src)
+    elif name == "cupy":
+        with dst.device:
+            dst[...] = src
+    else:
+        dst[...] = src
+
+
+def _decode_pads(q):
+    """Whether :func:`flash_attn_with_kvcache` runs q's head_dim padded: on CUDA, whose decode
+    kernels take head dims that are multiples of 8 (up to 256); the CPU takes every one."""
+    return len(q.shape) == 4 and q.shape[-1] % 8 != 0 and q.shape[-1] < 256 and _on_cuda(q)
+
+
+def _default_scale(head_dim):
+    """1/sqrt(head_dim) in float32, as the library computes its default."""
+    import numpy
+
+    return float(numpy.float32(1.0) / numpy.sqrt(numpy.float32(head_dim)))
+
+
+class _KvCache:
+    """A KV-cache call (arguments checked) for :func:`_function` or for a direct run:
+    `forward(q, k, v)` with the caches and index arrays held here."""
+
+    def __init__(self, k_cache, v_cache, lens, table, max_blocks, scores, num_splits):
+        self.k_cache, self.v_cache = k_cache, v_cache
+        self.lens, self.table, self.max_blocks = lens, table, max_blocks
+        self.scores, self.num_splits = scores, num_splits
+
+    def forward(self, q, k, v):
+        caches = (self.k_cache, self.v_cache)
+        if _decode_pads(q) and all(
+            x is None or (len(x.shape) == 4 and x.shape[-1] == q.shape[-1])
+            for x in (*caches, k, v)
+        ):
+            return self._padded(q, k, v)
+        return self._run(q, *caches, k, v, self.scores)
+
+    def _run(self, q, k_cache, v_cache, k, v, scores):
+        out, lse = _outputs(q, 4, (0, 2, 1))
+        stream, current = _stream(q)
+        new = [None if x is None else _dl(x) for x in (k, v)]
+        _native.kvcache_forward(
+            _dl(q), _dl(k_cache), _dl(v_cache), *new, out, lse, self.lens, self.table,
+            self.max_blocks, *scores, self.num_splits, stream, current,
+        )
+        return out, lse
+
+    def _padded(self, q, k, v):
+        """The call with q, the caches and the new rows padded with zero channels to the next
+        multiple of 8 (copies, the caches whole, as FlashAttention-2 does), the default scale
+        kept at the true head_dim's, out cut back and the new rows copied back into the
+        caller's caches."""
+        d = q.shape[-1]
+        width = d + (-d) % 8
+        scale, *rest = self.scores
+        scores = (_default_scale(d) if scale is None else scale, *rest)
+        padded = [None if x is None else _pad_channels(_dl(x), width)
+                  for x in (q, self.k_cache, self.v_cache, k, v)]
+        out, lse = self._run(*padded, scores)
+        if k is not None:
+            _assign(self.k_cache, padded[1][..., :d])
+            _assign(self.v_cache, padded[2][..., :d])
+        return _contiguous(out[..., :d]), lse
+
+    def backward(self, saved, dout):
+        raise FlashAttnUnsupportedError(
+            "flash_attn_with_kvcache has no backward (as in FlashAttention-2): its forward "
+            "ran, but a gradient through it cannot be computed; compute this loss without it"
+        )
+
+
+def _kvcache_call(k_cache, v_cache, cache_seqlens, block_table, scores, num_splits):
+    """A KV-cache call with its index arguments copied to the host and checked."""
+    if cache_seqlens is None:
+        lens = None  # the caches are full
+    elif isinstance(cache_seqlens, (numbers.Integral, bool)):
+        lens = _int("cache_seqlens", cache_seqlens, -(2**31), 2**31 - 1)  # every sequence's
+    else:
+        lens, _ = _host_ints("cache_seqlens", cache_seqlens, 1, "[batch]")
+    # 0: the library picks (the native calls take no negative count).
+    num_splits = _int("num_splits", num_splits, 0, 2**63 - 1)
+    table, max_blocks = None, 0
+    if block_table is not None:
+        table, shape = _host_ints("block_table", block_table, 2, "[batch, max_blocks]")
+        max_blocks = int(shape[1])
+    return _KvCache(k_cache, v_cache, lens, table, max_blocks, scores, num_splits)
 
 
 def flash_attn_with_kvcache(
@@ -522,7 +874,18 @@ def flash_attn_with_kvcache(
     ``cache_seqlens`` (an int or int32 ``[batch]``) in place before attending; every tensor
     compact (this version), pages a multiple of 16 keys. Returns out (and
     lse ``[batch, heads_q, seqlen_q]`` with ``return_softmax_lse``). ``num_splits`` > 0 sets the
-    split-KV count (0: one on the CPU, the library's heuristic on the GPU)."""
+    split-KV count (0: one on the CPU, the library's heuristic on the GPU).
+
+    Every head_dim up to 256 runs. On CUDA, a head_dim that is not a multiple of 8 runs as
+    FlashAttention-2 runs it: q, the caches and the new rows are copied padded with zero
+    channels to the next multiple of 8 (the caches whole: a copy of both caches per call), and
+    the new rows copied back into the caller's caches after the call; the default scale stays
+    ``1/sqrt(head_dim)`` of the true head_dim. Multiples of 8 copy nothing.
+
+    ``rotary_cos``/``rotary_sin``, ``cache_batch_idx`` and ``cache_leftpad`` must be None
+    (else :class:`FlashAttnUnsupportedError`). No backward (FlashAttention-2 has none either):
+    tensors that require grad are fine, but a backward through the output raises
+    :class:`FlashAttnUnsupportedError`."""
     for name, arg in (
         ("rotary_cos", rotary_cos),
         ("rotary_sin", rotary_sin),
@@ -530,27 +893,73 @@ def flash_attn_with_kvcache(
         ("cache_leftpad", cache_leftpad),
     ):
         if arg is not None:
-            raise NotImplementedError(f"{name}: not supported by flashattn yet; pass None")
+            raise FlashAttnUnsupportedError(f"{name}: not supported by flashattn yet; pass None")
+    if _compiling():
+        out, lse = _ops().kvcache(
+            q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
+            window_size, softcap, alibi_slopes, num_splits,
+        )
+        return (out, lse) if return_softmax_lse else out
     scores = _scores(softmax_scale, causal, window_size, softcap, alibi_slopes)
     _tensors(("k", "v"), q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
-    if cache_seqlens is None:
-        lens = None  # the caches are full
-    elif isinstance(cache_seqlens, (numbers.Integral, bool)):
-        lens = _int("cache_seqlens", cache_seqlens, -(2**31), 2**31 - 1)  # every sequence's
+    call = _kvcache_call(k_cache, v_cache, cache_seqlens, block_table, scores, num_splits)
+    if _wants_grad(q, k, v):
+        out, lse = _function().apply(call, q, k, v)
     else:
-        lens, _ = _host_ints("cache_seqlens", cache_seqlens, 1, "[batch]")
-    # 0: the library picks (the native calls take no negative count).
-    num_splits = _int("num_splits", num_splits, 0, 2**63 - 1)
-    table, max_blocks = None, 0
-    if block_table is not None:
-        table, shape = _host_ints("block_table", block_table, 2, "[batch, max_blocks]")
-        max_blocks = int(shape[1])
-    _no_grad("flash_attn_with_kvcache", q, k_cache, v_cache, k, v)
-    out, lse = _outputs(q, 4, (0, 2, 1))
-    stream, current = _stream(q)
-    new = [None if x is None else _dl(x) for x in (k, v)]
-    _native.kvcache_forward(
-        _dl(q), _dl(k_cache), _dl(v_cache), *new, out, lse, lens, table, max_blocks, *scores,
-        num_splits, stream, current,
-    )
+        out, lse = call.forward(q, k, v)
     return (out, lse) if return_softmax_lse else out
+
+
+
+class _AfterTorch:
+    """A one-shot import hook (on ``sys.meta_path``) for a process that imports torch after
+    flashattn (``import flashattn`` sorts before ``import torch``): right after torch's own
+    module has run, it registers the custom ops, which a trace cannot import later. It finds
+    nothing itself; it only wraps the loader that the other finders give for ``torch``."""
+
+    def __init__(self):
+        self.finding = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch" or self.finding:
+            return None
+        import importlib.util
+
+        self.finding = True  # the finders after this one
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self.finding = False
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            _register_torch_ops()
+
+        loader.exec_module = exec_module
+        return spec
+
+
+_torch_ops_error = None
+
+
+def _register_torch_ops():
+    """Registers torch.compile's custom ops (:mod:`flashattn._torch_ops`); a failure (a torch
+    without ``torch.library.custom_op``, before 2.4) is kept for :func:`_ops` to report
+    and never fails an import."""
+    global _torch_ops_error
+    try:
+        from . import _torch_ops  # noqa: F401
+    except Exception as e:  # reported where a compiled call needs the ops
+        _torch_ops_error = e
+
+
+if "torch" in sys.modules:
+    _register_torch_ops()
+else:
+    sys.meta_path.insert(0, _AfterTorch())

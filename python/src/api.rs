@@ -75,6 +75,9 @@ struct Fwd<'a, P> {
     p: P,
     t: [&'a Borrowed; 5],
     stream: usize,
+    /// Refuse on CUDA, before the launch, what the GPU backward would refuse
+    /// ([`gpu::backward_check`]; the dense problem only).
+    check_backward: bool,
 }
 
 impl Job for Fwd<'_, AttnProblem> {
@@ -93,6 +96,9 @@ impl Job for Fwd<'_, AttnProblem> {
         // SAFETY: the caller's contract.
         unsafe {
             gpu::on_device(id, self.stream, |g| {
+                if self.check_backward {
+                    gpu::backward_check::<T>(g, &self.p)?;
+                }
                 gpu::forward(g, self.t, None, |[q, k, v]: &Qkv<T>, o, l| {
                     forward_device(g, KernelKind::Wgmma, None, &self.p, q, k, v, o, l)
                 })
@@ -126,12 +132,12 @@ impl Job for Fwd<'_, VarlenProblem> {
     }
 }
 
-/// A forward call on q, k, v, out, lse (`stream`, `current`, `torch` as [`forward`] takes
-/// them): takes the tensors, checks their devices, element types and memory, builds the
-/// problem with `problem` (which checks their layouts) and runs it.
+/// A forward call on q, k, v, out, lse (`stream`, `current`, `torch`, `check_backward` as
+/// [`forward`] takes them): takes the tensors, checks their devices, element types and
+/// memory, builds the problem with `problem` (which checks their layouts) and runs it.
 fn forward_call<P>(
     named: [(&Bound<'_, PyAny>, &'static str); 5],
-    (stream, current, torch): (Option<usize>, bool, bool),
+    (stream, current, torch, check_backward): (Option<usize>, bool, bool, bool),
     problem: impl FnOnce([&Borrowed; 5]) -> PyResult<P>,
 ) -> PyResult<String>
 where
@@ -144,10 +150,16 @@ where
     check_disjoint(&[&to, &tl], &[&tq, &tk, &tv])?;
     let p = problem(t)?;
     let stream = stream.unwrap_or(0);
+    let job = Fwd {
+        p,
+        t,
+        stream,
+        check_backward,
+    };
     // SAFETY: devices and dtypes checked above; the problem checked the layouts, so the slices
     // cover what the strides address; a CUDA tensor's stream is the one its framework hands
     // out as current.
-    unsafe { run(place, dtype, &Fwd { p, t, stream }) }
+    unsafe { run(place, dtype, &job) }
 }
 
 /// Runs attention: `q` `[batch, seqlen_q, heads_q, head_dim]`, `k`/`v` `[batch, seqlen_k,
@@ -157,9 +169,11 @@ where
 /// `stream` (a raw `CUstream` handle; `None` or 0: the legacy default stream; `current`: it
 /// is the tensors' producer's current stream, see [`handshake`]). `softmax_scale` `None`:
 /// `1/sqrt(head_dim)`; `softcap` 0: off; `alibi_slopes` a host float32 array `[heads_q]` or
-/// `[batch, heads_q]`. Returns where it ran.
+/// `[batch, heads_q]`. `check_backward`: the gradients of this call will be wanted, so on
+/// CUDA what the GPU backward would refuse is refused now, before the launch
+/// ([`gpu::backward_check`]). Returns where it ran.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, stream=None, current=false, torch=false))]
+#[pyo3(signature = (q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, stream=None, current=false, torch=false, check_backward=false))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward<'py>(
     q: &Bound<'py, PyAny>,
@@ -176,11 +190,12 @@ pub(crate) fn forward<'py>(
     stream: Option<usize>,
     current: bool,
     torch: bool,
+    check_backward: bool,
 ) -> PyResult<String> {
     let window = (window_left, window_right);
     let scores = Scores::new(softmax_scale, causal, window, softcap, alibi_slopes);
     let named = [(q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse")];
-    forward_call(named, (stream, current, torch), |t| {
+    forward_call(named, (stream, current, torch, check_backward), |t| {
         bshd_problem(t, &scores)
     })
 }
@@ -362,7 +377,7 @@ pub(crate) fn varlen_forward<'py>(
     let window = (window_left, window_right);
     let scores = Scores::new(softmax_scale, causal, window, softcap, alibi_slopes);
     let named = [(q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse")];
-    forward_call(named, (stream, current, torch), |t| {
+    forward_call(named, (stream, current, torch, false), |t| {
         varlen_problem(t, cu_seqlens_q, cu_seqlens_k, &scores)
     })
 }

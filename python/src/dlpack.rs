@@ -4,7 +4,6 @@
 //! element type, shape, strides and memory span, and the stream handshake of a CUDA call.
 
 use crate::error::FlashAttnError;
-use pyo3::exceptions::{PyNotImplementedError, PyValueError};
 use pyo3::prelude::*;
 use std::ffi::{CStr, c_void};
 
@@ -131,7 +130,7 @@ impl Borrowed {
     ) -> PyResult<Self> {
         let py = obj.py();
         let not_dlpack = |e: PyErr| {
-            PyValueError::new_err(format!(
+            FlashAttnError::new_err(format!(
                 "{name}: not a DLPack tensor ({e}); pass a NumPy array, a PyTorch tensor or another object with __dlpack__"
             ))
         };
@@ -410,7 +409,7 @@ impl Borrowed {
     pub(crate) fn check_cpu(&self) -> PyResult<()> {
         match self.t().device.device_type {
             DL_CPU => Ok(()),
-            DL_CUDA => Err(PyNotImplementedError::new_err(format!(
+            DL_CUDA => Err(FlashAttnError::new_err(format!(
                 "{}: the f64 oracle (reference) takes CPU tensors; move the tensors to the CPU",
                 self.name
             ))),

@@ -7,7 +7,7 @@ use crate::dlpack::Borrowed;
 use crate::error::{FlashAttnError, err};
 use flashattn::cuda::DevicePtr;
 use flashattn::cuda::LaunchInfo;
-use flashattn::cuda::backward::{BackwardOptions, backward_device};
+use flashattn::cuda::backward::{BackwardOptions, BwdTile, backward_device, run_head_dim};
 use flashattn::cuda::{ContextGuard, ForeignSlice, Gpu, GpuElement, stream_capturing};
 use flashattn::kvcache::KvCacheProblem;
 use flashattn::{AttnProblem, Result};
@@ -166,6 +166,24 @@ pub unsafe fn backward<T: GpuElement>(
     )
     .map_err(err)?;
     Ok((info.kernel.to_string(), info.why_not_wgmma))
+}
+
+/// Refuses, at the forward call of a problem whose gradients are wanted, what the GPU
+/// backward ([`backward`]) would refuse for it on `gpu`'s device: a head_dim above its limit,
+/// or one whose `attn_bwd` tile does not fit the device's shared memory per block (head dims
+/// above 128 need about 155 KB: sm_80 and sm_90). The tile is chosen as the backward chooses
+/// it, at the head_dim the kernels run (padded where the call's is not theirs).
+pub fn backward_check<T: GpuElement>(gpu: &Gpu, p: &AttnProblem) -> PyResult<()> {
+    if let Some(e) = flashattn::cuda::backward::unsupported(p) {
+        return Err(err(e));
+    }
+    // The tile depends on the head_dim and the softcap only.
+    let mut run = p.clone();
+    run.shape.head_dim = run_head_dim(p.shape.head_dim);
+    let info = gpu.info();
+    let smem = usize::try_from(info.smem_per_block_optin).unwrap_or(0);
+    BwdTile::for_call(&run, T::DTYPE, info.compute_capability, smem).map_err(err)?;
+    Ok(())
 }
 
 /// Decoding against a KV cache on CUDA tensors (checked by the caller as for [`forward`]; the

@@ -13,8 +13,9 @@
 //!   element type, shape, strides, memory span).
 //! - `rules.rs`: the argument rules, each once; what the library checks is left to it, and its
 //!   `AttnError` becomes a `FlashAttnError` (`error.rs`).
-//! - `error.rs`: [`FlashAttnError`], the one exception, and `err`, which maps the library's
-//!   [`flashattn::AttnError`] onto it.
+//! - `error.rs`: [`FlashAttnError`], the one exception type of every refused call, its
+//!   subclass `FlashAttnUnsupportedError` for what is not implemented, and `err`, which maps
+//!   the library's [`flashattn::AttnError`] onto them.
 //! - `api.rs`: the `#[pyfunction]`s, which wire intake, rules and the library, on the CPU or
 //!   through `gpu.rs` on a CUDA device.
 
@@ -36,5 +37,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api::varlen_forward, m)?)?;
     m.add_function(wrap_pyfunction!(api::kvcache_forward, m)?)?;
     m.add("FlashAttnError", m.py().get_type::<FlashAttnError>())?;
+    m.add(
+        "FlashAttnUnsupportedError",
+        error::unsupported_type(m.py())?,
+    )?;
     Ok(())
 }

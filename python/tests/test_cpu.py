@@ -8,14 +8,18 @@ import flashattn
 from flashattn import _native
 
 
-def reference(q, k, v, scale=None, causal=False, window=(-1, -1), softcap=0.0, slopes=None):
-    """Attention in float64, FA2 semantics (bottom-right causal and window, softcap, ALiBi)."""
+def reference(q, k, v, scale=None, causal=False, window=(-1, -1), softcap=0.0, slopes=None,
+              with_lse=False):
+    """Attention in float64, FA2 semantics (bottom-right causal and window, softcap, ALiBi);
+    with `with_lse` also the log-sum-exp of each row's scaled scores [batch, heads, seqlen_q]
+    (-inf where a row sees no key)."""
     q, k, v = (x.astype(np.float64) for x in (q, k, v))
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     scale = 1.0 / np.sqrt(d) if scale is None else scale
     g = hq // hkv
     out = np.zeros_like(q)
+    lse = np.full((b, hq, sq), -np.inf)
     i = np.arange(sq)[:, None]
     j = np.arange(sk)[None, :]
     center = i + sk - sq
@@ -41,7 +45,9 @@ def reference(q, k, v, scale=None, causal=False, window=(-1, -1), softcap=0.0, s
             p = np.exp(s - m)
             l = p.sum(axis=1, keepdims=True)
             out[bb, :, h] = np.where(l > 0, (p @ v[bb, :, h // g]) / np.where(l > 0, l, 1), 0)
-    return out
+            with np.errstate(divide="ignore"):
+                lse[bb, h] = np.where(l[:, 0] > 0, m[:, 0] + np.log(l[:, 0]), -np.inf)
+    return (out, lse) if with_lse else out
 
 
 def inputs(b, sq, sk, hq, hkv, d, dtype=np.float16, seed=0):
@@ -109,10 +115,8 @@ def test_matches_the_library_oracle():
 
 def test_unsupported_and_invalid_calls_raise():
     q, k, v = inputs(1, 8, 8, 2, 2, 16)
-    with pytest.raises(NotImplementedError, match="dropout"):
+    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="dropout"):
         flashattn.flash_attn_func(q, k, v, dropout_p=0.1)
-    with pytest.raises(NotImplementedError, match="return_attn_probs"):
-        flashattn.flash_attn_func(q, k, v, return_attn_probs=True)
     with pytest.raises(flashattn.FlashAttnError, match="4 dimensions|expected 4"):
         flashattn.flash_attn_func(q[0], k, v)
     with pytest.raises(flashattn.FlashAttnError, match="element type"):
@@ -123,7 +127,7 @@ def test_unsupported_and_invalid_calls_raise():
         flashattn.flash_attn_func(q, k, v, window_size=(-2, 0))
     with pytest.raises(flashattn.FlashAttnError, match="window_size = None: expected a pair"):
         flashattn.flash_attn_func(q, k, v, window_size=None)
-    with pytest.raises(ValueError, match=r"probability in \[0, 1\]"):
+    with pytest.raises(flashattn.FlashAttnError, match=r"probability in \[0, 1\]"):
         flashattn.flash_attn_func(q, k, v, dropout_p=-0.1)
     with pytest.raises(flashattn.FlashAttnError, match="q is None"):
         flashattn.flash_attn_func(None, k, v)
@@ -133,7 +137,7 @@ def test_unsupported_and_invalid_calls_raise():
         flashattn.flash_attn_func(q, k, v, alibi_slopes=np.ones(3, np.float32))
     with pytest.raises(flashattn.FlashAttnError, match="contiguous"):
         flashattn.flash_attn_func(np.asfortranarray(q), k, v)
-    with pytest.raises(ValueError, match="DLPack"):
+    with pytest.raises(flashattn.FlashAttnError, match="DLPack"):
         flashattn.flash_attn_func([1, 2], k, v)
 
 
@@ -206,7 +210,7 @@ def test_kvcache_contiguous_and_paged_with_appends():
             np.testing.assert_array_equal(kc2[bb, lens[bb] : n], kn[bb])
             want = reference(q[bb : bb + 1], kc2[bb : bb + 1, :n], vc2[bb : bb + 1, :n], causal=True)
             close(a[bb : bb + 1], want, np.float16)
-    with pytest.raises(NotImplementedError, match="rotary_cos"):
+    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="rotary_cos"):
         flashattn.flash_attn_with_kvcache(q, kc, vc, rotary_cos=np.ones(1))
     with pytest.raises(flashattn.FlashAttnError, match="capacity"):
         flashattn.flash_attn_with_kvcache(q, kc.copy(), vc.copy(), kn, vn, cache_seqlens=62)
@@ -254,7 +258,7 @@ def test_memory_rules():
         flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=3, num_splits=-1)
     with pytest.raises(flashattn.FlashAttnError, match="is 0|ZeroDim|zero|0"):
         flashattn.flash_attn_func(q[:0], q[:0], q[:0])
-    with pytest.raises(ValueError, match="DLPack"):
+    with pytest.raises(flashattn.FlashAttnError, match="DLPack"):
         flashattn.flash_attn_with_kvcache([1], kc, vc)
 
 
@@ -336,3 +340,421 @@ def test_nvrtc_from_the_wheel_without_ld_library_path():
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "(13, 0)", r.stdout
+
+
+# ---- FlashAttention-2 compatibility (issue 42): code written for flash_attn runs unchanged ----
+
+# FlashAttention-2's public functions (flash_attn/flash_attn_interface.py, v2.6-2.8): every
+# parameter in order, with its default (None where there is none).
+_TAIL = [
+    ("dropout_p", 0.0), ("softmax_scale", None), ("causal", False), ("window_size", (-1, -1)),
+    ("softcap", 0.0), ("alibi_slopes", None), ("deterministic", False),
+    ("return_attn_probs", False),
+]
+_VARLEN = [("cu_seqlens_q", None), ("cu_seqlens_k", None), ("max_seqlen_q", None), ("max_seqlen_k", None)]
+FA2_SIGNATURES = {
+    "flash_attn_func": [("q", None), ("k", None), ("v", None), *_TAIL],
+    "flash_attn_qkvpacked_func": [("qkv", None), *_TAIL],
+    "flash_attn_kvpacked_func": [("q", None), ("kv", None), *_TAIL],
+    "flash_attn_varlen_func": [("q", None), ("k", None), ("v", None), *_VARLEN, *_TAIL, ("block_table", None)],
+    "flash_attn_varlen_qkvpacked_func": [("qkv", None), ("cu_seqlens", None), ("max_seqlen", None), *_TAIL],
+    "flash_attn_varlen_kvpacked_func": [("q", None), ("kv", None), *_VARLEN, *_TAIL],
+    "flash_attn_with_kvcache": [
+        ("q", None), ("k_cache", None), ("v_cache", None), ("k", None), ("v", None),
+        ("rotary_cos", None), ("rotary_sin", None), ("cache_seqlens", None),
+        ("cache_batch_idx", None), ("cache_leftpad", None), ("block_table", None),
+        ("softmax_scale", None), ("causal", False), ("window_size", (-1, -1)), ("softcap", 0.0),
+        ("rotary_interleaved", True), ("alibi_slopes", None), ("num_splits", 0),
+        ("return_softmax_lse", False),
+    ],
+}
+
+
+def test_signatures_are_flash_attn_2s():
+    import inspect
+
+    for name, want in FA2_SIGNATURES.items():
+        assert name in flashattn.__all__, name
+        params = inspect.signature(getattr(flashattn, name)).parameters.values()
+        got = [(p.name, None if p.default is inspect.Parameter.empty else p.default) for p in params]
+        assert got == want, name
+        assert all(p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params), name
+
+
+def varlen_inputs(lens_q, lens_k, hq=4, hkv=2, d=16, seed=11, dtype=np.float16):
+    cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    ck = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((cq[-1], hq, d)).astype(dtype)
+    k = rng.standard_normal((ck[-1], hkv, d)).astype(dtype)
+    v = rng.standard_normal((ck[-1], hkv, d)).astype(dtype)
+    return q, k, v, cq, ck
+
+
+def test_every_argument_positionally_in_fa2s_order():
+    """FA2 code that passes every argument positionally (softcap 5, ALiBi, a window,
+    deterministic, return_attn_probs) gets FA2's three values."""
+    q, k, v = inputs(2, 40, 50, 4, 2, 16, seed=21)
+    slopes = (2.0 ** -np.arange(1, 5)).astype(np.float32)
+    args = (0.0, 0.2, True, (30, 0), 5.0, slopes, True, True)
+    out, lse, s_dmask = flashattn.flash_attn_func(q, k, v, *args)
+    want, want_lse = reference(q, k, v, 0.2, True, (30, 0), 5.0, slopes, with_lse=True)
+    close(out, want, np.float16)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-3, atol=1e-3)
+    kv = np.stack([k, v], axis=2)
+    np.testing.assert_array_equal(flashattn.flash_attn_kvpacked_func(q, kv, *args)[0], out)
+    qs, ks, vs, cq, ck = varlen_inputs([5, 30], [7, 40])
+    out_v, lse_v, _ = flashattn.flash_attn_varlen_func(qs, ks, vs, cq, ck, 30, 40, *args, None)
+    assert out_v.shape == qs.shape and lse_v.shape == (4, qs.shape[0])
+    kvs = np.stack([ks, vs], axis=1)
+    out_kv = flashattn.flash_attn_varlen_kvpacked_func(qs, kvs, cq, ck, 30, 40, *args)[0]
+    np.testing.assert_array_equal(out_kv, out_v)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_return_attn_probs_gives_out_lse_and_fa2s_placeholder(dtype):
+    q, k, v = inputs(2, 33, 47, 4, 2, 32, dtype=dtype, seed=23)
+    want, want_lse = reference(q, k, v, causal=True, with_lse=True)
+    results = {
+        "func": flashattn.flash_attn_func(q, k, v, causal=True, return_attn_probs=True),
+        "kvpacked": flashattn.flash_attn_kvpacked_func(
+            q, np.stack([k, v], axis=2), causal=True, return_attn_probs=True
+        ),
+    }
+    for name, r in results.items():
+        assert isinstance(r, tuple) and len(r) == 3, name
+        out, lse, s_dmask = r
+        close(out, want, dtype)
+        assert lse.shape == (2, 4, 33) and lse.dtype == np.float32, name
+        finite = np.isfinite(want_lse)
+        assert np.array_equal(np.isfinite(lse), finite), name
+        np.testing.assert_allclose(lse[finite], want_lse[finite], rtol=1e-4, atol=1e-4)
+        # FA2's S_dmask at dropout_p = 0: an empty tensor of q's dtype.
+        assert s_dmask.shape == (0,) and s_dmask.dtype == q.dtype, name
+    qkv = np.stack([q, q, q], axis=2)
+    out, lse, s_dmask = flashattn.flash_attn_qkvpacked_func(qkv, return_attn_probs=True)
+    want, want_lse = reference(q, q, q, with_lse=True)
+    close(out, want, dtype)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-4, atol=1e-4)
+    assert s_dmask.shape == (0,)
+    # Unpacking three values at dropout_p = 0 is what FA2 code does: the plain return stays out.
+    assert isinstance(flashattn.flash_attn_func(q, k, v), np.ndarray)
+
+
+def test_varlen_return_attn_probs_and_packed_forms():
+    lens = [5, 0, 17, 1]
+    q, k, v, cu, _ = varlen_inputs(lens, lens, hq=4, hkv=4)
+    out, lse, s_dmask = flashattn.flash_attn_varlen_func(
+        q, k, v, cu, cu, 17, 17, causal=True, return_attn_probs=True, block_table=None
+    )
+    assert lse.shape == (4, q.shape[0]) and lse.dtype == np.float32 and s_dmask.shape == (0,)
+    for b in range(len(lens)):
+        rows = slice(cu[b], cu[b + 1])
+        if lens[b] == 0:
+            continue
+        want, want_lse = reference(q[rows][None], k[rows][None], v[rows][None], causal=True, with_lse=True)
+        close(out[rows], want[0], np.float16)
+        np.testing.assert_allclose(lse[:, rows], want_lse[0], rtol=1e-3, atol=1e-3)
+    # The packed forms: the same bytes as the unpacked call.
+    qkv = np.stack([q, k, v], axis=1)
+    got = flashattn.flash_attn_varlen_qkvpacked_func(qkv, cu, 17, causal=True)
+    np.testing.assert_array_equal(got, out)
+    got3 = flashattn.flash_attn_varlen_qkvpacked_func(qkv, cu, 17, 0.0, None, True, return_attn_probs=True)
+    np.testing.assert_array_equal(got3[0], out)
+    np.testing.assert_array_equal(got3[1], lse)
+    kv = np.stack([k, v], axis=1)
+    np.testing.assert_array_equal(
+        flashattn.flash_attn_varlen_kvpacked_func(q, kv, cu, cu, 17, 17, causal=True), out
+    )
+    # Strided views (FA2 takes row strides): copied compact, the same bytes.
+    views = flashattn.flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu, cu, 17, 17, causal=True)
+    np.testing.assert_array_equal(views, out)
+    with pytest.raises(flashattn.FlashAttnError, match=r"qkv has shape .*\[total, 3, heads, head_dim\]"):
+        flashattn.flash_attn_varlen_qkvpacked_func(qkv[:, :2], cu, 17)
+    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="block_table"):
+        flashattn.flash_attn_varlen_func(q, k, v, cu, cu, 17, 17, block_table=np.zeros((4, 1), np.int32))
+    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="dropout"):
+        flashattn.flash_attn_varlen_kvpacked_func(q, kv, cu, cu, 17, 17, dropout_p=0.5)
+
+
+def test_window_size_as_a_pair_of_any_kind():
+    q, k, v = inputs(1, 40, 60, 2, 2, 16, seed=25)
+    want = flashattn.flash_attn_func(q, k, v, window_size=(8, 3))
+    close(want, reference(q, k, v, window=(8, 3)), np.float16)
+    for pair in ([8, 3], np.array([8, 3]), np.array([8, 3], np.int32), (np.int64(8), np.int32(3))):
+        np.testing.assert_array_equal(flashattn.flash_attn_func(q, k, v, window_size=pair), want)
+    torch = pytest.importorskip("torch")
+    for pair in (torch.tensor([8, 3]), torch.tensor([8, 3], dtype=torch.int32), (torch.tensor(8), 3)):
+        np.testing.assert_array_equal(flashattn.flash_attn_func(q, k, v, window_size=pair), want)
+    with pytest.raises(flashattn.FlashAttnError, match="window_size"):
+        flashattn.flash_attn_func(q, k, v, window_size=torch.tensor([8, 3, 1]))
+    with pytest.raises(flashattn.FlashAttnError, match="expected an integer"):
+        flashattn.flash_attn_func(q, k, v, window_size=torch.tensor([8.0, 3.0]))
+
+
+def test_one_documented_exception_type():
+    """Every refusal is a FlashAttnError (a ValueError); what is not implemented is its
+    subclass FlashAttnUnsupportedError (also a NotImplementedError), raised at the call."""
+    assert issubclass(flashattn.FlashAttnError, ValueError)
+    assert issubclass(flashattn.FlashAttnUnsupportedError, flashattn.FlashAttnError)
+    assert issubclass(flashattn.FlashAttnUnsupportedError, NotImplementedError)
+    q, k, v = inputs(1, 8, 8, 2, 2, 16)
+    kc = np.zeros((1, 16, 2, 16), np.float16)
+    qs, ks, vs, cu, _ = varlen_inputs([8], [8])
+
+    class FakeCudaArray:  # a CUDA array of a framework flashattn cannot allocate in
+        shape = (1, 8, 2, 16)
+
+        def __dlpack__(self, **kwargs):
+            raise AssertionError("not read")
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    unsupported = [
+        lambda: flashattn.flash_attn_func(q, k, v, dropout_p=0.1),
+        lambda: flashattn.flash_attn_qkvpacked_func(np.stack([q, k, v], 2), 0.5),
+        lambda: flashattn.flash_attn_varlen_func(qs, ks, vs, cu, cu, 8, 8, dropout_p=0.1),
+        lambda: flashattn.flash_attn_varlen_func(qs, ks, vs, cu, cu, 8, 8, block_table=cu),
+        lambda: flashattn.flash_attn_with_kvcache(q, kc, kc.copy(), rotary_sin=np.ones(1)),
+        lambda: flashattn.flash_attn_with_kvcache(q, kc, kc.copy(), cache_batch_idx=cu),
+        lambda: flashattn.flash_attn_with_kvcache(q, kc, kc.copy(), cache_leftpad=cu),
+        lambda: flashattn.flash_attn_func(*(FakeCudaArray(),) * 3),
+        lambda: flashattn.flash_attn_func(*(np.zeros((1, 4, 1, 264), np.float16),) * 3),  # head_dim > 256
+    ]
+    for call in unsupported:
+        with pytest.raises(flashattn.FlashAttnUnsupportedError):
+            call()
+    invalid = [
+        lambda: flashattn.flash_attn_func(q, k, v, dropout_p=2.0),
+        lambda: flashattn.flash_attn_func(q, k, v, window_size="left"),
+        lambda: flashattn.flash_attn_func(object(), k, v),
+        lambda: flashattn.flash_attn_varlen_func(qs, ks, vs, cu, cu, 7, 8),
+        lambda: _native.reference(object(), k, v, None, False),
+    ]
+    for call in invalid:
+        with pytest.raises(flashattn.FlashAttnError) as e:
+            call()
+        assert not isinstance(e.value, flashattn.FlashAttnUnsupportedError)
+
+
+def test_kvcache_head_dims_not_a_multiple_of_8():
+    """The CPU takes every head_dim; the padded route that CUDA takes (q, the caches and the
+    new rows copied with zero channels to the next multiple of 8, the new rows copied back)
+    is forced here on the CPU and must give what the unpadded call gives."""
+    rng = np.random.default_rng(27)
+    b, sq, hq, hkv, d, cap = 2, 3, 4, 2, 12, 48
+    q = rng.standard_normal((b, sq, hq, d)).astype(np.float32)
+    kc = rng.standard_normal((b, cap, hkv, d)).astype(np.float32)
+    vc = rng.standard_normal((b, cap, hkv, d)).astype(np.float32)
+    kn = rng.standard_normal((b, 2, hkv, d)).astype(np.float32)
+    vn = rng.standard_normal((b, 2, hkv, d)).astype(np.float32)
+    lens = np.array([20, 5], np.int32)
+    kc1, vc1 = kc.copy(), vc.copy()
+    out, lse = flashattn.flash_attn_with_kvcache(
+        q, kc1, vc1, kn, vn, cache_seqlens=lens, causal=True, return_softmax_lse=True
+    )
+    for bb in range(b):
+        n = lens[bb] + 2
+        want = reference(q[bb : bb + 1], kc1[bb : bb + 1, :n], vc1[bb : bb + 1, :n], causal=True)
+        close(out[bb : bb + 1], want, np.float32)
+    import unittest.mock
+
+    with unittest.mock.patch.object(flashattn, "_decode_pads", lambda q: True):
+        for make in (lambda x: x,) + ((lambda x: __import__("torch").from_numpy(x)),) * _has_torch():
+            kc2, vc2 = make(kc.copy()), make(vc.copy())
+            out2, lse2 = flashattn.flash_attn_with_kvcache(
+                make(q), kc2, vc2, make(kn), make(vn), cache_seqlens=make(lens), causal=True,
+                return_softmax_lse=True,
+            )
+            out2, lse2, kc2, vc2 = (np.asarray(x) for x in (out2, lse2, kc2, vc2))
+            assert out2.shape == q.shape and out2.flags.c_contiguous
+            np.testing.assert_allclose(out2, out, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(lse2, lse, rtol=1e-5, atol=1e-6)
+            np.testing.assert_array_equal(kc2, kc1)  # the new rows, copied back
+            np.testing.assert_array_equal(vc2, vc1)
+            # Without new rows the caches are left alone; an explicit scale is kept.
+            kc3 = make(kc1.copy())
+            o3 = flashattn.flash_attn_with_kvcache(make(q), kc3, make(vc1.copy()), cache_seqlens=make(lens + 2),
+                                                  softmax_scale=0.5)
+            o1 = flashattn.flash_attn_with_kvcache(q, kc1.copy(), vc1.copy(), cache_seqlens=lens + 2, softmax_scale=0.5)
+            np.testing.assert_allclose(np.asarray(o3), o1, rtol=1e-5, atol=1e-6)
+            np.testing.assert_array_equal(np.asarray(kc3), kc1)
+
+
+def _has_torch():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_torch_cpu_tensors_that_require_grad():
+    """FA2 code calls every function on tensors that require grad: flash_attn_func gets
+    gradients; the varlen and KV-cache functions (no backward in this version) run, and only
+    a backward through them raises the documented type."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 20, 2, 16, generator=g, requires_grad=True) for _ in range(3))
+    out, lse, s_dmask = flashattn.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert out.requires_grad and not lse.requires_grad and s_dmask.shape == (0,)
+    out.sum().backward()
+    assert all(x.grad is not None and torch.isfinite(x.grad).all() for x in (q, k, v))
+    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="dropout"):
+        flashattn.flash_attn_func(q, k, v, dropout_p=0.1)  # at the call, not in backward
+
+    cu = torch.tensor([0, 7, 20], dtype=torch.int32)
+    qv, kv_, vv = (x[0].detach().requires_grad_(True) for x in (q, k, v))
+    with torch.no_grad():
+        want = flashattn.flash_attn_varlen_func(qv, kv_, vv, cu, cu, 13, 13, causal=True)
+    got = flashattn.flash_attn_varlen_func(qv, kv_, vv, cu, cu, 13, 13, causal=True)
+    assert got.requires_grad and torch.equal(got.detach(), want)
+    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="no backward"):
+        got.sum().backward()
+    qkv = torch.stack([qv, kv_, vv], dim=1).detach().requires_grad_(True)
+    got, lse, _ = flashattn.flash_attn_varlen_qkvpacked_func(qkv, cu, 13, causal=True, return_attn_probs=True)
+    assert torch.equal(got.detach(), want) and lse.shape == (2, 20)
+    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="no backward"):
+        got.sum().backward()
+
+    kc, vc = torch.zeros(1, 32, 2, 16), torch.zeros(1, 32, 2, 16)
+    kn, vn = (x[:, :4].detach().requires_grad_(True) for x in (k, v))
+    out = flashattn.flash_attn_with_kvcache(q[:, :2], kc, vc, kn, vn, cache_seqlens=3, causal=True)
+    assert torch.equal(kc[:, 3:7], kn.detach())
+    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="no backward"):
+        out.sum().backward()
+
+
+# ---- torch.compile (issue 40 item 3): the calls as torch.library custom ops ----
+
+
+def _torch_compile():
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch.library, "custom_op"):
+        pytest.skip("flashattn's custom ops need torch 2.4 or later")
+    return torch
+
+
+def test_custom_ops_pass_opcheck():
+    """Schema, fake (meta) implementations against the real ones, autograd registration and
+    AOT dispatch of every op, on the CPU."""
+    torch = _torch_compile()
+    from flashattn import _torch_ops as ops
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 9, 4, 16, generator=g, requires_grad=True)
+    k = torch.randn(2, 11, 2, 16, generator=g, requires_grad=True)
+    v = torch.randn(2, 11, 2, 16, generator=g, requires_grad=True)
+    slopes = torch.tensor([0.5, 0.25, 0.1, 0.05])
+    for args in [
+        (q, k, v, None, True, -1, -1, 0.0, None, False, True),
+        (q, k, v, 0.3, False, 3, 2, 5.0, slopes, True, True),
+    ]:
+        torch.library.opcheck(ops.fwd, args)
+    out, lse = ops.fwd(*args)
+    do = torch.randn(out.shape, generator=g)
+    plain = [x.detach() for x in (q, k, v, out)]
+    torch.library.opcheck(ops.bwd, (do, *plain, lse, 0.3, False, 3, 2, 5.0, slopes, True))
+    qs, cu = torch.randn(12, 2, 16, generator=g), torch.tensor([0, 5, 12], dtype=torch.int32)
+    torch.library.opcheck(ops.varlen_fwd, (qs, qs, qs, cu, cu, 7, 7, None, True, -1, -1, 0.0, None, False))
+    kc, vc = torch.randn(2, 32, 2, 16, generator=g), torch.randn(2, 32, 2, 16, generator=g)
+    qd, kn = torch.randn(2, 1, 4, 16, generator=g), torch.randn(2, 1, 2, 16, generator=g)
+    lens = torch.tensor([3, 7], dtype=torch.int32)
+    torch.library.opcheck(ops.kvcache_fwd, (qd, kc, vc, kn, kn.clone(), lens, None, None, None, True, -1, -1, 0.0, None, 0))
+    torch.library.opcheck(ops.kvcache_fwd, (qd, kc, vc, None, None, None, 5, None, 0.5, False, -1, -1, 0.0, None, 2))
+    torch.library.opcheck(ops.no_backward, (qd, [qd], "x"), test_utils=("test_schema", "test_faketensor"))
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    """A module calling the packed forms and flash_attn_func (window, softcap, ALiBi,
+    return_attn_probs, deterministic) compiles without a graph break (fullgraph=True) and
+    gives eager's outputs and gradients (aot_eager runs the same kernels: the same bytes)."""
+    torch = _torch_compile()
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(32, 3 * 32)
+
+        def forward(self, x):
+            b, n, _ = x.shape
+            qkv = self.lin(x).view(b, n, 3, 2, 16)
+            o = flashattn.flash_attn_qkvpacked_func(qkv, causal=True)
+            q = qkv[:, :, 0]
+            o2, lse, s_dmask = flashattn.flash_attn_kvpacked_func(
+                q, qkv[:, :, 1:], window_size=(4, 0), softcap=5.0,
+                alibi_slopes=torch.tensor([0.5, 0.25]), return_attn_probs=True,
+            )
+            o3 = flashattn.flash_attn_func(q, qkv[:, :, 1], qkv[:, :, 2], 0.0, 0.2, False, (-1, -1), 0.0, None, True)
+            return (o + o2 + o3).sum(-1), lse, s_dmask
+
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(2, 20, 32)
+    want = model(x)
+    want[0].square().sum().backward()
+    want_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    torch._dynamo.reset()
+    got = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+    got[0].square().sum().backward()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert got[2].shape == (0,) and got[2].dtype == x.dtype
+    for p, w in zip(model.parameters(), want_grads):
+        assert torch.equal(p.grad, w)
+
+
+def test_torch_compile_varlen_and_kvcache():
+    torch = _torch_compile()
+    g = torch.Generator().manual_seed(1)
+
+    def decode(q, kc, vc, kn, vn, lens, qs, cu):
+        o = flashattn.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, causal=True)
+        o1, l1 = flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=3, return_softmax_lse=True)
+        ov = flashattn.flash_attn_varlen_func(qs, qs, qs, cu, cu, 7, 7, causal=True)
+        oq = flashattn.flash_attn_varlen_qkvpacked_func(torch.stack([qs, qs, qs], 1), cu, 7)
+        return o, o1, l1, ov, oq
+
+    q, kc, vc = torch.randn(2, 1, 2, 16, generator=g), torch.randn(2, 32, 2, 16, generator=g), torch.randn(2, 32, 2, 16, generator=g)
+    kn, vn = torch.randn(2, 1, 2, 16, generator=g), torch.randn(2, 1, 2, 16, generator=g)
+    lens = torch.tensor([5, 9], dtype=torch.int32)
+    qs, cu = torch.randn(12, 2, 16, generator=g), torch.tensor([0, 5, 12], dtype=torch.int32)
+    kc2, vc2 = kc.clone(), vc.clone()
+    want = decode(q, kc, vc, kn, vn, lens, qs, cu)
+    torch._dynamo.reset()
+    got = torch.compile(decode, fullgraph=True, backend="aot_eager")(q, kc2, vc2, kn, vn, lens, qs, cu)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)  # the new rows, written in place
+    # No backward: the forward runs on tensors that require grad; running a backward raises.
+    qg, kg = q.clone().requires_grad_(True), qs.clone().requires_grad_(True)
+    varlen = torch.compile(lambda x: flashattn.flash_attn_varlen_func(x, x, x, cu, cu, 7, 7), fullgraph=True, backend="aot_eager")
+    out = varlen(kg)
+    assert out.requires_grad
+    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="no backward"):
+        out.sum().backward()
+    cache = torch.compile(lambda x: flashattn.flash_attn_with_kvcache(x, kc, vc, cache_seqlens=4), fullgraph=True, backend="aot_eager")
+    out = cache(qg)
+    assert out.requires_grad
+    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="no backward"):
+        out.sum().backward()
+
+
+def test_torch_is_optional_and_either_import_order_compiles():
+    """import flashattn does not import torch; torch imported after flashattn still finds
+    the custom ops registered (an import hook), so a first call inside a trace works."""
+    _torch_compile()
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, flashattn\n"
+        "assert 'torch' not in sys.modules\n"
+        "import torch\n"
+        "assert 'flashattn._torch_ops' in sys.modules\n"
+        "q = torch.randn(1, 16, 2, 16)\n"
+        "f = lambda q: flashattn.flash_attn_func(q, q, q, causal=True)\n"
+        "assert torch.equal(torch.compile(f, fullgraph=True, backend='aot_eager')(q), f(q))\n"
+        "print('ok')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

@@ -302,7 +302,7 @@ def test_errors():
         flash_attn_func(q, q.cpu(), q)
     with pytest.raises(flashattn.FlashAttnError, match="head_dim"):
         flash_attn_func(q[..., ::2], q[..., ::2], q[..., ::2])
-    with pytest.raises(NotImplementedError, match="dropout"):
+    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="dropout"):
         flash_attn_func(q, q, q, dropout_p=0.1)
 
 
@@ -335,11 +335,15 @@ def test_varlen_on_cuda(causal):
         close(out[qs], want, f"sequence {i}")
 
 
+@pytest.mark.parametrize("d", [128, 36, 100])
 @pytest.mark.parametrize("paged", [False, True])
-def test_kvcache_on_cuda_matches_the_cpu_path(paged):
+def test_kvcache_on_cuda_matches_the_cpu_path(paged, d):
+    """Head dims that are not a multiple of 8 (36, 100) run padded, as FlashAttention-2 runs
+    them: the same output as the CPU path (which takes them as they are), the new rows in the
+    caller's caches."""
     from flashattn import flash_attn_with_kvcache
 
-    b, sq, hq, hkv, d, cap = 3, 2, 8, 2, 128, 512
+    b, sq, hq, hkv, cap = 3, 2, 8, 2, 512
     q = rand(b, sq, hq, d, seed=1)
     kn, vn = rand(b, sq, hkv, d, seed=2), rand(b, sq, hkv, d, seed=3)
     lens = torch.tensor([0, 100, 300], dtype=torch.int32, device="cuda")
@@ -352,21 +356,225 @@ def test_kvcache_on_cuda_matches_the_cpu_path(paged):
         kc, vc = rand(b, cap, hkv, d, seed=4), rand(b, cap, hkv, d, seed=5)
         table = None
     kc_cpu, vc_cpu = kc.cpu(), vc.cpu()
-    got = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, block_table=table, causal=True)
-    want = flash_attn_with_kvcache(
-        q.cpu(), kc_cpu, vc_cpu, kn.cpu(), vn.cpu(), cache_seqlens=lens.cpu(),
-        block_table=None if table is None else table.cpu(), causal=True,
+    got, lse = flash_attn_with_kvcache(
+        q, kc, vc, kn, vn, cache_seqlens=lens, block_table=table, causal=True, return_softmax_lse=True
     )
+    want, want_lse = flash_attn_with_kvcache(
+        q.cpu(), kc_cpu, vc_cpu, kn.cpu(), vn.cpu(), cache_seqlens=lens.cpu(),
+        block_table=None if table is None else table.cpu(), causal=True, return_softmax_lse=True,
+    )
+    assert got.shape == q.shape and got.is_contiguous()
     close(got.cpu(), want, "out")
+    torch.testing.assert_close(lse.cpu(), want_lse, rtol=1e-3, atol=1e-3)
     assert torch.equal(kc.cpu(), kc_cpu) and torch.equal(vc.cpu(), vc_cpu), "appended rows differ"
+    # Without new rows the caches stay as they are (d 36, 100: no copy back).
+    before = kc.clone()
+    again = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens + sq, block_table=table, causal=True)
+    assert torch.equal(kc, before)
+    close(again.cpu(), want, "out without new rows")
 
 
-def test_no_silent_gradients_where_there_is_no_backward():
-    from flashattn import flash_attn_varlen_func
+def test_varlen_and_kvcache_run_on_tensors_that_require_grad():
+    """FA2 code calls them on tensors that require grad without taking gradients: the
+    forward runs; only a backward through them raises the documented type."""
+    from flashattn import flash_attn_varlen_func, flash_attn_with_kvcache
 
     q = rand(10, 2, 64).requires_grad_(True)
-    cu = torch.tensor([0, 10], dtype=torch.int32, device="cuda")
-    with pytest.raises(NotImplementedError, match="gradients"):
-        flash_attn_varlen_func(q, q, q, cu, cu, 10, 10)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32, device="cuda")
+    out = flash_attn_varlen_func(q, q, q, cu, cu, 6, 6)
     with torch.no_grad():
-        flash_attn_varlen_func(q, q, q, cu, cu, 10, 10)
+        want = flash_attn_varlen_func(q, q, q, cu, cu, 6, 6)
+    assert out.requires_grad and torch.equal(out.detach(), want)
+    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="no backward"):
+        out.sum().backward()
+    qd = rand(2, 1, 8, 64, seed=2).requires_grad_(True)
+    kc, vc = rand(2, 64, 2, 64, seed=3), rand(2, 64, 2, 64, seed=4)
+    out = flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=40)
+    assert out.requires_grad
+    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="no backward"):
+        out.sum().backward()
+
+
+def reference_lse(q, k, causal=False, window=(-1, -1)):
+    """The log-sum-exp of each row's scaled scores in float32, [batch, heads, seqlen_q]; -inf
+    where a row sees no key."""
+    q, k = (x.float().transpose(1, 2) for x in (q, k))
+    sq, sk = q.shape[2], k.shape[2]
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    i = torch.arange(sq, device=q.device)[:, None] + sk - sq
+    j = torch.arange(sk, device=q.device)[None, :]
+    keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if causal:
+        keep &= j <= i
+    if window[0] >= 0:
+        keep &= j >= i - window[0]
+    if window[1] >= 0:
+        keep &= j <= i + window[1]
+    return torch.logsumexp(s.masked_fill(~keep, float("-inf")), dim=-1)
+
+
+def lse_close(got, want, what):
+    assert torch.equal(torch.isinf(got), torch.isinf(want)), f"{what}: rows without keys differ"
+    finite = torch.isfinite(want)
+    torch.testing.assert_close(got[finite], want[finite], rtol=1e-3, atol=2e-2, msg=what)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_return_attn_probs_like_flash_attn_2(dtype):
+    """(out, softmax_lse, S_dmask): out as without it, lse against float32, S_dmask FA2's
+    placeholder at dropout 0 (an empty tensor of q's dtype on q's device); with gradients
+    too, and for the packed and variable-length functions."""
+    from flashattn import flash_attn_varlen_func, flash_attn_varlen_qkvpacked_func
+
+    b, sq, sk, hq, hkv, d = 2, 300, 200, 8, 2, 128
+    q, k, v = rand(b, sq, hq, d, dtype=dtype, seed=1), rand(b, sk, hkv, d, dtype=dtype, seed=2), rand(b, sk, hkv, d, dtype=dtype, seed=3)
+    plain = flash_attn_func(q, k, v, causal=True)
+    out, lse, s_dmask = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert torch.equal(out, plain)
+    assert lse.shape == (b, hq, sq) and lse.dtype == torch.float32 and lse.device == q.device
+    lse_close(lse, reference_lse(q, k, causal=True), "lse")
+    assert s_dmask.shape == (0,) and s_dmask.dtype == dtype and s_dmask.device == q.device
+    qg, kg, vg = (x.clone().requires_grad_(True) for x in (q, k, v))
+    out_g, lse_g, _ = flash_attn_func(qg, kg, vg, 0.0, None, True, (-1, -1), 0.0, None, False, True)
+    assert torch.equal(out_g.detach(), plain) and torch.equal(lse_g, lse) and not lse_g.requires_grad
+    out_g.backward(rand(*out.shape, dtype=dtype, seed=9))
+    assert all(torch.isfinite(x.grad).all() for x in (qg, kg, vg))
+    kv = torch.stack([k, v], dim=2)
+    out_kv, lse_kv, _ = flashattn.flash_attn_kvpacked_func(q, kv, causal=True, return_attn_probs=True)
+    close(out_kv, plain, "kvpacked")
+    torch.testing.assert_close(lse_kv, lse)
+    # Variable length: lse [heads, total_q].
+    lens = [37, 250, 1]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    qs, ks, vs = (rand(sum(lens), hq, d, dtype=dtype, seed=i) for i in (4, 5, 6))
+    out_v, lse_v, s_v = flash_attn_varlen_func(qs, ks, vs, cu, cu, 250, 250, causal=True, return_attn_probs=True)
+    assert lse_v.shape == (hq, sum(lens)) and s_v.shape == (0,)
+    for i in range(len(lens)):
+        rows = slice(int(cu[i]), int(cu[i + 1]))
+        close(out_v[rows], sdpa(qs[None, rows], ks[None, rows], vs[None, rows], True)[0], f"varlen {i}")
+        lse_close(lse_v[:, rows], reference_lse(qs[None, rows], ks[None, rows], True)[0], f"varlen lse {i}")
+    qkv = torch.stack([qs, ks, vs], dim=1)
+    out_p, lse_p, _ = flash_attn_varlen_qkvpacked_func(qkv, cu, 250, causal=True, return_attn_probs=True)
+    assert torch.equal(out_p, out_v) and torch.equal(lse_p, lse_v)
+
+
+def test_window_size_as_a_tensor():
+    q, k, v = rand(1, 300, 4, 64, seed=1), rand(1, 300, 4, 64, seed=2), rand(1, 300, 4, 64, seed=3)
+    want = flash_attn_func(q, k, v, window_size=(64, 8))
+    close(want, sdpa_window(q, k, v, (64, 8)), "window")
+    for pair in (torch.tensor([64, 8]), torch.tensor([64, 8], device="cuda"), [64, 8]):
+        assert torch.equal(flash_attn_func(q, k, v, window_size=pair), want), pair
+    out, lse, _ = flash_attn_func(q, k, v, window_size=torch.tensor([64, 8], device="cuda"), return_attn_probs=True)
+    lse_close(lse, reference_lse(q, k, window=(64, 8)), "window lse")
+
+
+def sdpa_window(q, k, v, window):
+    qf, kf, vf = (x.float().transpose(1, 2) for x in (q, k, v))
+    sq, sk = qf.shape[2], kf.shape[2]
+    i = torch.arange(sq, device=q.device)[:, None] + sk - sq
+    j = torch.arange(sk, device=q.device)[None, :]
+    keep = (j >= i - window[0]) & (j <= i + window[1])
+    return F.scaled_dot_product_attention(qf, kf, vf, attn_mask=keep).transpose(1, 2)
+
+
+def test_varlen_packed_forms_on_cuda():
+    from flashattn import flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func
+
+    lens = [100, 7, 300]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    qkv = rand(sum(lens), 3, 4, 96, seed=1)
+    want = flash_attn_varlen_func(*(qkv[:, i].contiguous() for i in range(3)), cu, cu, 300, 300, causal=True)
+    assert torch.equal(flash_attn_varlen_qkvpacked_func(qkv, cu, 300, causal=True), want)
+    got = flash_attn_varlen_kvpacked_func(qkv[:, 0], qkv[:, 1:], cu, cu, 300, 300, causal=True)
+    assert torch.equal(got, want)
+    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="block_table"):
+        flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu, cu, 300, 300, block_table=cu[None])
+
+
+def test_what_the_backward_refuses_is_refused_at_the_forward_call(monkeypatch):
+    """With gradients wanted, the forward asks the GPU backward's own choice of tile before
+    it launches: a tile that cannot run (here forced through FLASHATTN_BWD_TILE: 64 rows per
+    step at head_dim 128) fails at flash_attn_func, not in .backward()."""
+    q = rand(1, 128, 2, 128).requires_grad_(True)
+    monkeypatch.setenv("FLASHATTN_BWD_TILE", "4,64")
+    with pytest.raises(flashattn.FlashAttnError, match="FLASHATTN_BWD_TILE"):
+        flash_attn_func(q, q, q)
+    with torch.no_grad():
+        flash_attn_func(q, q, q)  # no gradient wanted: the forward runs
+    monkeypatch.delenv("FLASHATTN_BWD_TILE")
+    flash_attn_func(q, q, q).sum().backward()
+    assert torch.isfinite(q.grad).all()
+
+
+# ---- torch.compile: the calls as torch.library custom ops ----
+
+
+class _Attention(torch.nn.Module):
+    """GQA self-attention through the packed form and flash_attn_func (with a window)."""
+
+    def __init__(self, dim=512, heads=8, heads_kv=2):
+        super().__init__()
+        self.h, self.hkv, self.d = heads, heads_kv, dim // heads
+        self.qkv = torch.nn.Linear(dim, (heads + 2 * heads_kv) * self.d, bias=False)
+        self.proj = torch.nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+        q, k, v = q.view(b, s, self.h, self.d), k.view(b, s, self.hkv, self.d), v.view(b, s, self.hkv, self.d)
+        o = flash_attn_func(q, k, v, causal=True) + flash_attn_func(q, k, v, window_size=(64, 0), softcap=30.0)
+        kv = torch.stack([k, v], dim=2)
+        o = o + flash_attn_kvpacked_func(q, kv, causal=True, deterministic=True)
+        return self.proj(o.reshape(b, s, -1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_torch_compile_fullgraph_matches_eager(dtype):
+    """No graph break (fullgraph=True, inductor), the attention's own output the same bytes
+    as eager, the module's outputs and gradients within rounding of eager's."""
+    attn = torch.compile(lambda q, k, v: flash_attn_func(q, k, v, causal=True), fullgraph=True)
+    q, k, v = rand(2, 300, 8, 128, dtype=dtype, seed=1), rand(2, 300, 2, 128, dtype=dtype, seed=2), rand(2, 300, 2, 128, dtype=dtype, seed=3)
+    assert torch.equal(attn(q, k, v), flash_attn_func(q, k, v, causal=True))
+    torch.manual_seed(0)
+    model = _Attention().to("cuda", dtype)
+    x = rand(2, 257, 512, dtype=dtype, seed=4)
+    want = model(x)
+    want.float().square().mean().backward()
+    want_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    compiled = torch.compile(model, fullgraph=True)
+    got = compiled(x)
+    got.float().square().mean().backward()
+    close(got, want, "compiled out")
+    for p, w in zip(model.parameters(), want_grads):
+        close(p.grad, w, "compiled grad")
+
+
+def test_torch_compile_varlen_and_kvcache_on_cuda():
+    from flashattn import flash_attn_varlen_func, flash_attn_with_kvcache
+
+    def decode(q, kc, vc, kn, vn, lens, qs, cu):
+        o = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, causal=True)
+        ov = flash_attn_varlen_func(qs, qs, qs, cu, cu, 300, 300, causal=True)
+        return o, ov
+
+    q, kn, vn = rand(3, 1, 8, 100, seed=1), rand(3, 1, 2, 100, seed=2), rand(3, 1, 2, 100, seed=3)  # d 100: padded
+    kc, vc = rand(3, 512, 2, 100, seed=4), rand(3, 512, 2, 100, seed=5)
+    lens = torch.tensor([0, 77, 400], dtype=torch.int32, device="cuda")
+    qs = rand(437, 4, 64, seed=6)
+    cu = torch.tensor([0, 37, 337, 437], dtype=torch.int32, device="cuda")
+    kc2, vc2 = kc.clone(), vc.clone()
+    want = decode(q, kc, vc, kn, vn, lens, qs, cu)
+    got = torch.compile(decode, fullgraph=True)(q, kc2, vc2, kn, vn, lens, qs, cu)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
+
+
+def test_torch_compile_reduce_overhead_captures_the_forward():
+    """mode="reduce-overhead" records flash_attn_func in CUDA graphs (it enqueues on the
+    current stream without synchronising) and replays it on new inputs."""
+    f = torch.compile(lambda q, k, v: flash_attn_func(q, k, v, causal=True), mode="reduce-overhead", fullgraph=True)
+    for seed in range(4):
+        q, k, v = (rand(2, 512, 8, 64, seed=seed * 3 + i) for i in range(3))
+        assert torch.equal(f(q, k, v), flash_attn_func(q, k, v, causal=True)), seed
