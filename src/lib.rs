@@ -19,6 +19,7 @@ pub mod dispatch;
 pub mod dist;
 pub mod dtype;
 pub mod error;
+pub mod fp8;
 pub mod io;
 pub mod kvcache;
 pub mod mask;
