@@ -491,8 +491,15 @@ fn jobs() -> Vec<Job> {
                     ("IS_BF16".to_string(), flag(dtype == DType::BF16)),
                     ("PROBE_FAULT".to_string(), flag(fault)),
                 ],
-                functions: &["wg_probe_acc", "wg_probe_kmajor", "wg_probe_pv"],
-                smem: 33 * 1024,
+                functions: &[
+                    "wg_probe_acc",
+                    "wg_probe_kmajor",
+                    "wg_probe_pv",
+                    "wg_probe_fp8_qk",
+                    "wg_probe_fp8_vt",
+                    "wg_probe_fp8_pv",
+                ],
+                smem: 42 * 1024,
                 tile: if fault { "probe, fault" } else { "probe" }.into(),
                 roles: None,
             });

@@ -15,12 +15,18 @@ pub const SOFTMAX_CUH: &str = include_str!("../../kernels/common/softmax.cuh");
 pub const HOPPER_CUH: &str = include_str!("../../kernels/common/hopper.cuh");
 /// The wgmma.mma_async wrappers (written by scripts/gen_wgmma_ops.py).
 pub const WGMMA_OPS_CUH: &str = include_str!("../../kernels/common/wgmma_ops.cuh");
+/// The e4m3 wgmma.mma_async wrappers (written by scripts/gen_wgmma_fp8_ops.py).
+pub const WGMMA_FP8_OPS_CUH: &str = include_str!("../../kernels/common/wgmma_fp8_ops.cuh");
+/// What the FP8 kernel and the probe share: P's e4m3 fragment, V^T's key order, the pre-pass.
+pub const FP8_CUH: &str = include_str!("../../kernels/common/fp8.cuh");
 /// Where key j of a sequence sits in a contiguous or paged KV cache.
 pub const KV_CACHE_CUH: &str = include_str!("../../kernels/decode/kv_cache.cuh");
 /// What the two backward kernels share (parameters, D and dQ-conversion kernels, step ranges).
 pub const BWD_COMMON_CUH: &str = include_str!("../../kernels/bwd/bwd_common.cuh");
 /// Headers a kernel may include, by the name in its `#include "..."` line.
-const HEADERS: [(&str, &str); 8] = [
+const HEADERS: [(&str, &str); 10] = [
+    ("wgmma_fp8_ops.cuh", WGMMA_FP8_OPS_CUH),
+    ("fp8.cuh", FP8_CUH),
     ("bwd_common.cuh", BWD_COMMON_CUH),
     ("tile_scheduler.cuh", TILE_SCHEDULER_CUH),
     ("softmax.cuh", SOFTMAX_CUH),
