@@ -122,8 +122,8 @@ fn emulate(c: &Case, fault: Fault) -> (Vec<f64>, Vec<f32>) {
                     acc.iter_mut().for_each(|x| *x *= alpha);
                     for (j, &pj) in (j0..j1).zip(&pq) {
                         let vo = p.v_strides.offset(b, j, hk);
-                        for x in 0..d {
-                            acc[x] += pj * c.v[vo + x].to_f32();
+                        for (a, x) in acc.iter_mut().zip(&c.v[vo..vo + d]) {
+                            *a += pj * x.to_f32();
                         }
                     }
                     j0 = j1;
