@@ -173,6 +173,16 @@ pub enum AttnError {
         message: String,
     },
 
+    /// An FP8 dequantisation factor (`q_descale`, `k_descale`, `v_descale`) of the wrong
+    /// dtype, shape or value.
+    #[error("{tensor} is invalid: {what}")]
+    InvalidDescale {
+        /// `q_descale`, `k_descale` or `v_descale`.
+        tensor: &'static str,
+        /// What is wrong and what to pass instead.
+        what: String,
+    },
+
     /// A result failed a check against the oracle or a stored reference.
     #[error("check failed: {what}")]
     CheckFailed {

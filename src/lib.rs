@@ -19,6 +19,7 @@ pub mod dispatch;
 pub mod dist;
 pub mod dtype;
 pub mod error;
+pub mod fp8;
 pub mod io;
 pub mod kvcache;
 pub mod mask;
@@ -30,6 +31,7 @@ pub mod scores;
 pub mod shape;
 pub mod varlen;
 
+pub use dispatch::fp8::forward as forward_fp8;
 pub use dispatch::{Backend, BackendChoice, Forward, forward};
 pub use dtype::{DType, Element};
 pub use error::{AttnError, Result};

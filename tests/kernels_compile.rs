@@ -491,10 +491,42 @@ fn jobs() -> Vec<Job> {
                     ("IS_BF16".to_string(), flag(dtype == DType::BF16)),
                     ("PROBE_FAULT".to_string(), flag(fault)),
                 ],
-                functions: &["wg_probe_acc", "wg_probe_kmajor", "wg_probe_pv"],
-                smem: 33 * 1024,
+                functions: &[
+                    "wg_probe_acc",
+                    "wg_probe_kmajor",
+                    "wg_probe_pv",
+                    "wg_probe_fp8_qk",
+                    "wg_probe_fp8_vt",
+                    "wg_probe_fp8_pv",
+                ],
+                smem: 42 * 1024,
                 tile: if fault { "probe, fault" } else { "probe" }.into(),
                 roles: None,
+            });
+        }
+    }
+    // The FP8 forward (e4m3, sm_90a): every head_dim and mask it takes, with its pre-pass.
+    for d in flashattn::cuda::fwd::wgmma_fp8::HEAD_DIMS {
+        for causal in [false, true] {
+            let mask = if causal {
+                flashattn::Mask::Causal
+            } else {
+                flashattn::Mask::None
+            };
+            let p = flashattn::AttnProblem::new(flashattn::AttnShape::new(1, 4096, 2, d))
+                .unwrap()
+                .with_mask(mask);
+            out.push(Job {
+                source: KernelSource::AttnWgmmaFp8,
+                arch: "sm_90a",
+                d,
+                dtype: DType::BF16,
+                causal,
+                defines: flashattn::cuda::fwd::wgmma_fp8::defines(&p),
+                functions: &["attn_wgmma_fp8", "fp8_v_transpose"],
+                smem: flashattn::cuda::fwd::wgmma_fp8::smem_bytes(d),
+                tile: "fp8 e4m3 Br128xBc128".into(),
+                roles: Some((40, 232)),
             });
         }
     }
@@ -582,6 +614,7 @@ fn every_kernel_compiles_for_every_arch_without_spills() {
         KernelSource::AttnMma,
         KernelSource::AttnWgmma,
         KernelSource::WgmmaProbe,
+        KernelSource::AttnWgmmaFp8,
         KernelSource::PadRows,
         KernelSource::AttnDecode,
         KernelSource::AttnCombine,

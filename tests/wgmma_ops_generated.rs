@@ -5,15 +5,33 @@ use std::process::Command;
 
 #[test]
 fn committed_header_matches_the_generator() {
-    let out = std::env::temp_dir().join(format!("wgmma_ops_{}.cuh", std::process::id()));
+    same_as_generated(
+        "scripts/gen_wgmma_ops.py",
+        "wgmma_ops",
+        include_str!("../kernels/common/wgmma_ops.cuh"),
+    );
+}
+
+/// kernels/common/wgmma_fp8_ops.cuh likewise, from scripts/gen_wgmma_fp8_ops.py.
+#[test]
+fn committed_fp8_header_matches_the_generator() {
+    same_as_generated(
+        "scripts/gen_wgmma_fp8_ops.py",
+        "wgmma_fp8_ops",
+        include_str!("../kernels/common/wgmma_fp8_ops.cuh"),
+    );
+}
+
+fn same_as_generated(script: &str, stem: &str, committed: &str) {
+    let out = std::env::temp_dir().join(format!("{stem}_{}.cuh", std::process::id()));
     let ran = Command::new("python3")
-        .arg("scripts/gen_wgmma_ops.py")
+        .arg(script)
         .arg(&out)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status();
     match ran {
         Ok(s) if s.success() => {}
-        Ok(s) => panic!("scripts/gen_wgmma_ops.py failed: {s}"),
+        Ok(s) => panic!("{script} failed: {s}"),
         Err(e) => {
             println!("skipped: python3 not runnable ({e})");
             return;
@@ -21,9 +39,8 @@ fn committed_header_matches_the_generator() {
     }
     let fresh = std::fs::read_to_string(&out).expect("generated header");
     let _ = std::fs::remove_file(&out);
-    let committed = include_str!("../kernels/common/wgmma_ops.cuh");
     assert!(
         fresh == committed,
-        "kernels/common/wgmma_ops.cuh differs from what scripts/gen_wgmma_ops.py writes: run `python3 scripts/gen_wgmma_ops.py` from the repository root"
+        "kernels/common/{stem}.cuh differs from what {script} writes: run `python3 {script}` from the repository root"
     );
 }

@@ -170,3 +170,91 @@ extern "C" __global__ void __launch_bounds__(128, 1) wg_probe_pv(u32 *out, u64 *
     for (int i = 0; i < 16; ++i) w[32 + i] = pf[i];
     for (int i = 0; i < 64; ++i) w[48 + i] = __float_as_uint(o[i]);
 }
+
+// ---- the FP8 (e4m3) experiments of attn_wgmma_fp8.cu (tools/src/probe_wgmma_fp8.rs) ----
+// Tiles are TMA boxes of 128 one-byte columns (one 128-byte swizzled row per matrix row).
+// wg_probe_fp8_qk: the Q K^T path. A = Q 64x128 one-hot, B = K 64 rows x 128, both K-major, 4
+//                  k-steps of m64n64k32 through desc_kmajor_sw128. Dump d0..d31, then the 4 A
+//                  and 4 B descriptors.
+// wg_probe_fp8_vt: the V^T pre-pass (fp8.cuh vt_block) of attn_wgmma_fp8, on the probe's V.
+// wg_probe_fp8_pv: the P V path. S = Q K^T (m64n128, 4 k-steps; Q 64x128, K 128 keys x 128),
+//                  P packed from S to e4m3 by p_frag as the register A operand, 8 rows of ones
+//                  written after V^T (128 channel rows x 128 key positions, TMA), O = P V^T
+//                  (m64n136k32 x 4, B K-major through the kernel's descriptor). Dump s0..s63,
+//                  p0..p15, o0..o67, then the 4 V^T descriptors.
+#include "fp8.cuh"
+#include "wgmma_fp8_ops.cuh"
+
+extern "C" __global__ void __launch_bounds__(128, 1)
+    wg_probe_fp8_qk(u32 *out, u64 *descs, const __grid_constant__ ProbeMaps m) {
+    extern __shared__ __align__(1024) unsigned char raw[];
+    __shared__ __align__(8) u64 bar;
+    const u32 base = stage_inputs(raw, &bar, 2 * 8192, [&](u32 b, u32 br) {
+        tma_load_2d(b, m.a, br, 0, 0);
+        tma_load_2d(b + 8192, m.b, br, 0, 0);
+    });
+    float d[32];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        const u64 da = kdesc(base, kk, 8192), db = kdesc(base + 8192, kk, 8192);
+        wgmma_fp8_ss<64>(d, da, db, kk > 0);
+        if (threadIdx.x == 0) {
+            descs[kk] = da;
+            descs[4 + kk] = db;
+        }
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(d);
+    for (int i = 0; i < 32; ++i) out[threadIdx.x * 32 + i] = __float_as_uint(d[i]);
+}
+
+extern "C" __global__ void __launch_bounds__(VT_THREADS) wg_probe_fp8_vt(const __grid_constant__ VtParams p) {
+    __shared__ __align__(16) u8 tile[VT_KEYS * (128 + 4)];
+    vt_block(p, tile, blockIdx.x, blockIdx.y, blockIdx.z);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 1)
+    wg_probe_fp8_pv(u32 *out, u64 *descs, const __grid_constant__ ProbeMaps m) {
+    extern __shared__ __align__(1024) unsigned char raw[];
+    __shared__ __align__(8) u64 bar;
+    // Q at base (8 KB), K at base + 8192 (16 KB), V^T at base + 24576 (16 KB, then 1 KB of ones).
+    const u32 base = stage_inputs(raw, &bar, 8192 + 2 * 16384, [&](u32 b, u32 br) {
+        tma_load_2d(b, m.a, br, 0, 0);
+        tma_load_2d(b + 8192, m.b, br, 0, 0);
+        tma_load_2d(b + 24576, m.c, br, 0, 0);
+    });
+    const u32 vt = base + 24576;
+    for (u32 i = 4 * threadIdx.x; i < 1024; i += 4 * 128) st_shared_u32(vt + 16384 + i, 0x38383838u); // e4m3 1.0
+    fence_proxy_async();
+    __syncthreads();
+    float s[64];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+        wgmma_fp8_ss<128>(s, desc_kmajor_sw128(base, kk, 8192), desc_kmajor_sw128(base + 8192, kk, 16384), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(s);
+    u32 pf[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) pf[r] = p_frag(s, r / 4, r % 4);
+    float o[68];
+#pragma unroll
+    for (int i = 0; i < 68; ++i) o[i] = 0.f;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        const u64 dv = kdesc(vt, kk, 16384);
+        wgmma_fp8_rs<136>(o, pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3], dv, 1);
+        if (threadIdx.x == 0) descs[kk] = dv;
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o);
+    u32 *w = out + threadIdx.x * (64 + 16 + 68);
+    for (int i = 0; i < 64; ++i) w[i] = __float_as_uint(s[i]);
+    for (int i = 0; i < 16; ++i) w[64 + i] = pf[i];
+    for (int i = 0; i < 68; ++i) w[80 + i] = __float_as_uint(o[i]);
+}

@@ -15,12 +15,18 @@ pub const SOFTMAX_CUH: &str = include_str!("../../kernels/common/softmax.cuh");
 pub const HOPPER_CUH: &str = include_str!("../../kernels/common/hopper.cuh");
 /// The wgmma.mma_async wrappers (written by scripts/gen_wgmma_ops.py).
 pub const WGMMA_OPS_CUH: &str = include_str!("../../kernels/common/wgmma_ops.cuh");
+/// The e4m3 wgmma.mma_async wrappers (written by scripts/gen_wgmma_fp8_ops.py).
+pub const WGMMA_FP8_OPS_CUH: &str = include_str!("../../kernels/common/wgmma_fp8_ops.cuh");
+/// What the FP8 kernel and the probe share: P's e4m3 fragment, V^T's key order, the pre-pass.
+pub const FP8_CUH: &str = include_str!("../../kernels/common/fp8.cuh");
 /// Where key j of a sequence sits in a contiguous or paged KV cache.
 pub const KV_CACHE_CUH: &str = include_str!("../../kernels/decode/kv_cache.cuh");
 /// What the two backward kernels share (parameters, D and dQ-conversion kernels, step ranges).
 pub const BWD_COMMON_CUH: &str = include_str!("../../kernels/bwd/bwd_common.cuh");
 /// Headers a kernel may include, by the name in its `#include "..."` line.
-const HEADERS: [(&str, &str); 8] = [
+const HEADERS: [(&str, &str); 10] = [
+    ("wgmma_fp8_ops.cuh", WGMMA_FP8_OPS_CUH),
+    ("fp8.cuh", FP8_CUH),
     ("bwd_common.cuh", BWD_COMMON_CUH),
     ("tile_scheduler.cuh", TILE_SCHEDULER_CUH),
     ("softmax.cuh", SOFTMAX_CUH),
@@ -46,6 +52,8 @@ pub enum KernelSource {
     AttnWgmma,
     /// Single-warpgroup wgmma/TMA layout experiments (sm_90a only).
     WgmmaProbe,
+    /// The FP8 (e4m3) Hopper forward and its V^T pre-pass (sm_90a only).
+    AttnWgmmaFp8,
     /// Copies into and out of a head_dim padded to a multiple of 8.
     PadRows,
     /// Decoding against a KV cache: split-KV, GQA-packed, contiguous or paged.
@@ -64,7 +72,8 @@ pub enum KernelSource {
 
 impl KernelSource {
     /// Every source, for compile tests.
-    pub const ALL: [KernelSource; 13] = [
+    pub const ALL: [KernelSource; 14] = [
+        KernelSource::AttnWgmmaFp8,
         KernelSource::LayoutProbe,
         KernelSource::AttnNaive,
         KernelSource::AttnSimt,
@@ -89,6 +98,7 @@ impl KernelSource {
             KernelSource::AttnMma => "attn_mma",
             KernelSource::AttnWgmma => "attn_wgmma",
             KernelSource::WgmmaProbe => "wgmma_probe",
+            KernelSource::AttnWgmmaFp8 => "attn_wgmma_fp8",
             KernelSource::PadRows => "pad_rows",
             KernelSource::AttnDecode => "attn_decode",
             KernelSource::AttnCombine => "attn_combine",
@@ -103,7 +113,10 @@ impl KernelSource {
     /// need the arch-specific `sm_90a` of an sm_90 device; the others the device's own arch.
     pub fn target(self, device_arch: &str) -> String {
         match self {
-            KernelSource::AttnWgmma | KernelSource::WgmmaProbe | KernelSource::AttnBwdWgmma
+            KernelSource::AttnWgmma
+            | KernelSource::WgmmaProbe
+            | KernelSource::AttnBwdWgmma
+            | KernelSource::AttnWgmmaFp8
                 if device_arch == "sm_90" =>
             {
                 "sm_90a".to_string()
@@ -120,6 +133,7 @@ impl KernelSource {
             KernelSource::AttnMma => include_str!("../../kernels/fwd/attn_mma.cu"),
             KernelSource::AttnWgmma => include_str!("../../kernels/fwd/attn_wgmma.cu"),
             KernelSource::WgmmaProbe => include_str!("../../kernels/probe/wgmma_probe.cu"),
+            KernelSource::AttnWgmmaFp8 => include_str!("../../kernels/fwd/attn_wgmma_fp8.cu"),
             KernelSource::PadRows => include_str!("../../kernels/fwd/pad_rows.cu"),
             KernelSource::AttnDecode => include_str!("../../kernels/decode/attn_decode.cu"),
             KernelSource::AttnCombine => include_str!("../../kernels/decode/attn_combine.cu"),

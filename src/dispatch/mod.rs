@@ -5,6 +5,7 @@
 //! kernels' f16/bf16). Nothing below this layer imports from it.
 
 mod backend;
+pub mod fp8;
 mod gpu;
 pub mod kvcache;
 pub mod varlen;

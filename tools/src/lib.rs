@@ -13,3 +13,4 @@ pub mod layout;
 pub mod layout_wgmma;
 pub mod probe;
 pub mod probe_wgmma;
+pub mod probe_wgmma_fp8;

@@ -9,4 +9,5 @@ pub mod naive;
 pub mod simt;
 pub mod varlen;
 pub mod wgmma;
+pub mod wgmma_fp8;
 pub mod wgmma_trace;

@@ -39,6 +39,11 @@ impl TiledMap {
     /// Why the copy engine cannot describe this tensor (`None` when it can): checked here so
     /// that the reason is ours, not a bare driver error code.
     pub fn unsupported(&self) -> Option<String> {
+        self.unsupported_for(2)
+    }
+
+    /// [`Self::unsupported`] for elements of `elem_bytes` bytes.
+    fn unsupported_for(&self, elem_bytes: u32) -> Option<String> {
         let rank = self.dims.len();
         if !(1..=5).contains(&rank) || self.strides.len() + 1 != rank || self.boxes.len() != rank {
             return Some(format!(
@@ -60,7 +65,7 @@ impl TiledMap {
         if let Some(d) = self.dims.iter().find(|&&d| d == 0 || d > 1 << 32) {
             return Some(format!("a dimension of {d} elements (1..=2^32)"));
         }
-        if self.boxes.iter().any(|&b| !(1..=256).contains(&b)) || self.boxes[0] * 2 > 128 {
+        if self.boxes.iter().any(|&b| !(1..=256).contains(&b)) || self.boxes[0] * elem_bytes > 128 {
             return Some(format!(
                 "box {:?} (sides 1..=256, inner side <= 128 bytes)",
                 self.boxes
@@ -74,15 +79,36 @@ impl TiledMap {
     /// # Errors
     /// The reason, when [`Self::unsupported`] finds one or the driver refuses the map.
     pub fn encode(&self) -> std::result::Result<TmaMap, String> {
-        if let Some(why) = self.unsupported() {
-            return Err(why);
-        }
         use sys::CUtensorMapDataType_enum as T;
         let dtype = match self.dtype {
             DType::BF16 => T::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
             DType::F16 => T::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
             DType::F32 => return Err("f32 tensors (the kernels take f16 or bf16)".into()),
         };
+        self.encode_as(dtype, 2)
+    }
+
+    /// [`Self::encode`] for one-byte elements (e4m3, moved as `CU_TENSOR_MAP_DATA_TYPE_UINT8`:
+    /// TMA copies bytes and zero-fills out-of-bounds ones, 0x00 = +0.0 in e4m3); `dtype` is
+    /// ignored, the inner box side is at most 128 elements.
+    ///
+    /// # Errors
+    /// As [`Self::encode`].
+    pub fn encode_bytes(&self) -> std::result::Result<TmaMap, String> {
+        self.encode_as(
+            sys::CUtensorMapDataType_enum::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            1,
+        )
+    }
+
+    fn encode_as(
+        &self,
+        dtype: sys::CUtensorMapDataType_enum,
+        elem_bytes: u32,
+    ) -> std::result::Result<TmaMap, String> {
+        if let Some(why) = self.unsupported_for(elem_bytes) {
+            return Err(why);
+        }
         let elem_strides = vec![1u32; self.dims.len()];
         let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
         // SAFETY: every array holds `rank` (strides: rank - 1) elements, as the call requires;

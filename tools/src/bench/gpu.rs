@@ -153,6 +153,9 @@ impl<'g> GpuBench<'g> {
             progress(&line.name);
             let gpu = self.gpu;
             let r = catch_unwind(AssertUnwindSafe(|| match dt {
+                _ if line.name == "fp8" && !case.backward => {
+                    time_fp8(gpu, line, &p, sets, iters, warmup)
+                }
                 DType::F16 if case.backward => time_backward(
                     gpu,
                     line,
@@ -287,6 +290,53 @@ fn time_line<T: GpuElement>(
     })?;
     let host = stream
         .clone_dtoh(&lse.slice(0..p.shape.lse_len()))
+        .map_err(cuda_err(format!("{what}: copying lse back")))?;
+    let finite = host.iter().all(|x| x.is_finite());
+    line_result(line, &what, timed, p.flops(), finite)
+}
+
+/// The `fp8` line: attn_wgmma_fp8 (its V^T pre-pass included) on `sets` rotating sets of
+/// e4m3 q, k, v (N(0, 1) values, descales 1) of the case's shape, o in bf16; timed as
+/// [`time_launches`] times every line, the lse checked finite.
+fn time_fp8(
+    gpu: &Gpu,
+    line: &Line,
+    p: &AttnProblem,
+    sets: usize,
+    iters: usize,
+    warmup: (usize, u64),
+) -> Result<LineResult> {
+    use flashattn::cuda::fwd::wgmma_fp8;
+    use flashattn::fp8::{E4m3, Fp8Descales};
+    let stream = gpu.stream();
+    let what = line_context(line, "attn_wgmma_fp8", p);
+    let s = &p.shape;
+    let n_q = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
+    let n_kv = s.batch * s.seqlen_k * s.heads_kv * s.head_dim;
+    let up = |n: usize, seed: u64| -> Result<CudaSlice<E4m3>> {
+        stream
+            .clone_htod(&flashattn::fp8::random_e4m3(n, seed, 1.0))
+            .map_err(cuda_err(format!("{what}: copying e4m3 inputs")))
+    };
+    let n = sets.clamp(1, 8);
+    let mut bufs = Vec::with_capacity(n);
+    for i in 0..n as u64 {
+        bufs.push([up(n_q, 3 * i)?, up(n_kv, 3 * i + 1)?, up(n_kv, 3 * i + 2)?]);
+    }
+    let mut o = stream
+        .alloc_zeros::<bf16>(n_q)
+        .map_err(cuda_err(format!("{what}: allocating o")))?;
+    let mut lse = stream
+        .alloc_zeros::<f32>(s.lse_len())
+        .map_err(cuda_err(format!("{what}: allocating lse")))?;
+    let d = Fp8Descales::per_tensor(1.0, 1.0, 1.0);
+    wgmma_fp8::prepare(gpu, p)?;
+    let timed = time_launches(gpu, &what, iters, warmup, |i| {
+        let [q, k, v] = &bufs[i % n];
+        wgmma_fp8::forward_device(gpu, p, q, k, v, &d, &mut o, &mut lse)
+    })?;
+    let host = stream
+        .clone_dtoh(&lse)
         .map_err(cuda_err(format!("{what}: copying lse back")))?;
     let finite = host.iter().all(|x| x.is_finite());
     line_result(line, &what, timed, p.flops(), finite)

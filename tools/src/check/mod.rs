@@ -12,6 +12,7 @@ pub mod backward;
 pub mod bad_input;
 pub mod cases;
 pub mod field;
+pub mod fp8;
 pub mod inputs;
 pub mod kvcache;
 pub mod outcome;
@@ -118,6 +119,24 @@ pub fn run(gpu: &Gpu, opts: &CheckOptions, mut print: impl FnMut(&str)) -> Resul
     for (i, case) in packed.iter().enumerate() {
         for x in varlen::run_case(gpu, case, &opts.kernels, seed(selected.len() + i))? {
             record(result_line(&x), x);
+        }
+    }
+    // FP8 (e4m3) on attn_wgmma_fp8 (sm_90 only), with the Hopper kernel.
+    if opts.kernels.contains(&KernelKind::Wgmma) && gpu.info().compute_capability == (9, 0) {
+        let calls: Vec<fp8::Fp8Case> = opts.select(fp8::cases(), |c| &c.label);
+        for (i, case) in calls.iter().enumerate() {
+            let x = fp8::run_case(gpu, case, seed(3000 + i))?;
+            record(result_line(&x), x);
+        }
+        for (label, passed, message) in fp8::refusals(gpu) {
+            if !opts.selects(&label) {
+                continue;
+            }
+            let mut x = CaseResult::new(&label, KernelKind::Wgmma);
+            x.kernel = "fp8".into();
+            x.passed = passed;
+            x.message = message;
+            record(invalid_call_line(&x), x);
         }
     }
     // Decoding against a KV cache (attn_decode, attn_combine, kv_append), with the kernels

@@ -5,7 +5,7 @@
 use flashattn::cuda::Gpu;
 use flashattn::{DType, Result};
 use flashattn_tools::probe::{self, ProbeReport};
-use flashattn_tools::probe_wgmma;
+use flashattn_tools::{probe_wgmma, probe_wgmma_fp8};
 
 /// Which experiment a report is of.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -14,6 +14,8 @@ enum Kind {
     Warp,
     /// One warpgroup: wgmma, TMA swizzle, descriptors, S -> P as the register A operand.
     Warpgroup,
+    /// One warpgroup, e4m3: 8-bit K-major descriptors, P's e4m3 fragment, V^T (once per run).
+    Fp8,
 }
 
 /// Runs the layout probe for `dtype` (both f16 and bf16 when `None`) and prints each report.
@@ -49,11 +51,33 @@ pub fn run(emulate: bool, inject_fault: bool, dtype: Option<DType>) -> Result<i3
                 (Some(gpu), Kind::Warpgroup) => probe_wgmma::run_gpu(gpu, d, inject_fault)?,
                 (None, Kind::Warp) => probe::run_emulated(d, inject_fault),
                 (None, Kind::Warpgroup) => probe_wgmma::run_emulated(d, inject_fault),
+                (_, Kind::Fp8) => unreachable!("the e4m3 probe runs once, below"),
             };
             println!("{}", header(&report, kind, inject_fault));
             println!("{report}");
             if inject_fault {
                 println!("{}", fault_verdict(&report, kind));
+            }
+            println!();
+            reports.push(report);
+        }
+    }
+    // The e4m3 experiments once (their output is bf16 whatever the asked dtype), unless the
+    // run asks for f32 alone.
+    if dtype != Some(DType::F32) {
+        let report = match &gpu {
+            Some(_) if !hopper => {
+                println!("warpgroup e4m3 (wgmma fp8) probe: skipped, it needs sm_90 (Hopper)\n");
+                None
+            }
+            Some(gpu) => Some(probe_wgmma_fp8::run_gpu(gpu, inject_fault)?),
+            None => Some(probe_wgmma_fp8::run_emulated(inject_fault)),
+        };
+        if let Some(report) = report {
+            println!("{}", header(&report, Kind::Fp8, inject_fault));
+            println!("{report}");
+            if inject_fault {
+                println!("{}", fault_verdict(&report, Kind::Fp8));
             }
             println!();
             reports.push(report);
@@ -72,6 +96,9 @@ fn fault_text(kind: Kind) -> &'static str {
         Kind::Warpgroup => {
             "K-major descriptors with a 64-byte swizzle where TMA wrote 128, V's descriptor with an SBO of 512 instead of 1024"
         }
+        Kind::Fp8 => {
+            "e4m3 K-major descriptors (Q, K, V^T) with a 64-byte swizzle where TMA wrote 128"
+        }
     }
 }
 
@@ -85,30 +112,37 @@ fn header(report: &ProbeReport, kind: Kind, inject_fault: bool) -> String {
     let what = match kind {
         Kind::Warp => "warp: ldmatrix, mma.m16n8k16",
         Kind::Warpgroup => "warpgroup: TMA, descriptors, wgmma",
+        Kind::Fp8 => "warpgroup: e4m3 TMA, descriptors, wgmma k32, P fragment, V^T",
     };
-    format!(
-        "layout probe ({what}): {} on {}{fault}",
-        report.dtype, report.source
-    )
+    let dtype = if kind == Kind::Fp8 {
+        "e4m3".to_string()
+    } else {
+        report.dtype.to_string()
+    };
+    format!("layout probe ({what}): {dtype} on {}{fault}", report.source)
 }
 
 /// Whether an injected fault was caught, naming the lanes.
 fn fault_verdict(report: &ProbeReport, kind: Kind) -> String {
+    let dtype = if kind == Kind::Fp8 {
+        "e4m3".to_string()
+    } else {
+        report.dtype.to_string()
+    };
     if report.passed {
         format!(
-            "fault NOT caught ({}): every check passed despite: {}",
-            report.dtype,
+            "fault NOT caught ({dtype}): every check passed despite: {}",
             fault_text(kind)
         )
     } else {
         let lanes = report.wrong_lanes();
         let list = match kind {
             Kind::Warp => lane_list(&lanes),
-            Kind::Warpgroup => lane_list(&lanes).replacen("lane", "thread", 1),
+            Kind::Warpgroup | Kind::Fp8 => lane_list(&lanes).replacen("lane", "thread", 1),
         };
         format!(
-            "fault caught ({}): {} wrong cells in {list}, as expected with the injected fault",
-            report.dtype, report.wrong
+            "fault caught ({dtype}): {} wrong cells in {list}, as expected with the injected fault",
+            report.wrong
         )
     }
 }
