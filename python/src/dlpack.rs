@@ -46,6 +46,8 @@ const DL_CPU: i32 = 1;
 
 const DL_CUDA: i32 = 2;
 
+const DL_UINT: u8 = 1;
+
 const DL_FLOAT: u8 = 2;
 
 const DL_BFLOAT: u8 = 4;
@@ -404,6 +406,20 @@ impl Borrowed {
                 )))
             }
         }
+    }
+
+    /// Refuses a tensor that is not one byte per element (DLPack uint8), the form in which
+    /// the FP8 call takes float8_e4m3fn tensors (the Python layer passes `.view(torch.uint8)`
+    /// after checking their dtype), naming the dtype that is expected.
+    pub(crate) fn check_bytes(&self, expected: &str) -> PyResult<()> {
+        let d = self.t().dtype;
+        if (d.code, d.bits, d.lanes) != (DL_UINT, 8, 1) {
+            return Err(FlashAttnError::new_err(format!(
+                "{}: expected {expected}, read as bytes (uint8), got DLPack type code {} of {} bits",
+                self.name, d.code, d.bits
+            )));
+        }
+        Ok(())
     }
 
     pub(crate) fn check_cpu(&self) -> PyResult<()> {
