@@ -42,6 +42,11 @@ autograd formulas, which run the eager path's own code. torch stays optional: im
 flashattn never imports it; the ops are registered when torch is imported (before or after
 flashattn; torch 2.4 or later).
 
+FP8 (FlashAttention-3's): ``flash_attn_func`` and its packed forms take PyTorch
+``float8_e4m3fn`` q, k, v with ``q_descale``, ``k_descale``, ``v_descale`` and return bf16
+(no backward; custom ops ``flashattn::fp8_fwd``, ``flashattn::fp8_fwd_descaled``):
+:mod:`flashattn._fp8` says what runs where.
+
 Errors: every call that flashattn refuses raises :class:`FlashAttnError` (a ``ValueError``),
 at the call, before anything runs, with a message that says what is wrong and what to do.
 What flashattn does not implement raises its subclass :class:`FlashAttnUnsupportedError`

@@ -384,6 +384,23 @@ impl Borrowed {
             (DL_FLOAT, 16, 1) => Ok("float16"),
             (DL_BFLOAT, 16, 1) => Ok("bfloat16"),
             (DL_FLOAT, 32, 1) => Ok("float32"),
+            (code @ 7..=14, 8, 1) => {
+                // DLPack 1.1's 8-bit floats (dlpack.h DLDataTypeCode).
+                let name = [
+                    "float8_e3m4",
+                    "float8_e4m3",
+                    "float8_e4m3b11fnuz",
+                    "float8_e4m3fn",
+                    "float8_e4m3fnuz",
+                    "float8_e5m2",
+                    "float8_e5m2fnuz",
+                    "float8_e8m0fnu",
+                ][usize::from(code - 7)];
+                Err(crate::error::unsupported(format!(
+                    "{}: element type {name}: FP8 attention is flash_attn_func's and its packed forms' only (float8_e4m3fn q, k and v with q_descale, k_descale, v_descale); this call takes float16, bfloat16 or float32",
+                    self.name
+                )))
+            }
             _ => {
                 // DLPack type codes (dlpack.h DLDataTypeCode).
                 let kind = match d.code {

@@ -188,6 +188,19 @@ def test_errors():
         assert not isinstance(e.value, flashattn.FlashAttnUnsupportedError), match
 
 
+def test_fp8_in_the_varlen_and_kvcache_functions_is_refused():
+    """FP8 is flash_attn_func's only: the others say so (FlashAttnUnsupportedError where
+    torch exports float8 through DLPack, 2.8 and later; a FlashAttnError before)."""
+    q = quantise(torch.randn(12, 2, 64), None, 2)
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    for call in (
+        lambda: flashattn.flash_attn_varlen_func(q, q, q, cu, cu, 7, 7),
+        lambda: flashattn.flash_attn_with_kvcache(q[None], q[None], q[None].clone()),
+    ):
+        with pytest.raises(flashattn.FlashAttnError, match="float8|DLPack"):
+            call()
+
+
 def test_signature_adds_fa3s_descales_after_fa2s_arguments():
     import inspect
 
