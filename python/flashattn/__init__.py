@@ -42,6 +42,11 @@ autograd formulas, which run the eager path's own code. torch stays optional: im
 flashattn never imports it; the ops are registered when torch is imported (before or after
 flashattn; torch 2.4 or later).
 
+FP8 (FlashAttention-3's): ``flash_attn_func`` and its packed forms take PyTorch
+``float8_e4m3fn`` q, k, v with ``q_descale``, ``k_descale``, ``v_descale`` and return bf16
+(no backward; custom ops ``flashattn::fp8_fwd``, ``flashattn::fp8_fwd_descaled``):
+:mod:`flashattn._fp8` says what runs where.
+
 Errors: every call that flashattn refuses raises :class:`FlashAttnError` (a ``ValueError``),
 at the call, before anything runs, with a message that says what is wrong and what to do.
 What flashattn does not implement raises its subclass :class:`FlashAttnUnsupportedError`
@@ -95,6 +100,7 @@ def _preload_nvrtc():
 _preload_nvrtc()
 
 from . import _native  # noqa: E402
+from . import _fp8  # noqa: E402
 
 
 FlashAttnError = _native.FlashAttnError
@@ -484,6 +490,9 @@ def flash_attn_func(
     alibi_slopes=None,
     deterministic=False,
     return_attn_probs=False,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
 ):
     """Attention of q ``[batch, seqlen_q, heads_q, head_dim]`` to k, v ``[batch, seqlen_k,
     heads_kv, head_dim]``; returns out like q, or with ``return_attn_probs``
@@ -492,8 +501,24 @@ def flash_attn_func(
     docstring). ``softmax_scale`` defaults to ``1/sqrt(head_dim)``; ``dropout_p`` must be 0
     (else :class:`FlashAttnUnsupportedError`). With PyTorch tensors that require grad,
     gradients flow to q, k, v; ``deterministic=True`` then makes the GPU backward's dq the
-    same bytes run to run (the forward and the CPU backward always are)."""
+    same bytes run to run (the forward and the CPU backward always are).
+
+    FP8 (FlashAttention-3's): q, k, v all ``torch.float8_e4m3fn`` with ``q_descale``,
+    ``k_descale``, ``v_descale`` (pass them by keyword): float32 tensors of shape
+    ``(batch, heads_kv)``, or one factor each (a 0-d or 1-element float32 tensor, or a Python
+    float); None is 1. The value of an element x of q is ``x * q_descale`` (likewise k, v);
+    out is bfloat16, accumulation f32. CPU tensors run on the FP8 CPU backend (every
+    modifier); CUDA tensors need sm_90 (Hopper), head_dim 64 or 128, no window, softcap or
+    ALiBi (else :class:`FlashAttnUnsupportedError`). No backward: a backward through an FP8
+    output raises :class:`FlashAttnUnsupportedError`. See :mod:`flashattn._fp8`."""
     _check_dropout(dropout_p)
+    if (q_descale is not None or k_descale is not None or v_descale is not None
+            or _fp8.one_byte(q, k, v)):
+        out, lse = _fp8.forward(
+            q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, q_descale,
+            k_descale, v_descale,
+        )
+        return _with_probs(q, out, lse, return_attn_probs)
     out, lse = _forward(
         q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
     )
@@ -955,6 +980,7 @@ def _register_torch_ops():
     global _torch_ops_error
     try:
         from . import _torch_ops  # noqa: F401
+        from . import _fp8_ops  # noqa: F401
     except Exception as e:  # reported where a compiled call needs the ops
         _torch_ops_error = e
 

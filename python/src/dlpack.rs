@@ -46,6 +46,8 @@ const DL_CPU: i32 = 1;
 
 const DL_CUDA: i32 = 2;
 
+const DL_UINT: u8 = 1;
+
 const DL_FLOAT: u8 = 2;
 
 const DL_BFLOAT: u8 = 4;
@@ -382,6 +384,23 @@ impl Borrowed {
             (DL_FLOAT, 16, 1) => Ok("float16"),
             (DL_BFLOAT, 16, 1) => Ok("bfloat16"),
             (DL_FLOAT, 32, 1) => Ok("float32"),
+            (code @ 7..=14, 8, 1) => {
+                // DLPack 1.1's 8-bit floats (dlpack.h DLDataTypeCode).
+                let name = [
+                    "float8_e3m4",
+                    "float8_e4m3",
+                    "float8_e4m3b11fnuz",
+                    "float8_e4m3fn",
+                    "float8_e4m3fnuz",
+                    "float8_e5m2",
+                    "float8_e5m2fnuz",
+                    "float8_e8m0fnu",
+                ][usize::from(code - 7)];
+                Err(crate::error::unsupported(format!(
+                    "{}: element type {name}: FP8 attention is flash_attn_func's and its packed forms' only (float8_e4m3fn q, k and v with q_descale, k_descale, v_descale); this call takes float16, bfloat16 or float32",
+                    self.name
+                )))
+            }
             _ => {
                 // DLPack type codes (dlpack.h DLDataTypeCode).
                 let kind = match d.code {
@@ -404,6 +423,20 @@ impl Borrowed {
                 )))
             }
         }
+    }
+
+    /// Refuses a tensor that is not one byte per element (DLPack uint8), the form in which
+    /// the FP8 call takes float8_e4m3fn tensors (the Python layer passes `.view(torch.uint8)`
+    /// after checking their dtype), naming the dtype that is expected.
+    pub(crate) fn check_bytes(&self, expected: &str) -> PyResult<()> {
+        let d = self.t().dtype;
+        if (d.code, d.bits, d.lanes) != (DL_UINT, 8, 1) {
+            return Err(FlashAttnError::new_err(format!(
+                "{}: expected {expected}, read as bytes (uint8), got DLPack type code {} of {} bits",
+                self.name, d.code, d.bits
+            )));
+        }
+        Ok(())
     }
 
     pub(crate) fn check_cpu(&self) -> PyResult<()> {

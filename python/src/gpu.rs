@@ -87,7 +87,7 @@ pub unsafe fn on_device(
 ///
 /// # Safety
 /// The tensor is a CUDA tensor of `T` on `gpu`'s device; it stays alive for the call.
-unsafe fn foreign<T>(t: &Borrowed, gpu: &Gpu) -> PyResult<ForeignSlice<T>> {
+pub(crate) unsafe fn foreign<T>(t: &Borrowed, gpu: &Gpu) -> PyResult<ForeignSlice<T>> {
     let (start, _) = t.span()?;
     // SAFETY: DLPack: the producer's memory covers `extent` elements from `start`.
     Ok(unsafe { ForeignSlice::new(start as u64, t.extent()?, gpu.stream().clone()) })

@@ -18,10 +18,13 @@
 //!   the library's [`flashattn::AttnError`] onto them.
 //! - `api.rs`: the `#[pyfunction]`s, which wire intake, rules and the library, on the CPU or
 //!   through `gpu.rs` on a CUDA device.
+//! - `fp8.rs`: the FP8 (e4m3) forward, `fp8_forward` (q, k, v as bytes, FlashAttention-3's
+//!   descales, bf16 out).
 
 mod api;
 mod dlpack;
 mod error;
+mod fp8;
 mod gpu;
 mod rules;
 
@@ -36,6 +39,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api::reference, m)?)?;
     m.add_function(wrap_pyfunction!(api::varlen_forward, m)?)?;
     m.add_function(wrap_pyfunction!(api::kvcache_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(fp8::fp8_forward, m)?)?;
     m.add("FlashAttnError", m.py().get_type::<FlashAttnError>())?;
     m.add(
         "FlashAttnUnsupportedError",

@@ -352,10 +352,12 @@ _TAIL = [
     ("return_attn_probs", False),
 ]
 _VARLEN = [("cu_seqlens_q", None), ("cu_seqlens_k", None), ("max_seqlen_q", None), ("max_seqlen_k", None)]
+# FlashAttention-3's FP8 descales, after FA2's arguments (test_fp8_cpu.py tests them).
+_FP8 = [("q_descale", None), ("k_descale", None), ("v_descale", None)]
 FA2_SIGNATURES = {
-    "flash_attn_func": [("q", None), ("k", None), ("v", None), *_TAIL],
-    "flash_attn_qkvpacked_func": [("qkv", None), *_TAIL],
-    "flash_attn_kvpacked_func": [("q", None), ("kv", None), *_TAIL],
+    "flash_attn_func": [("q", None), ("k", None), ("v", None), *_TAIL, *_FP8],
+    "flash_attn_qkvpacked_func": [("qkv", None), *_TAIL, *_FP8],
+    "flash_attn_kvpacked_func": [("q", None), ("kv", None), *_TAIL, *_FP8],
     "flash_attn_varlen_func": [("q", None), ("k", None), ("v", None), *_VARLEN, *_TAIL, ("block_table", None)],
     "flash_attn_varlen_qkvpacked_func": [("qkv", None), ("cu_seqlens", None), ("max_seqlen", None), *_TAIL],
     "flash_attn_varlen_kvpacked_func": [("q", None), ("kv", None), *_VARLEN, *_TAIL],
