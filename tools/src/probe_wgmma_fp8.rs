@@ -436,15 +436,23 @@ pub fn check(dump: &Fp8Dump, source: impl Into<String>) -> ProbeReport {
         for (tid, regs) in dump.pv_o[run].iter().enumerate() {
             for (reg, &v) in regs.iter().enumerate() {
                 let (i, n) = acc_cell(tid, reg);
-                let (e, want) = if n < 128 {
+                // The row sums add 128 keys on the Tensor Cores, whose e4m3 products are
+                // accumulated with fewer bits than f32 (the H100 gave 1100.75 for 1099.6875,
+                // 2^-10 of it): judged to 2^-9 of the sum, still far below one key's share
+                // (~2^-7), so a key lost or counted twice fails. Every other cell is exact.
+                let (want, ok) = if n < 128 {
                     let e = pv_s(by_row, i, n);
-                    (e, format!("O[{i}][{n}] = {}", name_f(e, what)))
+                    (format!("O[{i}][{n}] = {}", name_f(e, what)), v == e)
                 } else {
                     let e = row_sum(i);
-                    (e, format!("the row sum of P[{i}] (value {})", show(e)))
+                    let ok = (v - e).abs() <= e.abs() / 512.0;
+                    (
+                        format!("the row sum of P[{i}] (value {}, to 2^-9)", show(e)),
+                        ok,
+                    )
                 };
                 os.cell(
-                    v == e,
+                    ok,
                     tid,
                     format!("(warp {}) o{reg}", tid / 32),
                     || name_f(v, what),
