@@ -60,6 +60,27 @@ py_setup() {
 }
 # on_or_off VALUE: the bench's causal spelling (on|off) from on/off/1/0/causal.
 on_or_off() { case $1 in on|1|causal|yes) echo on ;; *) echo off ;; esac; }
+# opt_value NAME ARGS...: the value ARGS give option NAME (NAME VALUE or NAME=VALUE), or nothing.
+opt_value() {
+  local n=$1; shift
+  while [ $# -gt 0 ]; do
+    case $1 in "$n") echo "${2:-}"; return ;; "$n"=*) echo "${1#*=}"; return ;; esac
+    shift
+  done
+}
+# with_defaults OPTION VALUE [OPTION VALUE...] -- ARGS...: sets the array D to the recipe's
+# OPTION VALUE pairs that ARGS do not give themselves, then ARGS (a recipe's defaults stay
+# overridable: the bench refuses an option given twice).
+with_defaults() {
+  local pairs=() i
+  while [ "$1" != -- ]; do pairs+=("$1" "$2"); shift 2; done
+  shift
+  D=()
+  for ((i = 0; i < ${#pairs[@]}; i += 2)); do
+    [ -n "$(opt_value "${pairs[i]}" "$@")" ] || D+=("${pairs[i]}" "${pairs[i+1]}")
+  done
+  D+=("$@")
+}
 
 # ---- the recipes ---------------------------------------------------------------------------
 
@@ -104,35 +125,52 @@ r_sanitize() {
 }
 
 # bench [BENCH-ARGS...]: the forward sweep against the SDPA peers (flash, cuDNN, efficient) and
-# the dense matrix-product ceiling, d64/d128/d256, f16/bf16, causal off/on, 512..16k, each line
-# after 500 ms of warm-up, SM clock and power sampled. Extra arguments go to `bench` (e.g.
-# `--head-dim 128 --seqlen 4k`). Plots: `flashattn bench-plot --json $OUT/bench/bench.json`.
+# the dense matrix-product ceiling, d64/d128/d256, f16/bf16, causal off/on, 512..16k: ours and
+# the peers (one persistent peers.py process) interleaved case by case in both orders, each line
+# after 300 ms of warm-up (the lines run back to back, so the GPU stays in its sustained state
+# between them) and timed over at least 250 ms (and 20 launches); about 450 s; SM clock and
+# power sampled. Extra arguments go to `bench` and replace the recipe's own --head-dim,
+# --warmup-ms, --iters, --window-ms, --out-dir (e.g. `--head-dim 128 --seqlen 4k`).
+# Plots: `flashattn bench-plot --json $OUT/bench/bench.json`.
 r_bench() {
-  el "bench --peers $*"
-  smi_start "$OUT/bench-smi.csv"
-  timeout 500 "$B" bench --peers --no-plot --head-dim 64,128,256 --out-dir "$OUT/bench" "$@" > "$OUT/bench-log.txt" 2>&1
+  with_defaults --head-dim 64,128,256 --warmup-ms 300 --iters 20 --out-dir "$OUT/bench" -- "$@"
+  local dir; dir=$(opt_value --out-dir "${D[@]}")
+  el "bench --peers ${D[*]}"
+  smi_start "$dir-smi.csv"
+  timeout 570 "$B" bench --peers --no-plot "${D[@]}" > "$dir-log.txt" 2>&1
   echo "bench exit $?" | say
   smi_stop
-  grep -v "^\[peers" "$OUT/bench-log.txt" | tail -3 | say
-  cat "$OUT/bench/bench.txt" 2>/dev/null | say
+  grep -v "^\[peers" "$dir-log.txt" | grep -v "^\[ours" | tail -3 | say
+  cat "$dir/bench.txt" 2>/dev/null | say
 }
 
 # bench-decode [BENCH-ARGS...]: the KV-cache decode sweep (batch x cache length, contiguous
-# and paged) against the SDPA peers.
+# and paged) against the SDPA peers, interleaved shape by shape in both orders, each line after
+# 200 ms of warm-up and over at least 250 ms; about 400 s. Extra arguments as for `bench`.
 r_bench_decode() {
-  el "bench --decode --peers $*"
-  timeout 500 "$B" bench --decode --peers --warmup-ms 200 --iters 20 --out-dir "$OUT/bench-decode" "$@" > "$OUT/bench-decode-log.txt" 2>&1
+  with_defaults --warmup-ms 200 --iters 20 --out-dir "$OUT/bench-decode" -- "$@"
+  local dir; dir=$(opt_value --out-dir "${D[@]}")
+  el "bench --decode --peers ${D[*]}"
+  smi_start "$dir-smi.csv"
+  timeout 570 "$B" bench --decode --peers "${D[@]}" > "$dir-log.txt" 2>&1
   echo "bench exit $?" | say
-  cat "$OUT/bench-decode/bench-decode.txt" 2>/dev/null | say
+  smi_stop
+  cat "$dir/bench-decode.txt" 2>/dev/null | say
 }
 
 # bench-backward [BENCH-ARGS...]: the backward (dq, dk, dv) against the SDPA peers, f16 and
-# bf16, d64/d128, 1k/4k/16k; lines bwd (the default kernel), bwd-mma, bwd-det.
+# bf16, d64/d128, 1k/4k/16k; lines bwd (the default kernel), bwd-mma, bwd-det; interleaved
+# case by case in both orders, each line after 500 ms of warm-up and over at least 250 ms;
+# about 300 s. Extra arguments as for `bench`.
 r_bench_backward() {
-  el "bench --backward --peers $*"
-  timeout 400 "$B" bench --backward --peers --no-plot --dtype both --head-dim 64,128 --seqlen 1024,4096,16384 --out-dir "$OUT/bench-backward" "$@" > "$OUT/bench-backward-log.txt" 2>&1
+  with_defaults --dtype both --head-dim 64,128 --seqlen 1024,4096,16384 --out-dir "$OUT/bench-backward" -- "$@"
+  local dir; dir=$(opt_value --out-dir "${D[@]}")
+  el "bench --backward --peers ${D[*]}"
+  smi_start "$dir-smi.csv"
+  timeout 570 "$B" bench --backward --peers --no-plot "${D[@]}" > "$dir-log.txt" 2>&1
   echo "bench exit $?" | say
-  cat "$OUT/bench-backward/bench.txt" 2>/dev/null | say
+  smi_stop
+  cat "$dir/bench.txt" 2>/dev/null | say
 }
 
 # bench-varlen [MIXES] [BENCH-ARGS...]: packed variable-length batches (default mixes
@@ -186,7 +224,8 @@ r_ncu() {
 # one-process [BENCH_JSON] [WARMUP_MS]: the Python package and cuDNN in ONE process,
 # alternating case by case in both orders over long timing windows (one-process.py), on the
 # d64/d128 1k-16k cases of BENCH_JSON (default: the committed H200 forward sweep); SM clock
-# and power sampled. The fair answer to "are we at cuDNN": both sides under the same clock.
+# and power sampled. Both sides under the same clock, as the package sees it (the `bench*`
+# recipes interleave the Rust binary and the peers the same way).
 r_one_process() {
   local json=${1:-docs/results/h200/bench.json} warm=${2:-800}
   py_setup || return 1
@@ -251,9 +290,9 @@ r_list() {
 check [quick|full] [KERNELS] [FILTER] [SECONDS]   kernels against the f64 oracle
 probe                                             info, layout probe (+ injected fault), MiniLM run
 sanitize [KERNELS] [FILTER] [SECONDS] [TOOLS]     compute-sanitizer (4 tools) on the quick check
-bench [BENCH-ARGS...]                             forward against the SDPA peers, clocks sampled
-bench-decode [BENCH-ARGS...]                      KV-cache decode against the SDPA peers
-bench-backward [BENCH-ARGS...]                    backward against the SDPA peers
+bench [BENCH-ARGS...]                             forward against the SDPA peers (interleaved), clocks sampled
+bench-decode [BENCH-ARGS...]                      KV-cache decode against the SDPA peers (interleaved)
+bench-backward [BENCH-ARGS...]                    backward against the SDPA peers (interleaved)
 bench-varlen [MIXES] [BENCH-ARGS...]              packed variable-length batches
 ncu [DTYPE] [D] [CAUSAL] [SEQLEN] [KERNEL] [cudnn] Nsight Compute on one case (and cuDNN's)
 one-process [BENCH_JSON] [WARMUP_MS]              the package and cuDNN alternating in one process

@@ -1,17 +1,24 @@
 //! Benchmark plumbing without a GPU: sweep builder, options, statistics, table, JSON, peers
-//! merge (canned and through bench/peers.py --fake), and plot files.
+//! merge (canned), the interleaved run against `bench/peers.py --serve --fake` and stub
+//! servers that hang or die, and plot files.
 
 #[allow(dead_code)]
 #[path = "../src/cli/bench.rs"]
 mod cli_bench;
 
-use flashattn_tools::bench::peers::{self, PeerRequest, PeerResponse};
-use flashattn_tools::bench::report::PEERS;
+use flashattn_tools::bench::interleave::{self, OursSide};
+use flashattn_tools::bench::order::Order;
+use flashattn_tools::bench::peers::{self, PeerRequest, PeerResponse, Peers};
+use flashattn_tools::bench::report::{CaseReport, PEERS};
+use flashattn_tools::bench::rounds::Measured;
 use flashattn_tools::bench::run::{finish, new_report};
+use flashattn_tools::bench::stats::Schedule;
+use flashattn_tools::bench::sweep::Line;
 use flashattn_tools::bench::{
     BenchOptions, BenchReport, LineResult, Source, Timing, plot, stats, table,
 };
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 fn opts(args: &[&str]) -> BenchOptions {
     BenchOptions::from_args(args.iter().copied()).unwrap()
@@ -193,6 +200,16 @@ fn options_narrow_every_axis() {
     );
     let o = opts(&["--peers", "--out-dir", "x/y", "--no-plot"]);
     assert!(o.peers && o.no_plot && o.out_dir == Path::new("x/y"));
+    // --peers: interleaved over 250 ms windows unless told otherwise; --peers-after needs it.
+    assert_eq!((o.order(), o.window_ms()), (Order::Interleaved, 250));
+    let o = opts(&["--peers", "--peers-after", "--window-ms", "0"]);
+    assert_eq!((o.order(), o.window_ms()), (Order::PeersAfter, 0));
+    assert_eq!(
+        (opts(&[]).order(), opts(&[]).window_ms()),
+        (Order::OursOnly, 0)
+    );
+    assert!(BenchOptions::from_args(["--peers-after"]).is_err());
+    assert!(BenchOptions::from_args(["--peers", "--peers-timeout", "0"]).is_err());
 }
 
 #[test]
@@ -413,18 +430,314 @@ fn peers_script_compiles_and_selftests() {
         "{out:?}"
     );
 
-    // End to end through the real script with made-up timings (no torch needed).
-    let mut r = synthetic(&opts(&["--quick"]));
-    let req = PeerRequest::from_report(&r);
-    let resp = peers::run_script(&py, &script, &["--fake"], &req).unwrap();
-    assert_eq!(resp.results.len(), 8 * 3);
-    peers::merge(&mut r, Ok(resp));
-    assert!((r.cases[3].tflops("cudnn").unwrap() - 200.0).abs() < 1e-6);
-    // Without torch the real run says why.
-    let real = peers::run_script(&py, &script, &[], &req).unwrap();
-    if !real.ok {
-        assert!(real.error.unwrap().contains("torch"));
+    // Without torch the real server says why in its hello, and the run goes on without it.
+    let sched = Schedule {
+        iters: 20,
+        warmup: 0,
+        warmup_ms: 0,
+        window_ms: 0,
+    };
+    let real = Peers::start(Ok(script), &[], sched, Duration::from_secs(60));
+    if !real.available() {
+        let why = real.info.message.clone().unwrap_or_default();
+        assert!(why.contains("torch") || why.contains("GPU"), "{why}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn peers_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/peers.py")
+}
+
+/// Our side with made-up timings: wgmma at 150 + seqlen/256 TFLOP/s, mma 10 less, in round 1, 1 %
+/// slower in round 2 (a clock drifting down); every call logged.
+struct FakeOurs {
+    calls: Vec<(String, usize, Vec<String>)>,
+}
+
+impl OursSide for FakeOurs {
+    fn time(&mut self, case: &mut CaseReport, lines: &[Line], round: usize) -> Vec<Measured> {
+        if case.sets == 0 {
+            case.sets = 2;
+        }
+        self.calls.push((
+            case.id.clone(),
+            round,
+            lines.iter().map(|l| l.name.clone()).collect(),
+        ));
+        lines
+            .iter()
+            .map(|l| {
+                let i = ["wgmma", "mma"]
+                    .iter()
+                    .position(|n| *n == l.name)
+                    .unwrap_or(2);
+                let rate = 150.0 + case.case.seqlen as f64 / 256.0 - 10.0 * i as f64;
+                let ms = case.flops / (rate * 1e12) * 1e3 * if round == 2 { 1.01 } else { 1.0 };
+                let t = stats::summarize(&[ms; 40], case.flops).unwrap();
+                Measured {
+                    line: LineResult::timed(&l.name, Source::Ours, t),
+                    times_ms: vec![ms; 40],
+                    window_ms: Some(40.0 * ms),
+                }
+            })
+            .collect()
+    }
+}
+
+fn schedule(window_ms: u64) -> Schedule {
+    Schedule {
+        iters: 20,
+        warmup: 1,
+        warmup_ms: 0,
+        window_ms,
+    }
+}
+
+#[test]
+fn interleaved_run_against_the_fake_peers_server_takes_both_orders_and_records_rounds() {
+    if python3().is_none() {
+        eprintln!("python3 not found: skipping");
+        return;
+    }
+    let o = opts(&["--quick", "--dtype", "both", "--peers", "--window-ms", "10"]);
+    let sweep = o.sweep().unwrap();
+    assert_eq!((sweep.order, sweep.window_ms), (Order::Interleaved, 10));
+    let mut r = new_report(&sweep);
+    r.device = serde_json::json!({"name": "Test GPU", "arch": "sm_90"});
+    let mut peers = Peers::start(
+        Ok(peers_script()),
+        &["--fake"],
+        sweep.schedule(),
+        Duration::from_secs(60),
+    );
+    assert!(peers.available(), "{:?}", peers.info);
+    let mut ours = FakeOurs { calls: Vec::new() };
+    interleave::measure(
+        &mut r,
+        &sweep.lines,
+        sweep.order,
+        &mut ours,
+        Some(&mut peers),
+    );
+    drop(peers);
+
+    // Ours twice per case, round 2 with the lines mirrored.
+    assert_eq!(ours.calls.len(), 2 * r.cases.len());
+    assert_eq!(ours.calls[0].2, ["wgmma", "mma"]);
+    assert_eq!(
+        (ours.calls[1].1, &ours.calls[1].2[..]),
+        (2, &["mma".to_string(), "wgmma".to_string()][..])
+    );
+    assert_eq!(r.method.order.as_deref(), Some("interleaved"));
+    assert_eq!((r.method.rounds, r.method.window_ms), (2, 10));
+    assert!(r.peers.available && r.peers.env.torch.as_deref() == Some("fake"));
+    // The matmul ceiling once per dtype.
+    let mm: Vec<&str> = r.peers.matmul.iter().map(|m| m.dtype.as_str()).collect();
+    assert_eq!(mm, ["f16", "bf16"]);
+    for c in &r.cases {
+        let names: Vec<&str> = c.results.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["wgmma", "mma", "flash", "cudnn", "efficient"],
+            "{}",
+            c.id
+        );
+        let step = |name: &str, round: usize| {
+            let l = c.line(name).unwrap();
+            l.rounds.iter().find(|x| x.round == round).unwrap().step
+        };
+        // Round 1: ours before the peers; round 2: the peers before ours.
+        assert!(step("wgmma", 1) < step("cudnn", 1), "{}", c.id);
+        assert!(step("cudnn", 2) < step("wgmma", 2), "{}", c.id);
+        assert!(step("cudnn", 1) < step("cudnn", 2));
+        for l in &c.results {
+            assert_eq!(l.rounds.len(), 2, "{} {}", c.id, l.name);
+            assert_eq!(
+                (l.rounds[0].first.as_str(), l.rounds[1].first.as_str()),
+                ("ours", "peers")
+            );
+            // The pooled median is the middle of the two rounds' (equal counts of equal
+            // times each), and the rounds differ (both sides drift).
+            let (a, b) = (
+                l.rounds[0].timing.unwrap().median_ms,
+                l.rounds[1].timing.unwrap().median_ms,
+            );
+            let t = l.timing.unwrap();
+            assert!(b > a * 1.0001, "{} {}: {a} {b}", c.id, l.name);
+            if l.source == Source::Ours {
+                assert!((t.median_ms - 0.5 * (a + b)).abs() < 1e-12 * a);
+                assert_eq!(t.iters, 80);
+            } else {
+                assert!(t.median_ms >= a && t.median_ms <= b);
+                // The window set the call count: at least 10 ms of calls in each round.
+                assert!(l.rounds.iter().all(|x| x.window_ms.unwrap() >= 10.0 - 1e-9));
+            }
+        }
+        // The ratio columns come from the pooled medians.
+        let want = c.tflops("wgmma").unwrap() / c.tflops("cudnn").unwrap();
+        assert!((c.ratio("wgmma", "cudnn").unwrap() - want).abs() < 1e-12);
+    }
+    // The fake cuDNN runs at 200 TFLOP/s less its drift.
+    let cud = r.cases[0].tflops("cudnn").unwrap();
+    assert!(cud < 200.0 && cud > 190.0, "{cud}");
+
+    // The record: method, per-round values in bench.json, the method in the table.
+    let dir = temp_dir("interleaved");
+    let out = finish(r, &opts(&["--out-dir", dir.to_str().unwrap(), "--no-plot"]));
+    assert!(out.notes.is_empty(), "{:?}", out.notes);
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("bench.json")).unwrap()).unwrap();
+    assert_eq!(json["method"]["order"], "interleaved");
+    assert_eq!(json["method"]["rounds"], 2);
+    assert_eq!(json["method"]["window_ms"], 10);
+    assert!(
+        json["method"]["schedule"]
+            .as_str()
+            .unwrap()
+            .contains("both orders")
+    );
+    let rounds = &json["cases"][0]["results"][3]["rounds"];
+    assert_eq!(json["cases"][0]["results"][3]["name"], "cudnn");
+    assert_eq!(rounds.as_array().unwrap().len(), 2);
+    assert_eq!(rounds[1]["first"], "peers");
+    assert!(rounds[0]["timing"]["median_ms"].as_f64().unwrap() > 0.0);
+    let back = BenchReport::read(&dir.join("bench.json")).unwrap();
+    assert_eq!(back.cases[0].results[3].rounds.len(), 2);
+    let t = &out.table;
+    assert!(
+        t.contains("method: ours and the peers interleaved case by case")
+            && t.contains("at least 10 ms")
+            && t.contains("wgmma/cudnn r1|r2"),
+        "{t}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn peers_after_times_every_case_of_ours_first() {
+    if python3().is_none() {
+        return;
+    }
+    let o = opts(&["--quick", "--peers", "--peers-after", "--window-ms", "0"]);
+    let sweep = o.sweep().unwrap();
+    assert_eq!(sweep.order, Order::PeersAfter);
+    let mut r = new_report(&sweep);
+    let mut peers = Peers::start(
+        Ok(peers_script()),
+        &["--fake"],
+        sweep.schedule(),
+        Duration::from_secs(60),
+    );
+    let mut ours = FakeOurs { calls: Vec::new() };
+    interleave::measure(
+        &mut r,
+        &sweep.lines,
+        sweep.order,
+        &mut ours,
+        Some(&mut peers),
+    );
+    let n = r.cases.len();
+    assert_eq!(ours.calls.len(), n);
+    for c in &r.cases {
+        let ours_step = c.line("wgmma").unwrap().rounds[0].step;
+        let peer_step = c.line("cudnn").unwrap().rounds[0].step;
+        assert!(ours_step < n && peer_step >= n, "{}", c.id);
+        // No window: --iters calls.
+        assert_eq!(c.line("flash").unwrap().timing.unwrap().iters, 30);
+    }
+    assert_eq!(r.method.rounds, 1);
+    assert!(table::render(&r).contains("--peers-after"));
+}
+
+/// A stand-in for peers.py that says hello, answers `answers` requests (the fake way) and
+/// then hangs (`hang`) or exits.
+fn stub_server(dir: &Path, answers: usize, hang: bool) -> PathBuf {
+    let path = dir.join(format!("stub-{answers}-{hang}.py"));
+    let body = format!(
+        r#"import json, sys, time
+print(json.dumps({{"ready": True, "ok": True, "torch": "stub"}}), flush=True)
+n = 0
+for line in iter(sys.stdin.readline, ""):
+    if n == {answers}:
+        if {hang}:
+            time.sleep(3600)
+        sys.exit(3)
+    req = json.loads(line)
+    mm = [{{"dtype": d, "n": 8192, "median_ms": 1.0, "tflops": 1100.0}} for d in req.get("matmul") or []]
+    res = [{{"id": c["id"], "peer": p, "median_ms": 1.0, "min_ms": 1.0, "p90_ms": 1.0, "iters": 20}} for c in req["cases"] for p in req["peers"]]
+    print("a stray line from a library")
+    print(json.dumps({{"ok": True, "seq": req["seq"], "matmul": mm, "results": res}}), flush=True)
+    n += 1
+"#,
+        hang = if hang { "True" } else { "False" }
+    );
+    std::fs::write(&path, body).unwrap();
+    path
+}
+
+#[test]
+fn a_peers_server_that_hangs_or_dies_leaves_the_rest_skipped_with_the_reason() {
+    if python3().is_none() {
+        return;
+    }
+    let dir = temp_dir("stub");
+    let sweep = opts(&["--quick", "--peers"]).sweep().unwrap();
+    for (answers, hang, why) in [
+        (2, true, "no answer from peers.py within 1 s"),
+        (2, false, "peers.py exited"),
+    ] {
+        let mut r = new_report(&sweep);
+        let script = stub_server(&dir, answers, hang);
+        let mut peers = Peers::start(Ok(script), &[], schedule(0), Duration::from_secs(1));
+        assert!(peers.available());
+        let t = std::time::Instant::now();
+        let mut ours = FakeOurs { calls: Vec::new() };
+        interleave::measure(
+            &mut r,
+            &sweep.lines,
+            sweep.order,
+            &mut ours,
+            Some(&mut peers),
+        );
+        // One time-out at most, never one per case.
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        // The matmul and case 0's round 1 were answered; from round 2 on, skips.
+        assert_eq!(r.peers.matmul[0].tflops, Some(1100.0));
+        let c0 = r.cases[0].line("cudnn").unwrap();
+        assert!(c0.timing.is_some() && c0.rounds[1].skipped.as_deref().unwrap().contains(why));
+        for c in &r.cases[1..] {
+            let l = c.line("cudnn").unwrap();
+            assert!(
+                l.timing.is_none() && l.skipped.as_deref().unwrap().contains(why),
+                "{:?}",
+                l.skipped
+            );
+            // Ours still ran both rounds.
+            assert!(c.line("wgmma").unwrap().timing.is_some());
+        }
+        let msg = r.peers.message.clone().unwrap();
+        assert!(
+            msg.contains("stopped during the run") && msg.contains(why),
+            "{msg}"
+        );
+        let table = table::render(&r);
+        assert!(table.contains("skipped:") && table.contains(why), "{table}");
+    }
+    // A server that never says hello.
+    let quiet = dir.join("quiet.py");
+    std::fs::write(&quiet, "import time\ntime.sleep(3600)\n").unwrap();
+    let p = Peers::start(Ok(quiet), &[], schedule(0), Duration::from_secs(1));
+    assert!(!p.available());
+    assert!(p.info.message.unwrap().contains("did not start"));
+    // No script at all.
+    let p = Peers::start(
+        Err("not found".into()),
+        &[],
+        schedule(0),
+        Duration::from_secs(1),
+    );
+    assert!(!p.available() && p.info.message.as_deref() == Some("not found"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -485,4 +798,95 @@ fn backward_sweep_has_bwd_bwd_mma_and_bwd_det_lines_and_two_and_a_half_forward_f
     ] {
         assert!(opts(bad).sweep().is_err(), "{bad:?}");
     }
+}
+
+#[test]
+fn decode_turns_against_the_fake_peers_server() {
+    use flashattn_tools::bench::decode::DecodeShape;
+    use flashattn_tools::bench::decode_rounds::{DecodeRun, decode_line, peer_lines};
+    use flashattn_tools::bench::order::Side;
+    use flashattn_tools::bench::rounds::Steps;
+    if python3().is_none() {
+        return;
+    }
+    let shape = DecodeShape {
+        dtype: "bf16".into(),
+        batch: 8,
+        seqlen_k: 8192,
+        seqlen_q: 1,
+        head_dim: 128,
+        heads_q: 32,
+        heads_kv: 8,
+        bytes: 2.0 * 8.0 * 8192.0 * 8.0 * 128.0 * 2.0,
+        read_gbps: 4000.0,
+        lines: Vec::new(),
+        peers: Vec::new(),
+    };
+    let sched = schedule(5);
+    let mut peers = Peers::start(
+        Ok(peers_script()),
+        &["--fake"],
+        sched,
+        Duration::from_secs(60),
+    );
+    let mut run = DecodeRun {
+        sched,
+        order: Order::Interleaved,
+        peers: Some(&mut peers),
+        steps: Steps::new(),
+    };
+    let turns = run.shape_turns();
+    let sides: Vec<Side> = turns.iter().map(|t| t.side).collect();
+    assert_eq!(sides, [Side::Ours, Side::Peers, Side::Peers, Side::Ours]);
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for turn in turns {
+        if turn.side == Side::Peers {
+            let got = run.peers_turn(&shape, turn);
+            // Round 2 asks the peers in reverse order.
+            let first = got.first().map(|g| g.0);
+            assert_eq!(first, Some(if turn.round == 1 { 0 } else { 2 }));
+            theirs.extend(got.into_iter().map(|(i, info, m)| (i, vec![(info, m)])));
+        } else {
+            let info = run.steps.start(turn);
+            let ms = 0.01 * if turn.round == 2 { 1.02 } else { 1.0 };
+            let t = stats::summarize(&[ms; 20], shape.bytes).unwrap();
+            let m = Measured {
+                line: LineResult::timed("contiguous", Source::Ours, t),
+                times_ms: vec![ms; 20],
+                window_ms: Some(0.2),
+            };
+            ours.push((info, m));
+        }
+    }
+    let line = decode_line(ours, shape.bytes, 4, run.record()).unwrap();
+    assert_eq!(
+        (line.layout.as_str(), line.splits, line.rounds.len()),
+        ("contiguous", 4, 2)
+    );
+    assert!((line.median_us - 10.1).abs() < 1e-9, "{}", line.median_us);
+    assert_eq!((line.rounds[0].step, line.rounds[1].step), (0, 3));
+    let pl = peer_lines(theirs, shape.bytes);
+    let names: Vec<&str> = pl.iter().map(|p| p.peer.as_str()).collect();
+    assert_eq!(names, ["flash", "cudnn", "efficient"]);
+    for p in &pl {
+        assert_eq!(p.rounds.len(), 2);
+        assert_eq!((p.rounds[0].first.as_str(), p.rounds[0].step), ("ours", 1));
+        assert_eq!((p.rounds[1].first.as_str(), p.rounds[1].step), ("peers", 2));
+        // At least 5 ms of calls per round.
+        assert!(p.rounds.iter().all(|r| r.window_ms.unwrap() >= 5.0 - 1e-9));
+    }
+    // The fake cuDNN moves the "FLOPs" (here the bytes) at 200 T/s: 200,000 GB/s less drift.
+    let g = pl[1].gbps.unwrap();
+    assert!(g <= 200_000.0 && g > 190_000.0, "{g}");
+    // --peers-after: the peers of every shape after ours, one round.
+    let mut shapes = vec![shape.clone(), shape];
+    run.order = Order::PeersAfter;
+    assert_eq!(run.shape_turns().len(), 1);
+    run.peers_after(&mut shapes);
+    assert!(
+        shapes
+            .iter()
+            .all(|s| s.peers.len() == 3 && s.peers[0].rounds.len() == 1)
+    );
+    assert!(shapes[1].peers[0].rounds[0].step > shapes[0].peers[0].rounds[0].step);
 }

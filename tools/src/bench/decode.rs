@@ -8,13 +8,20 @@
 //! The caches hold one constant value (the timing does not depend on the data; the check
 //! covers correctness). No mask: with `seqlen_q` > 1, SDPA's causal mask would align top-left,
 //! unlike decoding's bottom-right.
+//!
+//! With --peers the peers run in one persistent process, interleaved with ours shape by shape
+//! in both orders ([`super::decode_rounds`]).
 
+pub use super::decode_record::{DecodeLine, DecodeRound, DecodeShape, PeerLine};
+use super::decode_rounds::{DecodeRun, decode_line, peer_lines};
 use super::gpu::time_launches;
 use super::options::BenchOptions;
-use super::peers::{PeerResponse, find_script, python, run_script};
+use super::order::{Order, Side};
+use super::peers::{Peers, find_script};
 use super::plot;
-use super::report::{io_err, write_record};
-use super::stats;
+use super::report::{LineResult, Source, io_err, write_record};
+use super::rounds::{Measured, RoundInfo, Steps};
+use super::stats::{self, Schedule};
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg, sys};
 use flashattn::cuda::decode::{DecodePlan, DecodeTile};
 use flashattn::cuda::device::cuda_err;
@@ -23,93 +30,7 @@ use flashattn::dtype::DType;
 use flashattn::error::{AttnError, Result};
 use flashattn::kvcache::{CacheLayout, KvCacheProblem, shuffled_pages};
 use half::{bf16, f16};
-use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
-
-/// One timed layout of a decode shape.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct DecodeLine {
-    /// `contiguous`, `paged16`, `paged256`, ...
-    pub layout: String,
-    /// Median microseconds per call.
-    pub median_us: f64,
-    /// GB/s at the median.
-    pub gbps: f64,
-    /// Splits the heuristic picked.
-    pub splits: usize,
-    /// Median host time of one call, microseconds (the plan's launches, not the GPU).
-    #[serde(default)]
-    pub host_us: Option<f64>,
-}
-
-/// One SDPA backend on the same contiguous shape.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PeerLine {
-    /// `flash`, `cudnn`, `efficient`.
-    pub peer: String,
-    /// Median microseconds per call (absent when skipped).
-    pub median_us: Option<f64>,
-    /// GB/s of the same bytes (absent when skipped).
-    pub gbps: Option<f64>,
-    /// Why it did not run.
-    pub skipped: Option<String>,
-    /// Median host time of one call, microseconds.
-    #[serde(default)]
-    pub host_us: Option<f64>,
-}
-
-/// One (dtype, batch, seqlen_k, seqlen_q) shape.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct DecodeShape {
-    /// f16 or bf16.
-    pub dtype: String,
-    /// Sequences.
-    pub batch: usize,
-    /// Keys per sequence.
-    pub seqlen_k: usize,
-    /// Query rows per sequence.
-    pub seqlen_q: usize,
-    /// Channels per head.
-    pub head_dim: usize,
-    /// Query heads.
-    pub heads_q: usize,
-    /// Key/value heads.
-    pub heads_kv: usize,
-    /// Bytes moved per call (k, v, q, o).
-    pub bytes: f64,
-    /// GB/s of the read-only pass over the same k and v bytes.
-    pub read_gbps: f64,
-    /// Our layouts.
-    pub lines: Vec<DecodeLine>,
-    /// SDPA's backends (with --peers).
-    pub peers: Vec<PeerLine>,
-}
-
-/// Case as tools/bench/peers.py takes it (GQA through `heads_kv`, `seqlen_q` rows of queries;
-/// `flops` carries the bytes, so its "TFLOP/s" are TB/s).
-#[derive(Debug, Clone, Serialize)]
-struct PeerCase {
-    id: String,
-    dtype: String,
-    batch: usize,
-    seqlen: usize,
-    seqlen_q: usize,
-    heads: usize,
-    heads_kv: usize,
-    head_dim: usize,
-    causal: bool,
-    flops: f64,
-    sets: usize,
-}
-
-#[derive(Debug, Clone, Serialize)]
-struct PeerRequest {
-    iters: usize,
-    warmup: usize,
-    warmup_ms: u64,
-    peers: Vec<String>,
-    cases: Vec<PeerCase>,
-}
 
 /// Runs the decode bench; returns the table and writes `bench-decode.json` and `.txt` into
 /// the output folder.
@@ -137,7 +58,7 @@ pub fn run(opts: &BenchOptions) -> Result<String> {
         if given {
             return Err(AttnError::InvalidInput {
                 what: format!(
-                    "--decode with {name}: the decode bench takes --decode-batch, --decode-seqlen, --decode-q, --decode-pages, --decode-tiles, --decode-splits, --decode-heads, --max-cache-gb, --head-dim, --dtype, --iters, --warmup, --warmup-ms, --peers, --out-dir and --device"
+                    "--decode with {name}: the decode bench takes --decode-batch, --decode-seqlen, --decode-q, --decode-pages, --decode-tiles, --decode-splits, --decode-heads, --max-cache-gb, --head-dim, --dtype, --iters, --warmup, --warmup-ms, --window-ms, --peers, --peers-after, --peers-timeout, --out-dir and --device"
                 ),
             });
         }
@@ -174,6 +95,37 @@ pub fn run(opts: &BenchOptions) -> Result<String> {
         Some(super::DTypeChoice::Bf16) => vec![DType::BF16],
         _ => vec![DType::F16, DType::BF16],
     };
+    let sched = Schedule {
+        iters: opts.iters as usize,
+        warmup: opts.warmup as usize,
+        warmup_ms: opts.warmup_ms,
+        window_ms: opts.window_ms(),
+    };
+    let mut peers = opts.peers.then(|| {
+        eprintln!(
+            "flashattn bench: starting the PyTorch SDPA peers (tools/bench/peers.py --serve)"
+        );
+        Peers::start(
+            find_script(),
+            &[],
+            sched,
+            std::time::Duration::from_secs(opts.peers_timeout),
+        )
+    });
+    let order = match &peers {
+        Some(p) if p.available() => opts.order(),
+        _ => Order::OursOnly,
+    };
+    eprintln!(
+        "flashattn bench --decode: {}",
+        order.describe(sched.warmup_ms, sched.window_ms)
+    );
+    let mut run = DecodeRun {
+        sched,
+        order,
+        peers: peers.as_mut(),
+        steps: Steps::new(),
+    };
     let mut shapes = Vec::new();
     let mut skipped = Vec::new();
     for &d in &head_dims {
@@ -190,8 +142,8 @@ pub fn run(opts: &BenchOptions) -> Result<String> {
                         continue;
                     }
                     let got = match dtype {
-                        DType::BF16 => shape_set::<bf16>(&gpu, opts, b, sk, d),
-                        _ => shape_set::<f16>(&gpu, opts, b, sk, d),
+                        DType::BF16 => shape_set::<bf16>(&gpu, opts, &mut run, b, sk, d),
+                        _ => shape_set::<f16>(&gpu, opts, &mut run, b, sk, d),
                     };
                     match got {
                         Ok(s) => shapes.extend(s),
@@ -209,13 +161,19 @@ pub fn run(opts: &BenchOptions) -> Result<String> {
             what: format!("no decode shape was timed: {}", notes.join("; ")),
         });
     }
-    if opts.peers {
-        match peers(opts, &shapes) {
-            Ok(resp) => merge(&mut shapes, &resp),
-            Err(e) => notes.push(format!("peers did not run: {e}")),
+    run.peers_after(&mut shapes);
+    let mut env = serde_json::Value::Null;
+    if let Some(p) = &peers {
+        if let Some(m) = &p.info.message {
+            notes.push(format!(
+                "peers{}: {m}",
+                if p.available() { "" } else { " did not run" }
+            ));
         }
+        env = serde_json::to_value(&p.info.env).unwrap_or_default();
     }
-    let table = table(&gpu, &shapes, &notes);
+    let schedule = order.describe(sched.warmup_ms, sched.window_ms);
+    let table = table(&gpu, &shapes, &schedule, &notes);
     let record = serde_json::json!({
         "device": gpu.info().name,
         "arch": gpu.info().arch,
@@ -223,6 +181,16 @@ pub fn run(opts: &BenchOptions) -> Result<String> {
         "heads_kv": opts.decode_heads.1,
         "iters": opts.iters,
         "warmup_ms": opts.warmup_ms,
+        "method": {
+            "iters": sched.iters,
+            "warmup": sched.warmup,
+            "warmup_ms": sched.warmup_ms,
+            "window_ms": sched.window_ms,
+            "order": (order != Order::OursOnly).then(|| order.name()),
+            "rounds": order.rounds(),
+            "schedule": schedule,
+        },
+        "peers": env,
         "notes": notes,
         "shapes": shapes,
     });
@@ -358,6 +326,7 @@ pub fn plots_from_json(
 fn shape_set<T: GpuElement>(
     gpu: &Gpu,
     opts: &BenchOptions,
+    run: &mut DecodeRun<'_>,
     batch: usize,
     seqlen_k: usize,
     d: usize,
@@ -388,7 +357,7 @@ fn shape_set<T: GpuElement>(
             .map_err(cuda_err("filling a cache"))?;
     }
     let read_bytes = (2 * batch * seqlen_k * row * 2) as f64;
-    let read_gbps = read_pass(gpu, opts, &kc, &vc, batch * seqlen_k * row)? / 1e9;
+    let read_gbps = read_pass(gpu, run.sched, &kc, &vc, batch * seqlen_k * row)? / 1e9;
     let mut out = Vec::new();
     for &sq in &opts.decode_q {
         let nq = batch * sq * heads_q * d;
@@ -412,7 +381,7 @@ fn shape_set<T: GpuElement>(
             vec![seqlen_k as i32; batch],
             0,
         )?;
-        let mut lines = Vec::new();
+        let mut plans: Vec<(String, DecodePlan)> = Vec::new();
         let stages: Vec<Option<(usize, usize, bool)>> = if opts.decode_tiles.is_empty() {
             vec![None]
         } else {
@@ -453,28 +422,9 @@ fn shape_set<T: GpuElement>(
                 q_in_regs: d <= 128,
                 bulk,
             });
-            let plan = DecodePlan::with_tile(gpu, &p, T::DTYPE, sp, tile)?;
-            let what = format!("decode {layout} b{batch} sk{seqlen_k} sq{sq}");
-            let timed = time_launches(
-                gpu,
-                &what,
-                opts.iters as usize,
-                (opts.warmup as usize, opts.warmup_ms),
-                |_| plan.run(gpu, &q, &mut kc, &mut vc, None, &mut o, &mut lse),
-            )?;
-            let t = stats::summarize(&timed.times, bytes).ok_or_else(|| AttnError::Cuda {
-                context: what.clone(),
-                message: "no valid event times".into(),
-            })?;
-            lines.push(DecodeLine {
-                layout,
-                median_us: t.median_ms * 1e3,
-                gbps: t.tflops * 1e3,
-                splits: plan.splits(),
-                host_us: timed.host_us.is_finite().then_some(timed.host_us),
-            });
+            plans.push((layout, DecodePlan::with_tile(gpu, &p, T::DTYPE, sp, tile)?));
         }
-        out.push(DecodeShape {
+        let mut shape = DecodeShape {
             dtype: T::DTYPE.name().into(),
             batch,
             seqlen_k,
@@ -484,9 +434,58 @@ fn shape_set<T: GpuElement>(
             heads_kv,
             bytes,
             read_gbps,
-            lines,
+            lines: Vec::new(),
             peers: Vec::new(),
-        });
+        };
+        // Ours and the peers in the order of the run's turns, the layouts reversed in a
+        // mirrored turn.
+        let mut ours: Vec<Vec<(RoundInfo, Measured)>> = vec![Vec::new(); plans.len()];
+        let mut theirs: Vec<(usize, Vec<(RoundInfo, Measured)>)> = Vec::new();
+        for turn in run.shape_turns() {
+            if turn.side == Side::Peers {
+                let got = run.peers_turn(&shape, turn);
+                theirs.extend(got.into_iter().map(|(i, info, m)| (i, vec![(info, m)])));
+                continue;
+            }
+            let info = run.steps.start(turn);
+            let mut idx: Vec<usize> = (0..plans.len()).collect();
+            if turn.mirrored {
+                idx.reverse();
+            }
+            for i in idx {
+                let (layout, plan) = &plans[i];
+                let what = format!("decode {layout} b{batch} sk{seqlen_k} sq{sq}");
+                let timed = time_launches(gpu, &what, run.sched, |_| {
+                    plan.run(gpu, &q, &mut kc, &mut vc, None, &mut o, &mut lse)
+                })?;
+                let t = stats::summarize(&timed.times, bytes).ok_or_else(|| AttnError::Cuda {
+                    context: what.clone(),
+                    message: "no valid event times".into(),
+                })?;
+                let mut line = LineResult::timed(layout, Source::Ours, t);
+                line.host_us = timed.host_us.is_finite().then_some(timed.host_us);
+                ours[i].push((
+                    info,
+                    Measured {
+                        line,
+                        times_ms: timed.times,
+                        window_ms: Some(timed.window_ms),
+                    },
+                ));
+            }
+        }
+        let record = run.record();
+        for (parts, (layout, plan)) in ours.into_iter().zip(&plans) {
+            let line = decode_line(parts, bytes, plan.splits(), record).ok_or_else(|| {
+                AttnError::Cuda {
+                    context: format!("decode {layout} b{batch} sk{seqlen_k} sq{sq}"),
+                    message: "no round was timed".into(),
+                }
+            })?;
+            shape.lines.push(line);
+        }
+        shape.peers = peer_lines(theirs, bytes);
+        out.push(shape);
     }
     Ok(out)
 }
@@ -495,7 +494,7 @@ fn shape_set<T: GpuElement>(
 /// bench's iterations, same warm-up).
 fn read_pass<T: GpuElement>(
     gpu: &Gpu,
-    opts: &BenchOptions,
+    sched: Schedule,
     kc: &CudaSlice<T>,
     vc: &CudaSlice<T>,
     n: usize,
@@ -515,27 +514,21 @@ fn read_pass<T: GpuElement>(
         block_dim: (512, 1, 1),
         shared_mem_bytes: 0,
     };
-    let timed = time_launches(
-        gpu,
-        "read pass",
-        opts.iters as usize,
-        (opts.warmup as usize, opts.warmup_ms),
-        |_| {
-            let mut l = stream.launch_builder(&k.function);
-            l.arg(&a).arg(&chunks).arg(&b).arg(&chunks).arg(&s);
-            // SAFETY: both buffers hold at least `chunks` 16-byte pieces; the sink one word
-            // per block.
-            unsafe { l.launch(cfg) }.map_err(cuda_err("read_pass launch"))?;
-            Ok(flashattn::cuda::LaunchInfo {
-                kernel: flashattn::cuda::KernelKind::Mma,
-                why: "read pass".into(),
-                config: None,
-                registers: k.stats.registers,
-                spill_bytes: 0,
-                smem_bytes: 0,
-            })
-        },
-    )?;
+    let timed = time_launches(gpu, "read pass", sched, |_| {
+        let mut l = stream.launch_builder(&k.function);
+        l.arg(&a).arg(&chunks).arg(&b).arg(&chunks).arg(&s);
+        // SAFETY: both buffers hold at least `chunks` 16-byte pieces; the sink one word
+        // per block.
+        unsafe { l.launch(cfg) }.map_err(cuda_err("read_pass launch"))?;
+        Ok(flashattn::cuda::LaunchInfo {
+            kernel: flashattn::cuda::KernelKind::Mma,
+            why: "read pass".into(),
+            config: None,
+            registers: k.stats.registers,
+            spill_bytes: 0,
+            smem_bytes: 0,
+        })
+    })?;
     let bytes = (2 * n * 2) as f64;
     let t = stats::summarize(&timed.times, bytes).ok_or_else(|| AttnError::Cuda {
         context: "read pass".into(),
@@ -544,63 +537,9 @@ fn read_pass<T: GpuElement>(
     Ok(t.tflops * 1e12)
 }
 
-fn peers(opts: &BenchOptions, shapes: &[DecodeShape]) -> std::result::Result<PeerResponse, String> {
-    let script = find_script()?;
-    let request = PeerRequest {
-        iters: opts.iters as usize,
-        warmup: opts.warmup as usize,
-        warmup_ms: opts.warmup_ms,
-        peers: super::report::PEERS.iter().map(|s| s.to_string()).collect(),
-        cases: shapes
-            .iter()
-            .map(|s| PeerCase {
-                id: shape_id(s),
-                dtype: s.dtype.clone(),
-                batch: s.batch,
-                seqlen: s.seqlen_k,
-                seqlen_q: s.seqlen_q,
-                heads: s.heads_q,
-                heads_kv: s.heads_kv,
-                head_dim: s.head_dim,
-                causal: false,
-                flops: s.bytes,
-                sets: 1,
-            })
-            .collect(),
-    };
-    run_script(&python(), &script, &[], &request)
-}
-
-fn shape_id(s: &DecodeShape) -> String {
-    format!(
-        "decode-{}-b{}-sk{}-sq{}-d{}",
-        s.dtype, s.batch, s.seqlen_k, s.seqlen_q, s.head_dim
-    )
-}
-
-fn merge(shapes: &mut [DecodeShape], resp: &PeerResponse) {
-    for s in shapes {
-        let id = shape_id(s);
-        for peer in super::report::PEERS {
-            let r = resp.results.iter().find(|r| r.id == id && r.peer == peer);
-            let median = r.and_then(|r| r.median_ms);
-            s.peers.push(PeerLine {
-                peer: peer.to_string(),
-                median_us: median.map(|m| m * 1e3),
-                gbps: median.map(|m| s.bytes / (m * 1e-3) / 1e9),
-                skipped: match r {
-                    None => Some(resp.error.clone().unwrap_or_else(|| "no result".into())),
-                    Some(r) => r.skipped.clone(),
-                },
-                host_us: r.and_then(|r| r.host_us),
-            });
-        }
-    }
-}
-
-fn table(gpu: &Gpu, shapes: &[DecodeShape], notes: &[String]) -> String {
+fn table(gpu: &Gpu, shapes: &[DecodeShape], schedule: &str, notes: &[String]) -> String {
     let mut out = format!(
-        "flashattn {} bench --decode on {} {}: GB/s (median, CUDA events) of k, v, q and o bytes; heads {} q / {} kv; read = a read-only pass over the same k and v bytes\n",
+        "flashattn {} bench --decode on {} {}: GB/s (median, CUDA events) of k, v, q and o bytes; heads {} q / {} kv; read = a read-only pass over the same k and v bytes\nmethod: {schedule}\n",
         env!("CARGO_PKG_VERSION"),
         gpu.info().name,
         gpu.info().arch,
@@ -696,6 +635,7 @@ mod tests {
                 gbps,
                 splits: 1,
                 host_us: None,
+                rounds: Vec::new(),
             }],
             peers: vec![PeerLine {
                 peer: "cudnn".into(),
@@ -703,6 +643,7 @@ mod tests {
                 gbps: None,
                 skipped: Some("not run".into()),
                 host_us: None,
+                rounds: Vec::new(),
             }],
         }
     }

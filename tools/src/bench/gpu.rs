@@ -2,7 +2,8 @@
 //! launch, extra device memory, and a finite-output check.
 
 use super::report::{LineResult, Source};
-use super::stats;
+use super::rounds::Measured;
+use super::stats::{self, Schedule};
 use super::sweep::{Case, Line};
 use cudarc::driver::{CudaSlice, sys};
 use flashattn::cuda::backward::{BackwardOptions, BwdKernel, backward_device};
@@ -112,16 +113,16 @@ impl<'g> GpuBench<'g> {
         let _ = self.gpu.stream().synchronize();
     }
 
-    /// Times every line on `case`; a line that fails is recorded as skipped with the reason.
+    /// Times every line on `case`, in the order given; a line that fails is recorded as
+    /// skipped with the reason (and no launch times).
     pub fn run_case(
         &mut self,
         case: &Case,
         lines: &[Line],
         sets: usize,
-        iters: usize,
-        warmup: (usize, u64),
+        sched: Schedule,
         mut progress: impl FnMut(&str),
-    ) -> Vec<LineResult> {
+    ) -> Vec<Measured> {
         let prepared = (|| -> Result<(AttnProblem, DType)> {
             let p = case.problem()?;
             let dt = case.dtype()?;
@@ -144,7 +145,7 @@ impl<'g> GpuBench<'g> {
                 let why = format!("preparing inputs: {e}");
                 return lines
                     .iter()
-                    .map(|l| LineResult::skipped(&l.name, Source::Ours, why.clone()))
+                    .map(|l| Measured::skipped(&l.name, Source::Ours, why.clone()))
                     .collect();
             }
         };
@@ -153,33 +154,20 @@ impl<'g> GpuBench<'g> {
             progress(&line.name);
             let gpu = self.gpu;
             let r = catch_unwind(AssertUnwindSafe(|| match dt {
-                _ if line.name == "fp8" && !case.backward => {
-                    time_fp8(gpu, line, &p, sets, iters, warmup)
+                _ if line.name == "fp8" && !case.backward => time_fp8(gpu, line, &p, sets, sched),
+                DType::F16 if case.backward => {
+                    time_backward(gpu, line, &p, self.f16.as_mut().expect("prepared"), sched)
                 }
-                DType::F16 if case.backward => time_backward(
-                    gpu,
-                    line,
-                    &p,
-                    self.f16.as_mut().expect("prepared"),
-                    iters,
-                    warmup,
-                ),
-                DType::BF16 if case.backward => time_backward(
-                    gpu,
-                    line,
-                    &p,
-                    self.bf16.as_mut().expect("prepared"),
-                    iters,
-                    warmup,
-                ),
+                DType::BF16 if case.backward => {
+                    time_backward(gpu, line, &p, self.bf16.as_mut().expect("prepared"), sched)
+                }
                 DType::F16 => time_line(
                     gpu,
                     line,
                     &p,
                     self.f16.as_mut().expect("prepared"),
                     sets,
-                    iters,
-                    warmup,
+                    sched,
                 ),
                 _ => time_line(
                     gpu,
@@ -187,16 +175,15 @@ impl<'g> GpuBench<'g> {
                     &p,
                     self.bf16.as_mut().expect("prepared"),
                     sets,
-                    iters,
-                    warmup,
+                    sched,
                 ),
             }));
             out.push(match r {
-                Ok(Ok(l)) => l,
-                Ok(Err(e)) => LineResult::skipped(&line.name, Source::Ours, e.to_string()),
+                Ok(Ok(m)) => m,
+                Ok(Err(e)) => Measured::skipped(&line.name, Source::Ours, e.to_string()),
                 Err(panic) => {
                     let msg = super::panic_message(&*panic);
-                    LineResult::skipped(&line.name, Source::Ours, format!("panicked: {msg}"))
+                    Measured::skipped(&line.name, Source::Ours, format!("panicked: {msg}"))
                 }
             });
         }
@@ -268,23 +255,22 @@ fn line_context(line: &Line, kernel: &str, p: &AttnProblem) -> String {
     format!("{} on {launch}", line.name)
 }
 
-/// Warm-up, one launch for memory, `iters` timed launches, then an lse check.
+/// Warm-up, one launch for memory, the timed launches, then an lse check.
 fn time_line<T: GpuElement>(
     gpu: &Gpu,
     line: &Line,
     p: &AttnProblem,
     inputs: &mut Inputs<T>,
     sets: usize,
-    iters: usize,
-    warmup: (usize, u64),
-) -> Result<LineResult> {
+    sched: Schedule,
+) -> Result<Measured> {
     let stream = gpu.stream();
     let what = line_context(line, line.kernel.name(), p);
     let Inputs {
         sets: bufs, o, lse, ..
     } = inputs;
     let n = sets.clamp(1, bufs.len());
-    let timed = time_launches(gpu, &what, iters, warmup, |i| {
+    let timed = time_launches(gpu, &what, sched, |i| {
         let [q, k, v] = &bufs[i % n];
         forward_device(gpu, line.kernel, line.tile, p, q, k, v, o, lse)
     })?;
@@ -303,9 +289,8 @@ fn time_fp8(
     line: &Line,
     p: &AttnProblem,
     sets: usize,
-    iters: usize,
-    warmup: (usize, u64),
-) -> Result<LineResult> {
+    sched: Schedule,
+) -> Result<Measured> {
     use flashattn::cuda::fwd::wgmma_fp8;
     use flashattn::fp8::{E4m3, Fp8Descales};
     let stream = gpu.stream();
@@ -331,7 +316,7 @@ fn time_fp8(
         .map_err(cuda_err(format!("{what}: allocating lse")))?;
     let d = Fp8Descales::per_tensor(1.0, 1.0, 1.0);
     wgmma_fp8::prepare(gpu, p)?;
-    let timed = time_launches(gpu, &what, iters, warmup, |i| {
+    let timed = time_launches(gpu, &what, sched, |i| {
         let [q, k, v] = &bufs[i % n];
         wgmma_fp8::forward_device(gpu, p, q, k, v, &d, &mut o, &mut lse)
     })?;
@@ -350,7 +335,7 @@ fn line_result(
     timed: Timed,
     flops: f64,
     finite: bool,
-) -> Result<LineResult> {
+) -> Result<Measured> {
     let (times, info, (free0, free1, free2)) = (timed.times, timed.info, timed.free);
     let host_us = timed.host_us;
     let timing = stats::summarize(&times, flops).ok_or_else(|| AttnError::Cuda {
@@ -369,7 +354,11 @@ fn line_result(
     r.extra_mem_method = Some(EXTRA_MEM_METHOD.into());
     r.output_finite = Some(finite);
     r.host_us = host_us.is_finite().then_some(host_us);
-    Ok(r)
+    Ok(Measured {
+        line: r,
+        times_ms: times,
+        window_ms: Some(timed.window_ms),
+    })
 }
 
 /// The backward line of a case: o and lse from one forward (attn_mma) on the first input set,
@@ -381,9 +370,8 @@ fn time_backward<T: GpuElement>(
     line: &Line,
     p: &AttnProblem,
     inputs: &mut Inputs<T>,
-    iters: usize,
-    warmup: (usize, u64),
-) -> Result<LineResult> {
+    sched: Schedule,
+) -> Result<Measured> {
     let stream = gpu.stream();
     let what = line_context(line, "attn_bwd", p);
     let len = p.shape.batch * p.shape.seqlen_q * p.shape.heads_q * p.shape.head_dim;
@@ -401,7 +389,7 @@ fn time_backward<T: GpuElement>(
             .map_err(cuda_err(format!("{what}: allocating {what_}")))
     };
     let (mut dq, mut dk, mut dv) = (alloc("dq")?, alloc("dk")?, alloc("dv")?);
-    let timed = time_launches(gpu, &what, iters, warmup, |_| {
+    let timed = time_launches(gpu, &what, sched, |_| {
         let opts = BackwardOptions {
             deterministic: line.name == "bwd-det",
             kernel: if line.name == "bwd-mma" {
@@ -462,37 +450,57 @@ pub(crate) struct Timed {
     /// Median host time of one `launch` call in the timed loop, microseconds: what the
     /// caller's thread spends per call (checks, tensor maps, the launch), not the GPU.
     pub host_us: f64,
+    /// Wall milliseconds from the first timed launch to the end of the last.
+    pub window_ms: f64,
 }
 
-/// The timing method of every line: `warmup` untimed launches, then launches until
-/// `warmup_ms` have passed (steady clocks; peers.py does the same), one launch with the free
-/// memory read around it, then `iters` launches each between two CUDA events (one untimed
-/// launch in flight first, so that the GPU is busy while the first timed one is queued).
+/// The timing method of every line: `warmup` untimed launches, then launches in batches of 8
+/// until `warmup_ms` have passed (steady clocks; peers.py does the same), one launch with the
+/// free memory read around it, then the timed launches each between two CUDA events (one
+/// untimed launch in flight first, so that the GPU is busy while the first timed one is
+/// queued): `iters` of them, or as many as fill `window_ms` at the wall time per launch of
+/// the warm-up batches (one batch timed for it when `warmup_ms` is 0; [`Schedule`]).
 /// `launch(i)` runs call `i` (rotating input sets is the caller's business).
 pub(crate) fn time_launches(
     gpu: &Gpu,
     what: &str,
-    iters: usize,
-    (warmup, warmup_ms): (usize, u64),
+    sched: Schedule,
     mut launch: impl FnMut(usize) -> Result<flashattn::cuda::LaunchInfo>,
 ) -> Result<Timed> {
     let stream = gpu.stream();
     let ctx = gpu.context();
-    for i in 0..warmup.max(1) {
+    let warmup = sched.warmup.max(1);
+    for i in 0..warmup {
         launch(i)?;
     }
     stream
         .synchronize()
         .map_err(cuda_err(format!("{what}: warm-up")))?;
-    let t0 = std::time::Instant::now();
-    while t0.elapsed() < std::time::Duration::from_millis(warmup_ms) {
+    let mut batch = || -> Result<()> {
         for i in 0..8 {
             launch(i)?;
         }
         stream
             .synchronize()
-            .map_err(cuda_err(format!("{what}: warm-up")))?;
+            .map_err(cuda_err(format!("{what}: warm-up")))
+    };
+    let (mut calls, t0) = (0usize, std::time::Instant::now());
+    while t0.elapsed() < std::time::Duration::from_millis(sched.warmup_ms) {
+        batch()?;
+        calls += 8;
     }
+    let mut elapsed = t0.elapsed();
+    if calls == 0 && sched.window_ms > 0 {
+        let t = std::time::Instant::now();
+        batch()?;
+        (calls, elapsed) = (8, t.elapsed());
+    }
+    let per_call_ms = if calls > 0 {
+        elapsed.as_secs_f64() * 1e3 / calls as f64
+    } else {
+        f64::NAN
+    };
+    let iters = sched.timed_iters(per_call_ms);
     let free = || {
         ctx.mem_get_info()
             .map(|(f, _)| f as i64)
@@ -515,12 +523,13 @@ pub(crate) fn time_launches(
     }
     launch(1)?;
     let mut host = Vec::with_capacity(iters);
+    let window = std::time::Instant::now();
     for (i, (start, end)) in events.iter().enumerate() {
         start
             .record(stream)
             .map_err(cuda_err("recording an event"))?;
         let t = std::time::Instant::now();
-        launch(warmup.max(1) + 1 + i)?;
+        launch(warmup + 1 + i)?;
         host.push(t.elapsed().as_secs_f64() * 1e6);
         end.record(stream).map_err(cuda_err("recording an event"))?;
     }
@@ -528,6 +537,7 @@ pub(crate) fn time_launches(
     stream
         .synchronize()
         .map_err(cuda_err(format!("{what}: timed launches")))?;
+    let window_ms = window.elapsed().as_secs_f64() * 1e3;
     let mut times = Vec::with_capacity(iters);
     for (start, end) in &events {
         times.push(
@@ -541,5 +551,6 @@ pub(crate) fn time_launches(
         info,
         free: (free0, free1, free2),
         host_us: host.get(host.len() / 2).copied().unwrap_or(f64::NAN),
+        window_ms,
     })
 }

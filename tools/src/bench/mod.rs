@@ -5,19 +5,30 @@
 //! - [`sweep`]: cases (batch x seqlen = 16384, heads x head_dim = 2048) and lines (kernels, tiles).
 //! - [`gpu`]: input sets rotated past L2, events around each launch, extra memory.
 //! - [`stats`]: median / min / p90, TFLOP/s, ratios, input-set count.
-//! - [`peers`]: runs `tools/bench/peers.py` and merges its JSON.
+//! - [`peers`]: the SDPA peers of `tools/bench/peers.py`, one persistent process per run
+//!   ([`server`]: its line protocol with time limits).
+//! - [`order`]: the order of the turns (ours and the peers interleaved, both orders);
+//!   [`rounds`]: each line pooled over its rounds; [`interleave`]: the turns run into the
+//!   report.
 //! - [`report`]: the record written as bench.json; [`table`]: the text table;
 //!   [`plot`]: SVG and PNG figures (built-in font: no system fonts needed).
 //! - [`mod@run`]: the whole command ([`run()`]); [`varlen`]: `--varlen`, packed batches;
-//!   [`decode`]: `--decode`, KV-cache decoding.
+//!   [`decode`]: `--decode`, KV-cache decoding ([`decode_record`]: its JSON record;
+//!   [`decode_rounds`]: its turns with --peers).
 
 pub mod decode;
+pub mod decode_record;
+pub mod decode_rounds;
 pub mod gpu;
+pub mod interleave;
 pub mod options;
+pub mod order;
 pub mod peers;
 pub mod plot;
 pub mod report;
+pub mod rounds;
 pub mod run;
+pub mod server;
 pub mod stats;
 pub mod sweep;
 pub mod table;

@@ -1,12 +1,16 @@
 //! Options of `flashattn bench` and `flashattn bench-plot` (clap `Args`, usable without clap
 //! through [`BenchOptions::from_args`]).
 
+use super::order::Order;
 use super::sweep::{self, Line, Sweep};
 use clap::{Args, Parser, ValueEnum};
 use flashattn::DType;
 use flashattn::cuda::KernelKind;
 use flashattn::error::{AttnError, Result};
 use std::path::PathBuf;
+
+/// The window of each line with --peers when --window-ms is not given, milliseconds.
+pub const DEFAULT_PEERS_WINDOW_MS: u64 = 250;
 
 /// Which masks to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -54,7 +58,8 @@ pub struct BenchOptions {
     /// option, or separate tiles with `;` or spaces.
     #[arg(long = "tiles", value_name = "MT,NWARPS,BC[,q]", action = clap::ArgAction::Append)]
     pub tiles: Vec<String>,
-    /// Timed launches per case and line (at least 20); the median is reported.
+    /// Timed launches per case and line (at least 20; the least when --window-ms asks for
+    /// more); the median is reported.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(20..))]
     pub iters: u32,
     /// Untimed launches before timing (at least 1 is always done).
@@ -70,9 +75,27 @@ pub struct BenchOptions {
     /// Where bench.json, bench.txt and the plots go (at most 6 files).
     #[arg(long = "out-dir", default_value = "out/bench", value_name = "DIR")]
     pub out_dir: PathBuf,
-    /// Also time PyTorch SDPA (flash, cuDNN, efficient) with tools/bench/peers.py after our kernels.
+    /// Also time PyTorch SDPA (flash, cuDNN, efficient) in one persistent tools/bench/peers.py
+    /// process, interleaved with ours case by case in both orders (round 1 ours first, round
+    /// 2 the peers first; each line's value is the median over both rounds, each round in
+    /// the JSON), every line over a window of --window-ms.
     #[arg(long)]
     pub peers: bool,
+    /// The least wall time of each line's timed launches, milliseconds: the launch count
+    /// comes from the warm-up's time per launch (at least --iters, at most 20000), so that a
+    /// median spans several periods of the power limiter rather than a few milliseconds
+    /// [default: 250 with --peers, else 0: --iters launches].
+    #[arg(long = "window-ms", value_name = "MS")]
+    pub window_ms: Option<u64>,
+    /// With --peers: time all our cases first and then all the peers' (one round, the method
+    /// before the interleaving; the GPU's clock drifts between the two halves).
+    #[arg(long = "peers-after", requires = "peers")]
+    pub peers_after: bool,
+    /// With --peers: the most seconds to wait for the peers process's answer to one request
+    /// (one case, all its peers) and for its start; past it the process is stopped and the
+    /// remaining peers are recorded as skipped.
+    #[arg(long = "peers-timeout", default_value_t = 180, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub peers_timeout: u64,
     /// Small sweep: seqlen 1k,4k; head_dim 64,128; f16; both masks (explicit options win).
     #[arg(long)]
     pub quick: bool,
@@ -256,6 +279,25 @@ impl BenchOptions {
             })
     }
 
+    /// The window of each line: --window-ms, else 250 ms with --peers, else 0.
+    pub fn window_ms(&self) -> u64 {
+        self.window_ms.unwrap_or(if self.peers {
+            DEFAULT_PEERS_WINDOW_MS
+        } else {
+            0
+        })
+    }
+
+    /// How ours and the peers take turns: interleaved with --peers, peers after ours with
+    /// --peers-after, ours only without --peers.
+    pub fn order(&self) -> Order {
+        match (self.peers, self.peers_after) {
+            (false, _) => Order::OursOnly,
+            (true, false) => Order::Interleaved,
+            (true, true) => Order::PeersAfter,
+        }
+    }
+
     /// The sweep these options ask for.
     ///
     /// # Errors
@@ -397,6 +439,8 @@ impl BenchOptions {
             iters: self.iters as usize,
             warmup: self.warmup as usize,
             warmup_ms: self.warmup_ms,
+            window_ms: self.window_ms(),
+            order: self.order(),
         })
     }
 }

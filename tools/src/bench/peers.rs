@@ -1,12 +1,15 @@
-//! Running tools/bench/peers.py (PyTorch SDPA: flash, cuDNN, efficient) and merging its results.
+//! The PyTorch SDPA peers (flash, cuDNN, efficient) of tools/bench/peers.py: the request and
+//! response types, one persistent peers process per bench run ([`Peers`], through
+//! [`super::server`]), and their results turned into lines.
 
 use super::report::{BenchReport, LineResult, MatmulResult, PEERS, PeerEnv, PeersInfo, Source};
-use super::stats::{self, Timing};
+use super::rounds::Measured;
+use super::server::PeerServer;
+use super::stats::{self, MAX_WINDOW_ITERS, Schedule, Timing};
 use super::sweep::Case;
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::time::Duration;
 
 /// One case as peers.py takes it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -22,43 +25,91 @@ pub struct PeerCase {
     pub sets: usize,
 }
 
-/// The request written to peers.py's stdin.
+/// A request to peers.py (see its docstring); `C` is the case type ([`PeerCase`] for the
+/// sweep, the decode bench's own for KV-cache shapes).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PeerRequest {
-    /// Timed calls per case and peer.
+pub struct PeerRequest<C = PeerCase> {
+    /// Timed calls per case and peer (the least, when a window asks for more).
     pub iters: usize,
     /// Untimed calls first.
     pub warmup: usize,
     /// Then untimed calls until this many milliseconds have passed.
     #[serde(default)]
     pub warmup_ms: u64,
-    /// Backends to run: `flash`, `cudnn`, `efficient`.
+    /// The least wall time of the timed calls, milliseconds (0: just `iters`).
+    #[serde(default)]
+    pub window_ms: u64,
+    /// The most timed calls a window may ask for.
+    #[serde(default = "max_iters")]
+    pub max_iters: usize,
+    /// Return every timed call's milliseconds (`times_ms`).
+    #[serde(default)]
+    pub times: bool,
+    /// Dtypes whose dense matrix-product ceiling to time; `None`: the cases' dtypes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matmul: Option<Vec<String>>,
+    /// Backends to run, in this order: `flash`, `cudnn`, `efficient`.
     pub peers: Vec<String>,
     /// Cases.
-    pub cases: Vec<PeerCase>,
+    pub cases: Vec<C>,
+}
+
+fn max_iters() -> usize {
+    MAX_WINDOW_ITERS
+}
+
+impl<C> PeerRequest<C> {
+    /// A request under `sched` (with every call's time returned) for `cases`, with `peers` in
+    /// that order and the matmul ceiling of `matmul`'s dtypes only.
+    pub fn new(sched: Schedule, peers: &[&str], matmul: &[&str], cases: Vec<C>) -> Self {
+        PeerRequest {
+            iters: sched.iters,
+            warmup: sched.warmup,
+            warmup_ms: sched.warmup_ms,
+            window_ms: sched.window_ms,
+            max_iters: MAX_WINDOW_ITERS,
+            times: true,
+            matmul: Some(matmul.iter().map(|s| s.to_string()).collect()),
+            peers: peers.iter().map(|s| s.to_string()).collect(),
+            cases,
+        }
+    }
+}
+
+impl PeerCase {
+    /// The case of a report's line (its id, FLOPs and input sets).
+    pub fn of(c: &super::report::CaseReport) -> Self {
+        PeerCase {
+            id: c.id.clone(),
+            case: c.case.clone(),
+            flops: c.flops,
+            sets: c.sets,
+        }
+    }
 }
 
 impl PeerRequest {
-    /// A request for every case of `report`, all three peers.
+    /// A one-shot request for every case of `report`, all three peers, the matmul of the
+    /// cases' dtypes (`peers.py REQUEST` without --serve).
     pub fn from_report(report: &BenchReport) -> Self {
-        PeerRequest {
+        let sched = Schedule {
             iters: report.method.iters,
             warmup: report.method.warmup,
             warmup_ms: report.method.warmup_ms,
-            peers: PEERS.iter().map(|s| s.to_string()).collect(),
-            // SDPA's fused backends have no window, softcap or ALiBi: those cases have no
-            // peer lines.
-            cases: report
-                .cases
-                .iter()
-                .filter(|c| !c.case.has_score_mods())
-                .map(|c| PeerCase {
-                    id: c.id.clone(),
-                    case: c.case.clone(),
-                    flops: c.flops,
-                    sets: c.sets,
-                })
-                .collect(),
+            window_ms: report.method.window_ms,
+        };
+        // SDPA's fused backends have no window, softcap or ALiBi: those cases have no
+        // peer lines.
+        let cases = report
+            .cases
+            .iter()
+            .filter(|c| !c.case.has_score_mods())
+            .map(PeerCase::of)
+            .collect();
+        PeerRequest {
+            times: false,
+            matmul: None,
+            ..PeerRequest::new(sched, &PEERS, &[], cases)
         }
     }
 }
@@ -94,12 +145,19 @@ pub struct PeerResult {
     /// Median host time of one call in the timed loop, microseconds.
     #[serde(default)]
     pub host_us: Option<f64>,
+    /// Wall milliseconds of the timed calls.
+    #[serde(default)]
+    pub window_ms: Option<f64>,
+    /// Every timed call's milliseconds (when the request asked for them).
+    #[serde(default)]
+    pub times_ms: Vec<f64>,
 }
 
-/// peers.py's response.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// peers.py's response (and, in serve mode, its hello: the same fields, no results).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PeerResponse {
-    /// Torch and a GPU were there.
+    /// Torch and a GPU were there (and, in serve mode, the request was understood).
+    #[serde(default)]
     pub ok: bool,
     /// Why not.
     #[serde(default)]
@@ -167,60 +225,137 @@ pub fn python() -> String {
         .unwrap_or_else(|| "python3".into())
 }
 
-/// Runs `python script [extra args] --out TMP` with the request on stdin; the script's stdout
-/// and stderr go to our stderr (progress), its result comes back through the file.
-///
-/// # Errors
-/// A message when the interpreter cannot start, exits non-zero, or writes no valid result.
-pub fn run_script(
-    python: &str,
-    script: &Path,
-    extra: &[&str],
-    request: &impl Serialize,
-) -> Result<PeerResponse, String> {
-    let out = std::env::temp_dir().join(format!("flashattn-peers-{}.json", std::process::id()));
-    let _ = std::fs::remove_file(&out);
-    let body = serde_json::to_string(request).map_err(|e| e.to_string())?;
-    let mut child = Command::new(python)
-        .arg(script)
-        .args(extra)
-        .arg("--out")
-        .arg(&out)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::from(std::io::stderr()))
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| format!("could not start {python}: {e}"))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(body.as_bytes())
-            .map_err(|e| format!("writing the request to {python}: {e}"))?;
+/// The peers of one bench run: one persistent `peers.py --serve` process, and what the
+/// report says about it. Never fails: a process that cannot start, lacks torch or a GPU, or
+/// stops during the run is recorded in [`Peers::info`], and every peer line after that is a
+/// skip with the reason.
+pub struct Peers {
+    server: Option<PeerServer>,
+    sched: Schedule,
+    /// For the report: versions, device, the matmul ceilings, why not available.
+    pub info: PeersInfo,
+}
+
+impl Peers {
+    /// Starts `script` (`peers.py`; an `Err` is why it was not found) with `--serve` and
+    /// `extra` arguments under `$PYTHON` or `python3`, each answer awaited at most `timeout`.
+    pub fn start(
+        script: Result<PathBuf, String>,
+        extra: &[&str],
+        sched: Schedule,
+        timeout: Duration,
+    ) -> Self {
+        let started =
+            script.and_then(|s| PeerServer::start(&python(), Path::new(&s), extra, timeout));
+        let mut info = PeersInfo {
+            requested: true,
+            ..Default::default()
+        };
+        let server = match started {
+            Err(message) => {
+                info.message = Some(message);
+                None
+            }
+            Ok(server) => match parse_response(server.hello()) {
+                Err(e) => {
+                    info.message = Some(format!("peers.py --serve said no usable hello: {e}"));
+                    None
+                }
+                Ok(h) => {
+                    info.available = h.ok;
+                    info.message = h.error;
+                    info.env = h.env;
+                    // Without torch or a GPU the server has nothing to do: it is dropped (ends).
+                    h.ok.then_some(server)
+                }
+            },
+        };
+        Peers {
+            server,
+            sched,
+            info,
+        }
     }
-    let status = child
-        .wait()
-        .map_err(|e| format!("waiting for {python}: {e}"))?;
-    let text = std::fs::read_to_string(&out);
-    let _ = std::fs::remove_file(&out);
-    match text {
-        Ok(t) => parse_response(&t),
-        Err(e) => Err(format!(
-            "{python} {} exited with {status} and wrote no result ({e})",
-            script.display()
-        )),
+
+    /// Whether the peers ran (torch and a GPU were there); they may have stopped since.
+    pub fn available(&self) -> bool {
+        self.info.available
+    }
+
+    /// One request; on failure the reason, recorded in [`Peers::info`] the first time the
+    /// process stops.
+    pub fn request<C: Serialize>(
+        &mut self,
+        cases: Vec<C>,
+        peers: &[&str],
+        matmul: &[&str],
+    ) -> Result<PeerResponse, String> {
+        let Some(server) = self.server.as_mut() else {
+            return Err(self
+                .info
+                .message
+                .clone()
+                .unwrap_or_else(|| "the peers did not start".into()));
+        };
+        let was_running = server.stopped().is_none();
+        let got = server
+            .request(&PeerRequest::new(self.sched, peers, matmul, cases))
+            .and_then(|line| parse_response(&line));
+        if was_running && let Some(why) = server.stopped() {
+            self.info.message = Some(format!(
+                "the peers process stopped during the run: {why}; every peer line after that is skipped"
+            ));
+        }
+        match got {
+            Ok(r) if !r.ok => Err(r.error.unwrap_or_else(|| "peers.py said not ok".into())),
+            other => other,
+        }
+    }
+
+    /// Times the dense matrix-product ceiling of `dtype` into [`Peers::info`].
+    pub fn matmul(&mut self, dtype: &str) {
+        let got = self.request(Vec::<PeerCase>::new(), &[], &[dtype]);
+        let m = match got {
+            Ok(r) => r.matmul.into_iter().find(|m| m.dtype == dtype),
+            Err(why) => Some(MatmulResult {
+                dtype: dtype.into(),
+                n: 8192,
+                median_ms: None,
+                tflops: None,
+                skipped: Some(why),
+            }),
+        };
+        self.info.matmul.extend(m);
+    }
+
+    /// Times `peers` (in that order) on one case of the sweep; one [`Measured`] per peer.
+    pub fn time_case(&mut self, case: &super::report::CaseReport, peers: &[&str]) -> Vec<Measured> {
+        let got = self.request(vec![PeerCase::of(case)], peers, &[]);
+        peers
+            .iter()
+            .map(|p| measured(&got, &case.id, p, case.flops))
+            .collect()
     }
 }
 
-/// Finds the script and interpreter and runs the peers on `report`'s cases.
-///
-/// # Errors
-/// Why the peers could not run at all.
-pub fn run(report: &BenchReport) -> Result<PeerResponse, String> {
-    let script = find_script()?;
-    run_script(&python(), &script, &[], &PeerRequest::from_report(report))
+/// The line of `peer` on case `id` from a response (or why there is none).
+pub fn measured(got: &Result<PeerResponse, String>, id: &str, peer: &str, flops: f64) -> Measured {
+    match got {
+        Err(why) => Measured::skipped(peer, Source::Peer, why.clone()),
+        Ok(resp) => {
+            let found = resp.results.iter().find(|r| r.id == id && r.peer == peer);
+            Measured {
+                line: line(found, peer, flops),
+                times_ms: found.map(|r| r.times_ms.clone()).unwrap_or_default(),
+                window_ms: found.and_then(|r| r.window_ms),
+            }
+        }
+    }
 }
 
-/// Records the peers' outcome in `report`: versions and, when they ran, one line per case and
-/// peer (a missing result is recorded as skipped). Our numbers are untouched.
+/// Records one response covering every case (a one-shot `peers.py REQUEST` run, e.g. a saved
+/// response) in `report`: versions and, when they ran, one line per case and peer (a missing
+/// result is recorded as skipped). Our numbers are untouched.
 pub fn merge(report: &mut BenchReport, outcome: Result<PeerResponse, String>) {
     let resp = match outcome {
         Ok(r) => r,

@@ -64,6 +64,34 @@ pub struct LineResult {
     /// bound by the host when launched back to back.
     #[serde(default)]
     pub host_us: Option<f64>,
+    /// With --peers: the line in each round (round 1 ours first, round 2 the peers first),
+    /// in the order they ran; `timing` is the median over the launches of all of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rounds: Vec<RoundTiming>,
+}
+
+/// One round of one line on one case (with --peers): when it ran and what it measured, so
+/// that a reader sees how far the two rounds (the clock's drift) differ.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoundTiming {
+    /// 1 or 2.
+    pub round: usize,
+    /// Which side ran first in this round of the case: `ours` or `peers`.
+    pub first: String,
+    /// The index of this side's turn in the run's sequence of turns (0, 1, 2, ...: each turn
+    /// is one side timing all its lines on one case in one round).
+    pub step: usize,
+    /// Seconds from the run's first turn to the start of this one.
+    pub at_s: f64,
+    /// The round's timing; `None` when skipped.
+    #[serde(default)]
+    pub timing: Option<Timing>,
+    /// Wall milliseconds of the round's timed launches.
+    #[serde(default)]
+    pub window_ms: Option<f64>,
+    /// Why the round has no timing.
+    #[serde(default)]
+    pub skipped: Option<String>,
 }
 
 impl LineResult {
@@ -84,6 +112,7 @@ impl LineResult {
             output_finite: None,
             ran: None,
             host_us: None,
+            rounds: Vec::new(),
         }
     }
 
@@ -140,6 +169,22 @@ pub struct Method {
     /// before the option existed).
     #[serde(default)]
     pub warmup_ms: u64,
+    /// With --peers (or a window): the least wall time of each line's timed launches,
+    /// milliseconds; the launch count comes from the warm-up's time per launch, at least
+    /// `iters` (0 in reports written before the option existed: `iters` launches).
+    #[serde(default)]
+    pub window_ms: u64,
+    /// How ours and the peers were ordered: `interleaved` (case by case, round 1 ours first,
+    /// round 2 the peers first, in one persistent peers process), `peers-after` (all our
+    /// cases, then all the peers'), or absent without --peers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<String>,
+    /// Rounds of each line on each case (2 interleaved, else 1; 0 in older reports).
+    #[serde(default)]
+    pub rounds: usize,
+    /// The order and timing as a sentence (the table's `method:` line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
     /// What the timer covers.
     pub timing: String,
     /// The FLOP model.

@@ -1,15 +1,22 @@
-//! `flashattn bench` end to end: our kernels, then the peers, then table, JSON and plots.
+//! `flashattn bench` end to end: our kernels (and, with --peers, the peers interleaved with
+//! them case by case), then table, JSON and plots.
 
 use super::gpu::GpuBench;
+use super::interleave::{self, NoGpu, OursSide};
 use super::options::BenchOptions;
-use super::report::{self, BenchReport, CaseReport, LineResult, Method, PeersInfo, Source};
-use super::sweep::Sweep;
-use super::{peers, plot, table};
+use super::order::Order;
+use super::peers::{Peers, find_script};
+use super::report::{self, BenchReport, CaseReport, Method, PEERS};
+use super::rounds::Measured;
+use super::stats::Schedule;
+use super::sweep::{Line, Sweep};
+use super::{plot, table};
 use flashattn::cuda::Gpu;
 use flashattn::error::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// What a bench run produced.
 #[derive(Debug, Clone)]
@@ -38,7 +45,11 @@ pub fn new_report(sweep: &Sweep) -> BenchReport {
             iters: sweep.iters,
             warmup: sweep.warmup,
             warmup_ms: sweep.warmup_ms,
-            timing: "CUDA events recorded on the stream right before and after each launch; median (also min, p90) of the timed launches after untimed warm-up launches (a count, then more until `warmup_ms` have passed, for steady clocks); random normal(0,1) inputs rotated among `sets` q/k/v sets per case (together over 3x L2 where memory allows)".into(),
+            window_ms: sweep.window_ms,
+            order: (sweep.order != Order::OursOnly).then(|| sweep.order.name().to_string()),
+            rounds: sweep.order.rounds(),
+            schedule: Some(sweep.order.describe(sweep.warmup_ms, sweep.window_ms)),
+            timing: "CUDA events recorded on the stream right before and after each launch; median (also min, p90) of the timed launches (`iters`, or as many as last `window_ms` at the warm-up's time per launch) after untimed warm-up launches (a count, then more until `warmup_ms` have passed, for steady clocks); random normal(0,1) inputs rotated among `sets` q/k/v sets per case (together over 3x L2 where memory allows)".into(),
             flops: if sweep.cases.iter().any(|c| c.backward) {
                 "backward: 2.5 x the forward's 4 * batch * heads * head_dim * visible (query, key) pairs (FlashAttention's convention; causal counts only unmasked pairs); ours times attn_bwd on one input set with o and lse from one forward, the peers time torch.autograd.grad of one SDPA forward".into()
             } else {
@@ -46,7 +57,7 @@ pub fn new_report(sweep: &Sweep) -> BenchReport {
             },
             l2_bytes: None,
         },
-        peers: PeersInfo::default(),
+        peers: Default::default(),
         lines: sweep.lines.iter().map(|l| l.name.clone()).collect(),
         cases: sweep
             .cases
@@ -69,89 +80,145 @@ fn progress_bar(len: u64) -> ProgressBar {
 }
 
 /// `mma 283.0 TFLOP/s, simt skipped` for a progress line.
-fn summary(results: &[LineResult]) -> String {
+fn summary(results: &[Measured]) -> String {
     let parts: Vec<String> = results
         .iter()
-        .map(|r| match r.timing {
-            Some(t) => format!("{} {:.1} TFLOP/s", r.name, t.tflops),
-            None => format!("{} skipped", r.name),
+        .map(|m| match m.line.timing {
+            Some(t) => format!("{} {:.1} TFLOP/s", m.line.name, t.tflops),
+            None => format!("{} skipped", m.line.name),
         })
         .collect();
     parts.join(", ")
 }
 
-/// Times our lines on every case of the sweep into `report`.
-fn measure(gpu: &Gpu, sweep: &Sweep, report: &mut BenchReport) {
-    let info = gpu.info();
-    report.device = serde_json::to_value(info).unwrap_or(serde_json::Value::Null);
-    report.driver_version = Some(info.driver_version);
-    report.nvrtc_version = Some(format!("{}.{}", info.nvrtc_version.0, info.nvrtc_version.1));
-    let mut bench = GpuBench::new(gpu);
-    report.method.l2_bytes = Some(bench.l2_bytes() as u64);
-    let pb = progress_bar((sweep.cases.len() * sweep.lines.len()) as u64);
-    let total = sweep.cases.len();
-    for (i, (case, rep)) in sweep.cases.iter().zip(report.cases.iter_mut()).enumerate() {
-        rep.sets = bench.sets_for(case);
-        let (lines, iters) = (&sweep.lines, sweep.iters);
-        let warmup = (sweep.warmup, sweep.warmup_ms);
-        rep.results = bench.run_case(case, lines, rep.sets, iters, warmup, |line| {
-            pb.set_message(format!("{} {line}", rep.id));
-            pb.inc(1);
-        });
-        if pb.is_hidden() {
-            eprintln!(
-                "[ours {}/{total}] {}: {}",
-                i + 1,
-                rep.id,
-                summary(&rep.results)
-            );
-        }
-    }
-    pb.finish_and_clear();
-    bench.release();
+/// Our side on the GPU: input sets kept between cases, a progress bar (or a line per turn
+/// when stderr is not a terminal).
+struct GpuSide<'g> {
+    bench: GpuBench<'g>,
+    sched: Schedule,
+    pb: ProgressBar,
+    turns: usize,
+    done: usize,
 }
 
-/// Runs the sweep of `opts`: our kernels (each failure recorded, never fatal), the peers when
-/// asked, then writes bench.json, bench.txt and the plots (failures become notes).
+impl OursSide for GpuSide<'_> {
+    fn time(&mut self, case: &mut CaseReport, lines: &[Line], round: usize) -> Vec<Measured> {
+        if case.sets == 0 {
+            case.sets = self.bench.sets_for(&case.case);
+        }
+        let (pb, id) = (&self.pb, &case.id);
+        let got = self
+            .bench
+            .run_case(&case.case, lines, case.sets, self.sched, |line| {
+                pb.set_message(format!("{id} {line}"));
+                pb.inc(1);
+            });
+        self.done += 1;
+        if self.pb.is_hidden() {
+            eprintln!(
+                "[ours {}/{} round {round}] {id}: {}",
+                self.done,
+                self.turns,
+                summary(&got)
+            );
+        }
+        got
+    }
+}
+
+/// Runs the sweep of `opts`: our kernels (each failure recorded, never fatal) and, with
+/// --peers, the peers in one persistent process, interleaved case by case in both orders
+/// (or after ours with --peers-after); then writes bench.json, bench.txt and the plots
+/// (failures become notes).
 ///
 /// # Errors
 /// Bad options (unknown kernel, malformed tile, impossible shape), and no usable GPU when the
 /// peers were not asked for (then nothing could be measured).
 pub fn run(opts: &BenchOptions) -> Result<BenchOutcome> {
-    let sweep = opts.sweep()?;
+    let mut sweep = opts.sweep()?;
     if opts.peers && sweep.cases.iter().all(|c| c.has_score_mods()) {
         return Err(flashattn::AttnError::InvalidInput {
             what: "--peers with --window, --softcap or --alibi: SDPA's fused backends have none of them, so there is nothing to compare; drop --peers".into(),
         });
     }
+    let gpu = match Gpu::new(opts.device) {
+        Ok(g) => Ok(g),
+        // Nothing would be measured: say so before writing any file or table.
+        Err(e) if !opts.peers => return Err(e),
+        Err(e) => Err(e),
+    };
+    let mut peers = opts.peers.then(|| {
+        eprintln!(
+            "flashattn bench: starting the PyTorch SDPA peers (tools/bench/peers.py --serve)"
+        );
+        Peers::start(
+            find_script(),
+            &[],
+            sweep.schedule(),
+            Duration::from_secs(opts.peers_timeout),
+        )
+    });
+    // Without torch or a GPU for the peers, interleaving has nothing to interleave with.
+    if peers.as_ref().is_some_and(|p| !p.available()) {
+        sweep.order = Order::OursOnly;
+    }
     let mut report = new_report(&sweep);
+    let peer_lines = if sweep.order == Order::OursOnly {
+        0
+    } else {
+        PEERS.len()
+    };
+    let per_line_ms = sweep.warmup_ms + sweep.window_ms + 50;
+    let total_s = (sweep.cases.len() * (sweep.lines.len() + peer_lines) * sweep.order.rounds())
+        as u64
+        * per_line_ms
+        / 1000;
     eprintln!(
-        "flashattn bench: {} cases x {} lines ({}), {} timed launches each",
+        "flashattn bench: {} cases x {} lines ({}), {}; about {} s",
         sweep.cases.len(),
         sweep.lines.len(),
         report.lines.join(", "),
-        sweep.iters
+        sweep.order.describe(sweep.warmup_ms, sweep.window_ms),
+        total_s
     );
-    match Gpu::new(opts.device) {
-        Ok(gpu) => measure(&gpu, &sweep, &mut report),
-        // Nothing would be measured: say so before writing any file or table.
-        Err(e) if !opts.peers => return Err(e),
-        Err(e) => {
-            let why = format!("GPU unavailable: {e}");
-            for c in &mut report.cases {
-                c.results = sweep
-                    .lines
-                    .iter()
-                    .map(|l| LineResult::skipped(&l.name, Source::Ours, why.clone()))
-                    .collect();
-            }
-            report.gpu_error = Some(e.to_string());
+    match gpu {
+        Ok(gpu) => {
+            let info = gpu.info();
+            report.device = serde_json::to_value(info).unwrap_or(serde_json::Value::Null);
+            report.driver_version = Some(info.driver_version);
+            report.nvrtc_version =
+                Some(format!("{}.{}", info.nvrtc_version.0, info.nvrtc_version.1));
+            let bench = GpuBench::new(&gpu);
+            report.method.l2_bytes = Some(bench.l2_bytes() as u64);
+            let turns = sweep.cases.len() * sweep.order.rounds();
+            let mut side = GpuSide {
+                bench,
+                sched: sweep.schedule(),
+                pb: progress_bar((turns * sweep.lines.len()) as u64),
+                turns,
+                done: 0,
+            };
+            interleave::measure(
+                &mut report,
+                &sweep.lines,
+                sweep.order,
+                &mut side,
+                peers.as_mut(),
+            );
+            side.pb.finish_and_clear();
+            side.bench.release();
         }
-    }
-    if opts.peers {
-        eprintln!("flashattn bench: running the PyTorch SDPA peers (tools/bench/peers.py)");
-        let outcome = peers::run(&report);
-        peers::merge(&mut report, outcome);
+        Err(e) => {
+            let mut side = NoGpu(format!("GPU unavailable: {e}"));
+            report.gpu_error = Some(e.to_string());
+            interleave::measure(
+                &mut report,
+                &sweep.lines,
+                sweep.order,
+                &mut side,
+                peers.as_mut(),
+            );
+        }
     }
     Ok(finish(report, opts))
 }

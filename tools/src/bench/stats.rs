@@ -57,6 +57,47 @@ pub fn ratio(ours: Option<f64>, peer: Option<f64>) -> Option<f64> {
     }
 }
 
+/// How every line is timed: `warmup` untimed launches, more until `warmup_ms` have passed
+/// (steady clocks), then `iters` timed launches, or as many as last `window_ms` at the wall
+/// time per launch seen in the warm-up ([`window_iters`], at most [`MAX_WINDOW_ITERS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Schedule {
+    /// Timed launches (the least, when a window asks for more).
+    pub iters: usize,
+    /// Untimed launches first (at least 1 is always done).
+    pub warmup: usize,
+    /// Then untimed launches until this many milliseconds have passed.
+    pub warmup_ms: u64,
+    /// The least wall time of the timed launches, milliseconds (0: just `iters`).
+    pub window_ms: u64,
+}
+
+impl Schedule {
+    /// Timed launches at `per_call_ms` wall milliseconds per launch.
+    pub fn timed_iters(&self, per_call_ms: f64) -> usize {
+        window_iters(self.iters, self.window_ms, per_call_ms, MAX_WINDOW_ITERS)
+    }
+}
+
+/// The most timed launches a window may ask for (peers.py's `MAX_ITERS` is the same).
+pub const MAX_WINDOW_ITERS: usize = 20_000;
+
+/// Timed launches: `iters`, or enough to last `window_ms` at `per_call_ms` each (the wall
+/// time per launch seen during the warm-up), at most `max_iters`, never fewer than `iters`.
+/// A window of 0 or an unusable estimate (not positive, not finite) gives `iters`.
+pub fn window_iters(iters: usize, window_ms: u64, per_call_ms: f64, max_iters: usize) -> usize {
+    if window_ms == 0 || !(per_call_ms > 0.0 && per_call_ms.is_finite()) {
+        return iters;
+    }
+    let want = (window_ms as f64 / per_call_ms).ceil();
+    let want = if want >= max_iters as f64 {
+        max_iters
+    } else {
+        want as usize
+    };
+    want.max(iters)
+}
+
 /// Input sets to rotate so that the sets together exceed three times the L2 cache (at least
 /// 2, at most 16), while all sets stay under a quarter of the free device memory (at least 1).
 pub fn input_sets(set_bytes: usize, l2_bytes: usize, free_bytes: usize) -> usize {
@@ -84,6 +125,20 @@ mod tests {
         assert_eq!(summarize(&[3.0, 1.0, 2.0], 0.0).unwrap().median_ms, 2.0);
         assert!(summarize(&[], 1.0).is_none());
         assert!(summarize(&[f64::NAN], 1.0).is_none());
+    }
+
+    #[test]
+    fn windows_set_the_launch_count() {
+        assert_eq!(window_iters(30, 0, 0.1, MAX_WINDOW_ITERS), 30);
+        assert_eq!(window_iters(30, 250, 0.1, MAX_WINDOW_ITERS), 2500);
+        assert_eq!(window_iters(30, 250, 100.0, MAX_WINDOW_ITERS), 30);
+        assert_eq!(
+            window_iters(30, 250, 1e-6, MAX_WINDOW_ITERS),
+            MAX_WINDOW_ITERS
+        );
+        assert_eq!(window_iters(30, 250, f64::NAN, MAX_WINDOW_ITERS), 30);
+        assert_eq!(window_iters(30, 250, 0.0, MAX_WINDOW_ITERS), 30);
+        assert_eq!(window_iters(30, 250, 1e-6, 10), 30);
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! size are held fixed (16384 and 2048), so every case moves the same bytes and the FLOPs grow
 //! with seqlen.
 
+use super::order::Order;
+use super::stats::Schedule;
 use flashattn::cuda::{KernelKind, MmaTile};
 use flashattn::error::{AttnError, Result};
 use flashattn::scores::{Alibi, ScoreMods, Window};
@@ -233,6 +235,22 @@ pub struct Sweep {
     pub warmup: usize,
     /// Then untimed launches until this many milliseconds have passed.
     pub warmup_ms: u64,
+    /// The least wall time of each line's timed launches (0: `iters` launches).
+    pub window_ms: u64,
+    /// How ours and the peers take turns.
+    pub order: Order,
+}
+
+impl Sweep {
+    /// How each line is timed.
+    pub fn schedule(&self) -> Schedule {
+        Schedule {
+            iters: self.iters,
+            warmup: self.warmup,
+            warmup_ms: self.warmup_ms,
+            window_ms: self.window_ms,
+        }
+    }
 }
 
 /// Parses `LEFT,RIGHT` (integers, -1 = unbounded) into a window.

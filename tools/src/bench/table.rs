@@ -1,6 +1,7 @@
 //! The text table: one row per case, TFLOP/s of every line and peer, and our ratios.
 
 use super::report::BenchReport;
+use super::stats;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
@@ -35,6 +36,13 @@ pub fn render(report: &BenchReport) -> String {
         Vec::new()
     };
     head.extend(mm_lines.iter().map(|l| format!("{l}/mm")));
+    // With two rounds: the primary line over cuDNN in each round (the drift between them).
+    let by_round = primary
+        .clone()
+        .filter(|_| report.method.rounds > 1 && peers.iter().any(|q| q == "cudnn"));
+    if let Some(p) = &by_round {
+        head.push(format!("{p}/cudnn r1|r2"));
+    }
     let mut rows = vec![head];
     for c in &report.cases {
         let k = &c.case;
@@ -59,6 +67,20 @@ pub fn render(report: &BenchReport) -> String {
             (Some(t), Some(m)) => format!("{:.2}", t / m),
             _ => "-".into(),
         }));
+        if let Some(p) = &by_round {
+            let cell = |round: usize| {
+                let rate = |name: &str| {
+                    c.line(name)?
+                        .rounds
+                        .iter()
+                        .find(|r| r.round == round)
+                        .and_then(|r| r.timing)
+                        .map(|t| t.tflops)
+                };
+                stats::ratio(rate(p), rate("cudnn")).map_or("-".into(), |r| format!("{r:.2}"))
+            };
+            row.push(format!("{}|{}", cell(1), cell(2)));
+        }
         rows.push(row);
     }
     let widths: Vec<usize> = (0..rows[0].len())
@@ -109,10 +131,22 @@ fn header(report: &BenchReport) -> String {
     } else {
         ("forward TFLOP/s", "inputs rotated past L2")
     };
+    let m = &report.method;
+    let launches = if m.window_ms > 0 {
+        format!(
+            "median of at least {} launches over at least {} ms",
+            m.iters, m.window_ms
+        )
+    } else {
+        format!("median of {} launches", m.iters)
+    };
     let mut h = format!(
-        "flashattn {} bench on {dev} {arch}: {pass} (median of {} launches, CUDA events, {inputs}; causal FLOPs count visible pairs only)",
-        report.version, report.method.iters
+        "flashattn {} bench on {dev} {arch}: {pass} ({launches}, CUDA events, {inputs}; causal FLOPs count visible pairs only)",
+        report.version
     );
+    if let Some(s) = &m.schedule {
+        let _ = write!(h, "\nmethod: {s}");
+    }
     if let Some(e) = &report.gpu_error {
         let _ = write!(h, "\nour kernels did not run: {e}");
     }
@@ -136,6 +170,9 @@ fn header(report: &BenchReport) -> String {
             p.env.cudnn.as_deref().unwrap_or("?"),
             p.env.cuda.as_deref().unwrap_or("?")
         );
+        if let Some(msg) = &p.message {
+            let _ = write!(h, "\npeers: {msg}");
+        }
     } else if p.requested {
         let _ = write!(
             h,

@@ -132,7 +132,7 @@ pub fn run(opts: &BenchOptions, mix: &[usize]) -> Result<String> {
         if given {
             return Err(AttnError::InvalidInput {
                 what: format!(
-                    "--varlen with {name}: a varlen run times the library's paths on one mix; it takes --head-dim, --causal, --dtype, --hidden, --iters, --warmup, --warmup-ms, --out-dir, --device, --window, --softcap and --alibi"
+                    "--varlen with {name}: a varlen run times the library's paths on one mix; it takes --head-dim, --causal, --dtype, --hidden, --iters, --warmup, --warmup-ms, --window-ms, --out-dir, --device, --window, --softcap and --alibi"
                 ),
             });
         }
@@ -256,8 +256,12 @@ fn case<T: GpuElement>(
         })
         .collect::<Result<_>>()?;
     let flops: f64 = seqs.iter().map(|(sp, _)| sp.flops()).sum();
-    let warm = (opts.warmup as usize, opts.warmup_ms);
-    let iters = opts.iters as usize;
+    let sched = super::stats::Schedule {
+        iters: opts.iters as usize,
+        warmup: opts.warmup as usize,
+        warmup_ms: opts.warmup_ms,
+        window_ms: opts.window_ms(),
+    };
     let mut lines = Vec::new();
     let mut line = |name: &str, timed: super::gpu::Timed, flops: f64| -> Result<LaunchInfo> {
         let t = stats::summarize(&timed.times, flops).ok_or_else(|| AttnError::Cuda {
@@ -278,7 +282,7 @@ fn case<T: GpuElement>(
         ("varlen auto", KernelKind::Wgmma),
         ("packed mma", KernelKind::Mma),
     ] {
-        let timed = time_launches(gpu, name, iters, warm, |_| {
+        let timed = time_launches(gpu, name, sched, |_| {
             flashattn::cuda::varlen::forward_device(gpu, kernel, &p, &q, &k, &v, &mut o, &mut lse)
         })?;
         line(name, timed, flops)?;
@@ -286,7 +290,7 @@ fn case<T: GpuElement>(
     let row = heads * d;
     for kernel in [KernelKind::Mma, KernelKind::Wgmma] {
         let name = format!("per-sequence {kernel}");
-        let timed = time_launches(gpu, &name, iters, warm, |_| {
+        let timed = time_launches(gpu, &name, sched, |_| {
             let mut last = None;
             for (sp, start) in &seqs {
                 let r = start * row..(start + sp.shape.seqlen_q) * row;
@@ -310,7 +314,7 @@ fn case<T: GpuElement>(
             .with_scores(mods.clone())?;
         for kernel in [KernelKind::Mma, KernelKind::Wgmma] {
             let name = format!("dense {kernel}");
-            let timed = time_launches(gpu, &name, iters, warm, |_| {
+            let timed = time_launches(gpu, &name, sched, |_| {
                 forward_device(gpu, kernel, None, &dp, &q, &k, &v, &mut o, &mut lse)
             })?;
             line(&name, timed, dp.flops())?;
