@@ -17,14 +17,17 @@ pub const HOPPER_CUH: &str = include_str!("../../kernels/common/hopper.cuh");
 pub const WGMMA_OPS_CUH: &str = include_str!("../../kernels/common/wgmma_ops.cuh");
 /// Where key j of a sequence sits in a contiguous or paged KV cache.
 pub const KV_CACHE_CUH: &str = include_str!("../../kernels/decode/kv_cache.cuh");
+/// Rotary position embedding of new keys and queries (the decode and append kernels).
+pub const ROTARY_CUH: &str = include_str!("../../kernels/decode/rotary.cuh");
 /// What the two backward kernels share (parameters, D and dQ-conversion kernels, step ranges).
 pub const BWD_COMMON_CUH: &str = include_str!("../../kernels/bwd/bwd_common.cuh");
 /// Headers a kernel may include, by the name in its `#include "..."` line.
-const HEADERS: [(&str, &str); 8] = [
+const HEADERS: [(&str, &str); 9] = [
     ("bwd_common.cuh", BWD_COMMON_CUH),
     ("tile_scheduler.cuh", TILE_SCHEDULER_CUH),
     ("softmax.cuh", SOFTMAX_CUH),
     ("kv_cache.cuh", KV_CACHE_CUH),
+    ("rotary.cuh", ROTARY_CUH),
     ("ptx.cuh", PTX_CUH),
     ("attn_common.cuh", ATTN_COMMON_CUH),
     ("hopper.cuh", HOPPER_CUH),

@@ -16,7 +16,7 @@ use super::plot;
 use super::report::{io_err, write_record};
 use super::stats;
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg, sys};
-use flashattn::cuda::decode::{DecodePlan, DecodeTile};
+use flashattn::cuda::decode::{DecodePlan, DecodeTensors, DecodeTile};
 use flashattn::cuda::device::cuda_err;
 use flashattn::cuda::{Gpu, GpuElement, KernelSource};
 use flashattn::dtype::DType;
@@ -460,7 +460,20 @@ fn shape_set<T: GpuElement>(
                 &what,
                 opts.iters as usize,
                 (opts.warmup as usize, opts.warmup_ms),
-                |_| plan.run(gpu, &q, &mut kc, &mut vc, None, &mut o, &mut lse),
+                |_| {
+                    plan.run(
+                        gpu,
+                        DecodeTensors {
+                            q: &q,
+                            k_cache: &mut kc,
+                            v_cache: &mut vc,
+                            new: None,
+                            rotary: None,
+                            o: &mut o,
+                            lse: &mut lse,
+                        },
+                    )
+                },
             )?;
             let t = stats::summarize(&timed.times, bytes).ok_or_else(|| AttnError::Cuda {
                 context: what.clone(),
