@@ -2,14 +2,20 @@
 //! maps where its tile takes them), attn_combine. Each takes parameter blocks whose addresses
 //! the caller checked ([`super::DecodeLaunch::run`]).
 
+use super::kernels::PlanKernels;
 use super::params::{AppendParams, CacheMap, CombineParams, DecodeParams, RotaryMap};
-use super::{BULK_ENV, DECODE_ROWS, PlanKernels, row_blocks};
+use super::tile::{BULK_ENV, DECODE_ROWS};
 use crate::cuda::runtime::device::{Gpu, LoadedKernel, cuda_err};
 use crate::cuda::runtime::launch::{FlashParams, KernelKind, Launch, LaunchInfo, launch_context};
 use crate::error::{AttnError, Result};
 use crate::problem::kvcache::{CacheDims, KvCacheShape};
 use crate::shape::{AttnProblem, Strides};
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+
+/// Row blocks per (sequence, kv head): the packed rows `seqlen_q x group` in blocks of 16.
+pub(super) fn row_blocks(p: &KvCacheShape) -> usize {
+    (p.seqlen_q * (p.heads_q / p.heads_kv)).div_ceil(DECODE_ROWS)
+}
 
 /// Launches `k` on a 1-D grid of `items.div_ceil(per_block)` blocks of `threads` threads with
 /// one parameter block.

@@ -24,19 +24,21 @@
 //!   lengths; [`forward_device`] plans and runs in one call, [`forward_host`] on host buffers.
 
 mod host;
+mod kernels;
 mod launch;
 mod params;
 mod tile;
 
 pub use host::forward_host;
-pub use tile::{BULK_ENV, CacheRows, DecodeTile};
+pub use kernels::append_defines;
+pub use tile::{BULK_ENV, CacheRows, DECODE_ROWS, DecodeTile};
+
+use kernels::PlanKernels;
+use launch::row_blocks;
 
 use crate::cuda::runtime::args::{check_aligned, check_contexts, check_streams};
-use crate::cuda::runtime::device::{Gpu, LoadedKernel, cuda_err};
-use crate::cuda::runtime::launch::{
-    GpuElement, Launch, LaunchInfo, launch_context, score_defines, set_dynamic_smem, upload_slopes,
-};
-use crate::cuda::sources::KernelSource;
+use crate::cuda::runtime::device::{Gpu, cuda_err};
+use crate::cuda::runtime::launch::{GpuElement, Launch, LaunchInfo, upload_slopes};
 use crate::dtype::DType;
 use crate::error::{AttnError, Result};
 use crate::problem::kvcache::{
@@ -45,9 +47,6 @@ use crate::problem::kvcache::{
 use crate::shape::{AttnProblem, AttnShape, Strides};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use params::{CacheMap, DecodeParams, RotaryMap};
-
-/// Packed (query, head) rows per attn_decode block.
-pub const DECODE_ROWS: usize = 16;
 
 /// The split count a call gets: `splits` when given (1..=[`MAX_SPLITS`]), else
 /// [`num_splits`] over the blocks of one split (kv heads x row blocks x batch) against
@@ -73,11 +72,6 @@ pub fn splits_for(
             max_seqlen_k,
         )),
     }
-}
-
-/// Row blocks per (sequence, kv head): the packed rows `seqlen_q x group` in blocks of 16.
-fn row_blocks(p: &KvCacheShape) -> usize {
-    (p.seqlen_q * (p.heads_q / p.heads_kv)).div_ceil(DECODE_ROWS)
 }
 
 /// The dense problem whose parameter block attn_decode reads: q and o dense
@@ -765,116 +759,9 @@ pub fn forward_device<T: GpuElement>(
     DecodePlan::new(gpu, p, T::DTYPE, splits)?.run(gpu, t)
 }
 
-/// The kernels of a plan, compiled (or found in the module cache) once, with attn_decode's
-/// shared-memory limit raised once.
-struct PlanKernels {
-    decode: LoadedKernel,
-    tile: DecodeTile,
-    smem: usize,
-    combine: Option<LoadedKernel>,
-    append: Option<LoadedKernel>,
-}
-
-/// NVRTC defines of the optional features of a shape (none when they are off, so that a
-/// call without them runs the same specialisation as before they existed): `HAS_BATCH_IDX`,
-/// `HAS_LEFTPAD`, `ROTARY` and `ROTARY_INTERLEAVED`.
-fn feature_defines(p: &KvCacheShape) -> Vec<(String, String)> {
-    let on = |name: &str| (name.to_string(), "1".to_string());
-    let mut d = Vec::new();
-    if p.batch_idx {
-        d.push(on("HAS_BATCH_IDX"));
-    }
-    if p.leftpad {
-        d.push(on("HAS_LEFTPAD"));
-    }
-    if let Some(r) = &p.rotary {
-        d.push(on("ROTARY"));
-        if r.interleaved {
-            d.push(on("ROTARY_INTERLEAVED"));
-        }
-    }
-    d
-}
-
-impl PlanKernels {
-    fn new(
-        gpu: &Gpu,
-        p: &KvCacheShape,
-        env: &AttnProblem,
-        dtype: DType,
-        tile: DecodeTile,
-    ) -> Result<Self> {
-        let allowed = gpu.info().smem_per_block_optin as usize;
-        let smem = tile.smem_bytes(p.head_dim);
-        if smem > allowed {
-            return Err(AttnError::TooLarge {
-                kernel: "attn_decode",
-                reason: format!(
-                    "head_dim {} needs {smem} bytes of shared memory per block, the device allows {allowed}: use the CPU backend",
-                    p.head_dim
-                ),
-            });
-        }
-        let paged = p.is_paged();
-        let features = feature_defines(p);
-        let mut defines = tile.defines(dtype, p.head_dim, p.mask.is_causal(), paged);
-        defines.extend(score_defines(env));
-        defines.extend(features.iter().cloned());
-        let decode = gpu.kernel(KernelSource::AttnDecode, "attn_decode", &defines)?;
-        set_dynamic_smem(&decode.function, smem, &launch_context("attn_decode", env))?;
-        let append = (p.seqlen_new > 0)
-            .then(|| {
-                gpu.kernel(
-                    KernelSource::KvAppend,
-                    "kv_append",
-                    &append_defines(p, dtype),
-                )
-            })
-            .transpose()?;
-        Ok(PlanKernels {
-            decode,
-            tile,
-            smem,
-            combine: None,
-            append,
-        })
-    }
-
-    /// Compiles (or finds) attn_combine for a plan with more than one split.
-    fn add_combine(&mut self, gpu: &Gpu, p: &KvCacheShape, dtype: DType) -> Result<()> {
-        let defines = [
-            ("HEAD_DIM".to_string(), p.head_dim.to_string()),
-            (
-                "IS_BF16".to_string(),
-                u8::from(dtype == DType::BF16).to_string(),
-            ),
-        ];
-        self.combine = Some(gpu.kernel(KernelSource::AttnCombine, "attn_combine", &defines)?);
-        Ok(())
-    }
-}
-
-/// kv_append's defines: HEAD_DIM, IS_PAGED and the features; IS_BF16 with a rotary embedding
-/// only (the plain append copies bytes).
-pub fn append_defines(p: &KvCacheShape, dtype: DType) -> Vec<(String, String)> {
-    let mut d = vec![
-        ("HEAD_DIM".to_string(), p.head_dim.to_string()),
-        ("IS_PAGED".to_string(), u8::from(p.is_paged()).to_string()),
-    ];
-    d.extend(feature_defines(p));
-    if p.rotary.is_some() {
-        d.push((
-            "IS_BF16".to_string(),
-            u8::from(dtype == DType::BF16).to_string(),
-        ));
-    }
-    d
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::kvcache::Rotary;
 
     fn problem() -> KvCacheProblem {
         KvCacheProblem::new(
@@ -912,30 +799,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn features_off_add_no_defines() {
-        let p = problem().shape();
-        assert!(feature_defines(&p).is_empty());
-        assert_eq!(append_defines(&p, DType::BF16).len(), 2);
-        let with = KvCacheShape {
-            rotary: Some(Rotary {
-                dim: 64,
-                seqlen_ro: 40000,
-                interleaved: true,
-            }),
-            seqlen_new: 1,
-            leftpad: true,
-            ..p
-        };
-        let names: Vec<_> = append_defines(&with, DType::BF16)
-            .into_iter()
-            .map(|(n, _)| n)
-            .collect();
-        for want in ["HAS_LEFTPAD", "ROTARY", "ROTARY_INTERLEAVED", "IS_BF16"] {
-            assert!(names.iter().any(|n| n == want), "{want}");
-        }
-    }
-
     /// DecodePlan::update takes a problem whose shape is the plan's: new index values only.
     #[test]
     fn a_plan_takes_new_index_values_only() {
@@ -967,6 +830,9 @@ mod tests {
             ..next.clone()
         };
         assert_ne!(other.shape(), p.shape());
-        assert_ne!(next.clone().with_mask(crate::Mask::Causal).shape(), p.shape());
+        assert_ne!(
+            next.clone().with_mask(crate::Mask::Causal).shape(),
+            p.shape()
+        );
     }
 }

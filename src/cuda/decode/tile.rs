@@ -1,9 +1,11 @@
 //! attn_decode's tile: warps, pipeline depth, Q placement and the copy engine path, chosen per
 //! head_dim, device and call, and its shared memory.
 
-use super::DECODE_ROWS;
 use crate::dtype::DType;
 use crate::problem::kvcache::CacheDims;
+
+/// Packed (query, head) rows per attn_decode block.
+pub const DECODE_ROWS: usize = 16;
 
 /// The warps, pipeline depth and Q placement of attn_decode, and its shared memory. A tile
 /// holds 16 keys per warp.

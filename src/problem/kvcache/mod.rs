@@ -40,16 +40,13 @@ pub use cpu::{
     KvCacheOutput, MAX_SPLITS, SPLIT_BLOCK, forward_cpu, num_splits, reference, split_range,
 };
 pub use rotary::RotaryTables;
-pub use shape::{CacheDims, HostIndex, KvCacheShape, Rotary, clamp_index};
+pub use shape::{CacheDims, HostIndex, KvCacheShape, PAGE_MULTIPLE, Rotary, clamp_index};
 
 use crate::dtype::Element;
 use crate::error::{AttnError, Result};
 use crate::mask::Mask;
 use crate::problem::varlen::VarlenProblem;
 use crate::scores::ScoreMods;
-
-/// Page sizes must be a multiple of this (the GPU kernels' key tile).
-pub const PAGE_MULTIPLE: usize = 16;
 
 /// Where the cache lives.
 #[derive(Debug, Clone, PartialEq)]

@@ -24,6 +24,9 @@ use crate::mask::Mask;
 use crate::scores::ScoreMods;
 use crate::shape::check_scale;
 
+/// Page sizes must be a multiple of this (the GPU kernels' key tile).
+pub const PAGE_MULTIPLE: usize = 16;
+
 /// The cache's dimensions (the block table's values apart).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CacheDims {
@@ -38,7 +41,7 @@ pub enum CacheDims {
     Paged {
         /// Pages in the pool.
         num_blocks: usize,
-        /// Keys per page (a multiple of [`super::PAGE_MULTIPLE`]).
+        /// Keys per page (a multiple of [`PAGE_MULTIPLE`]).
         page_size: usize,
         /// Columns of the block table.
         max_blocks: usize,
@@ -106,6 +109,8 @@ pub struct HostIndex {
     pub cache_leftpad: Option<Vec<i32>>,
 }
 
+option_builders!(KvCacheShape, |p| p.batch);
+
 impl KvCacheShape {
     /// Keys a sequence can hold.
     pub fn capacity(&self) -> usize {
@@ -171,7 +176,7 @@ impl KvCacheShape {
     /// [`AttnError::ZeroDim`], [`AttnError::HeadsNotMultiple`]; [`AttnError::ShapeMismatch`]
     /// for a contiguous cache of another batch without `cache_batch_idx`;
     /// [`AttnError::InvalidInput`] for a page size that is not a positive multiple of
-    /// [`super::PAGE_MULTIPLE`], an empty page pool or cache behind a non-zero capacity, more
+    /// [`PAGE_MULTIPLE`], an empty page pool or cache behind a non-zero capacity, more
     /// new rows than the capacity, and a rotary embedding of odd, zero or more than head_dim
     /// channels, with tables shorter than the capacity, or without new rows;
     /// [`AttnError::UnsupportedFeature`] for `cache_batch_idx` or `cache_leftpad` with a paged
@@ -209,10 +214,10 @@ impl KvCacheShape {
                 page_size,
                 max_blocks,
             } => {
-                if page_size == 0 || !page_size.is_multiple_of(super::PAGE_MULTIPLE) {
+                if page_size == 0 || !page_size.is_multiple_of(PAGE_MULTIPLE) {
                     return bad(format!(
                         "page_size {page_size} is not a positive multiple of {} (the kernels' key tile)",
-                        super::PAGE_MULTIPLE
+                        PAGE_MULTIPLE
                     ));
                 }
                 if num_blocks == 0 && max_blocks > 0 {

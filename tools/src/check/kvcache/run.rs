@@ -181,7 +181,6 @@ fn run_once<T: GpuElement>(
             }
         }
     };
-    drop((o, lse));
     if let Err(e) = synced(gpu, launched, "kvcache decode launch") {
         return Ok(Err(e));
     }
