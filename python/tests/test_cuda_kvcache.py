@@ -154,3 +154,18 @@ def test_out_of_range_device_values_are_clamped():
         for guard in (big_k[0], big_k[-1], big_v[0], big_v[-1]):
             assert (guard == 7.0).all(), "a write outside the cache"
         assert rel_l2(big_k[1:-1], want_k) < 1e-3 and rel_l2(big_v[1:-1], want_v) < 1e-3
+
+
+def test_first_decode_of_a_configuration_inside_a_capture_says_warm_up():
+    """Compiling a configuration's kernels cannot be captured: the first call of one inside a
+    capture raises and says to warm up (head_dim 72 with rotary: no other test compiles it)."""
+    kw = make_call("rotary-causal", "cuda", torch.float16, d=72)
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(Exception) as e:
+        with torch.cuda.graph(g):
+            flash_attn_with_kvcache(**kw)
+    chain, x = [], e.value
+    while x is not None:
+        chain.append(str(x))
+        x = x.__cause__ or x.__context__
+    assert any("warm-up" in m for m in chain), chain
