@@ -274,9 +274,11 @@ fn jobs() -> Vec<Job> {
         }
     }
     // Decoding against a KV cache: attn_decode with the stages its launcher picks for the
-    // arch (f16 contiguous and bf16 causal paged; every modifier on sm_80 and sm_90), the
-    // split-KV combine, the in-place append and the read-bandwidth pass. d256 needs more
-    // shared memory than sm_86/89/120 allow per block: the launcher refuses it there.
+    // arch (f16 contiguous and bf16 causal paged; every modifier on sm_80 and sm_90; the
+    // KV-cache features: rotary, cache_batch_idx and cache_leftpad on a contiguous cache,
+    // rotary on a paged one), the split-KV combine, the in-place append (plain and rotary)
+    // and the read-bandwidth pass. d256 needs more shared memory than sm_86/89/120 allow per
+    // block: the launcher refuses it there.
     for &arch in CI_ARCHS.iter() {
         let limit = smem_limit(arch);
         for d in [40, 64, 128, 256] {
@@ -291,10 +293,24 @@ fn jobs() -> Vec<Job> {
                 continue;
             }
             let mods = matches!(parse_cc(arch), (8, 0) | (9, 0)) && d != 40;
-            for (dtype, causal, paged, all_mods) in [
-                (DType::F16, false, false, false),
-                (DType::BF16, true, true, false),
-                (DType::BF16, true, true, true),
+            // (dtype, causal, paged, every modifier, the KV-cache features)
+            for (dtype, causal, paged, all_mods, features) in [
+                (DType::F16, false, false, false, &[][..]),
+                (DType::BF16, true, true, false, &[][..]),
+                (DType::BF16, true, true, true, &[][..]),
+                (
+                    DType::F16,
+                    true,
+                    false,
+                    false,
+                    &[
+                        "ROTARY",
+                        "ROTARY_INTERLEAVED",
+                        "HAS_BATCH_IDX",
+                        "HAS_LEFTPAD",
+                    ][..],
+                ),
+                (DType::BF16, false, true, false, &["ROTARY"][..]),
             ] {
                 if all_mods && !mods {
                     continue;
@@ -305,6 +321,7 @@ fn jobs() -> Vec<Job> {
                         defines.push((m.into(), "1".into()));
                     }
                 }
+                defines.extend(features.iter().map(|f| (f.to_string(), "1".to_string())));
                 out.push(Job {
                     source: KernelSource::AttnDecode,
                     arch,
@@ -315,11 +332,16 @@ fn jobs() -> Vec<Job> {
                     functions: &["attn_decode"],
                     smem: tile.smem_bytes(d),
                     tile: format!(
-                        "decode {} stages{}{}{}",
+                        "decode {} stages{}{}{}{}",
                         tile.stages,
                         if tile.bulk { " copy-engine" } else { "" },
                         if paged { " paged" } else { "" },
-                        if all_mods { " mods" } else { "" }
+                        if all_mods { " mods" } else { "" },
+                        if features.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" {}", features.join("+").to_lowercase())
+                        }
                     ),
                     roles: None,
                 });
@@ -342,20 +364,49 @@ fn jobs() -> Vec<Job> {
                 roles: None,
             });
         }
-        for (d, paged) in [(40, false), (256, true)] {
+        // (head_dim, dtype, paged, the features)
+        for (d, dtype, paged, features) in [
+            (40, DType::F16, false, &[][..]),
+            (256, DType::F16, true, &[][..]),
+            (
+                64,
+                DType::F16,
+                false,
+                &[
+                    "ROTARY",
+                    "ROTARY_INTERLEAVED",
+                    "HAS_BATCH_IDX",
+                    "HAS_LEFTPAD",
+                ][..],
+            ),
+            (128, DType::BF16, true, &["ROTARY"][..]),
+        ] {
+            let mut defines = vec![
+                ("HEAD_DIM".to_string(), d.to_string()),
+                ("IS_PAGED".to_string(), u8::from(paged).to_string()),
+            ];
+            defines.extend(features.iter().map(|f| (f.to_string(), "1".to_string())));
+            if features.contains(&"ROTARY") {
+                defines.push(("IS_BF16".into(), u8::from(dtype == DType::BF16).to_string()));
+            }
             out.push(Job {
                 source: KernelSource::KvAppend,
                 arch,
                 d,
-                dtype: DType::F16,
+                dtype,
                 causal: false,
-                defines: vec![
-                    ("HEAD_DIM".into(), d.to_string()),
-                    ("IS_PAGED".into(), u8::from(paged).to_string()),
-                ],
+                defines,
                 functions: &["kv_append"],
                 smem: 0,
-                tile: if paged { "append paged" } else { "append" }.into(),
+                tile: format!(
+                    "append{}{}",
+                    if paged { " paged" } else { "" },
+                    if features.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" {}", features.join("+").to_lowercase())
+                    }
+                ),
                 roles: None,
             });
         }

@@ -7,12 +7,17 @@
 
 use flashattn::compare::{Tolerance, diff_rows, random_seed, random_vec};
 use flashattn::kvcache::{
-    CacheLayout, KvCacheProblem, MAX_SPLITS, append, forward_cpu, num_splits, place, reference,
-    shuffled_pages, split_range,
+    CacheLayout, KvCacheProblem, MAX_SPLITS, RotaryTables, append, forward_cpu, num_splits, place,
+    reference, shuffled_pages, split_range,
 };
 use flashattn::scores::{Alibi, ScoreMods, Window};
 use flashattn::{AttnError, Element, Mask};
 use half::{bf16, f16};
+
+/// No rotary tables.
+fn none<'a, T>() -> RotaryTables<'a, T> {
+    RotaryTables::none()
+}
 
 /// Shapes of one test call.
 struct Call {
@@ -57,8 +62,8 @@ fn run<T: Element>(
     label: &str,
 ) -> (Vec<T>, Vec<f32>) {
     let (mut kc, mut vc) = (place(p, &logical.0), place(p, &logical.1));
-    let out = forward_cpu(p, q, &mut kc, &mut vc, &new.0, &new.1, splits).unwrap();
-    let r = reference(p, q, &kc, &vc).unwrap();
+    let out = forward_cpu(p, q, &mut kc, &mut vc, &new.0, &new.1, none(), splits).unwrap();
+    let r = reference(p, q, &kc, &vc, none()).unwrap();
     let (hq, sq, d) = (p.heads_q, p.seqlen_q, p.head_dim);
     let (od, ld) = diff_rows(
         out.o.iter().map(|x| x.to_f64()),
@@ -205,7 +210,7 @@ fn cache_empty_and_full() {
         vec![f16::ZERO; p.cache_len()],
         vec![f16::ZERO; p.cache_len()],
     );
-    let out = forward_cpu(&p, &q, &mut kc, &mut vc, &[], &[], 3).unwrap();
+    let out = forward_cpu(&p, &q, &mut kc, &mut vc, &[], &[], none(), 3).unwrap();
     assert!(out.o.iter().all(|x| x.to_f32() == 0.0));
     assert!(out.lse.iter().all(|&l| l == f32::NEG_INFINITY));
 }
@@ -249,7 +254,7 @@ fn appended_rows_land_across_a_page_boundary() {
     let ((lk, lv), _, (nk, nv)) = data::<f16>(&c, 7);
     for p in [&cp, &pp] {
         let (mut kc, mut vc) = (place(p, &lk), place(p, &lv));
-        append(p, &mut kc, &mut vc, &nk, &nv).unwrap();
+        append(p, &mut kc, &mut vc, &nk, &nv, none()).unwrap();
         let row = 8;
         for (b, old) in lk.iter().enumerate() {
             for r in 0..5 {
@@ -360,7 +365,7 @@ fn invalid_calls_are_refused() {
     let mut kc = vec![f16::ONE; p.cache_len()];
     let mut vc = vec![f16::ONE; p.cache_len()];
     let new: Vec<f16> = random_vec(2 * 8, 4);
-    let short = forward_cpu(&p, &q, &mut kc, &mut vc, &new[..15], &new, 1);
+    let short = forward_cpu(&p, &q, &mut kc, &mut vc, &new[..15], &new, none(), 1);
     assert!(matches!(
         short,
         Err(AttnError::BufferTooShort {
@@ -368,26 +373,27 @@ fn invalid_calls_are_refused() {
             ..
         })
     ));
-    let zero = forward_cpu(&p, &q, &mut kc, &mut vc, &new, &new, 0);
+    let zero = forward_cpu(&p, &q, &mut kc, &mut vc, &new, &new, none(), 0);
     assert!(matches!(zero, Err(AttnError::InvalidInput { .. })));
     // New rows given to a call without seqlen_new would be dropped: refused, on every path.
-    let none = contiguous(vec![3, 4], 0).unwrap();
-    let dropped = forward_cpu(&none, &q, &mut kc, &mut vc, &new, &new, 1);
+    let plain = contiguous(vec![3, 4], 0).unwrap();
+    let dropped = forward_cpu(&plain, &q, &mut kc, &mut vc, &new, &new, none(), 1);
     assert!(
         matches!(dropped, Err(AttnError::InvalidInput { what }) if what.contains("seqlen_new is 0"))
     );
     let auto = flashattn::kvcache::forward(
         flashattn::BackendChoice::Auto,
-        &none,
+        &plain,
         &q,
         &mut kc,
         &mut vc,
         &new,
         &new,
+        none(),
         None,
     );
     assert!(matches!(auto, Err(AttnError::InvalidInput { .. })));
-    assert!(append(&none, &mut kc, &mut vc, &new, &new).is_err());
+    assert!(append(&plain, &mut kc, &mut vc, &new, &new, none()).is_err());
     assert!(
         kc.iter().all(|x| *x == f16::ONE),
         "nothing written by a refused call"
@@ -417,7 +423,7 @@ fn nan_inputs_propagate_to_the_rows_that_read_them() {
     kc[at + 3] = f32::NAN;
     let mut vc: Vec<f32> = random_vec(p.cache_len(), 3);
     for splits in 1..=5 {
-        let out = forward_cpu(&p, &q, &mut kc, &mut vc, &[], &[], splits).unwrap();
+        let out = forward_cpu(&p, &q, &mut kc, &mut vc, &[], &[], none(), splits).unwrap();
         for b in 0..2 {
             for i in 0..2 {
                 for h in 0..4 {

@@ -13,8 +13,12 @@
 //   warp takes 16 keys of a tile with the 16 rows (mma.m16n8k16, the fragment layouts of
 //   attn_mma.cu proven by layout_probe.cu) and keeps its own online softmax; the warps merge
 //   through shared memory at the end.
-// - The cache is contiguous or paged (kv_cache.cuh); rows past a sequence's length are
-//   zero-filled and masked, never read.
+// - The cache is contiguous or paged (kv_cache.cuh, which clamps every index value it reads:
+//   they live on the device, unvalidated); rows past a sequence's length are zero-filled and
+//   masked, never read. HAS_BATCH_IDX / HAS_LEFTPAD: contiguous caches whose sequences are
+//   picked by cache_batch_idx and start at row cache_leftpad.
+// - ROTARY: q's rows are rotated in shared memory once they land (rotary.cuh), before any
+//   warp reads their fragments.
 // - Output: with one split, o in the element type and lse (natural log) directly; with more,
 //   f32 partials o_accum/lse_accum that attn_combine.cu merges.
 // - BULK (sm_90, D a multiple of 64): a producer warp beside the NWARPS consumer warps streams
@@ -23,11 +27,13 @@
 //   full mbarrier per stage; the consumers read through the swizzle and release each stage on
 //   an empty mbarrier instead of meeting at a block barrier every tile.
 // Specialised by HEAD_DIM (multiple of 8, <= 256), IS_BF16, IS_CAUSAL, IS_PAGED, NWARPS (4 or
-// 8), NSTAGES, Q_IN_REGS, BULK and the score modifiers of attn_common.cuh (IS_LOCAL,
-// HAS_SOFTCAP, HAS_ALIBI).
+// 8), NSTAGES, Q_IN_REGS, BULK, the score modifiers of attn_common.cuh (IS_LOCAL,
+// HAS_SOFTCAP, HAS_ALIBI), HAS_BATCH_IDX, HAS_LEFTPAD, ROTARY and ROTARY_INTERLEAVED; each
+// feature off compiles none of its code.
 #include "ptx.cuh"
 #include "attn_common.cuh"
 #include "kv_cache.cuh"
+#include "rotary.cuh"
 #include "softmax.cuh"
 #ifndef BULK
 #define BULK 0
@@ -75,6 +81,7 @@ struct DecodeParams {
     float *lse_accum; // [num_splits, batch, heads_q, seqlen_q]
     int num_splits;
     CacheMap map;
+    RotaryMap rot; // ROTARY
 };
 
 // A tile is BC / 16 groups of 16 keys. A group never crosses a page (page sizes are multiples
@@ -106,6 +113,25 @@ FA_DEVICE void load_kv(u32 dK, u32 dV, const u16 *kb, const u16 *vb, i64 ss, int
     }
 }
 
+#if ROTARY
+// Q's rows of this block (shared memory row r = packed row r0 + r, RS elements apart) rotated
+// at their positions: query i at len + i (rot.per_row) or len, at most the tables' last row
+// (a clamp for positions the host would refuse). One pair per thread.
+FA_DEVICE void rotate_q(u16 *sq, const RotaryMap &rot, int r0, int nrows, int group, int len, int tid) {
+    const int half = rot.dim / 2;
+    for (int n = tid; n < ROWS * half; n += NT) {
+        const int r = n / half, k = n % half, gr = r0 + r;
+        if (gr >= nrows) continue;
+        const int pos = min(len + (rot.per_row ? gr / group : 0), rot.seqlen_ro - 1);
+        u16 *x0 = sq + r * RS + rotary_first(k, rot.dim), *x1 = sq + r * RS + rotary_second(k, rot.dim);
+        const float a = to_f32(*x0), e = to_f32(*x1);
+        const float c = to_f32(rot.cos[(i64)pos * half + k]), s = to_f32(rot.sin[(i64)pos * half + k]);
+        *x0 = from_f32(rotary_apply(a, e, c, s, true));
+        *x1 = from_f32(rotary_apply(e, a, c, s, false));
+    }
+}
+#endif
+
 // Shared address of 16-byte chunk c of row `row` in a K or V stage at `base`.
 #if BULK
 // The copy engine's 128-byte swizzle: chunk c % 8 of a 128-byte row sits at (c % 8) ^ (row % 8)
@@ -134,7 +160,8 @@ extern "C" __global__ void __launch_bounds__(NT_ALL) attn_decode(const Params p_
     const int m_block = blockIdx.x % p_in.num_m_blocks, hk = blockIdx.x / p_in.num_m_blocks;
     const int split = blockIdx.y, b = blockIdx.z;
     Params p = p_in;
-    p.seqlen_k = dp.map.cache_seqlens[b] + dp.map.seqlen_new;
+    const SeqMap sm = seq_map(dp.map, b); // the sequence's clamped index values
+    p.seqlen_k = seq_keys(dp.map, sm);
     const int nrows = p.seqlen_q * p.group; // packed rows of this kv head
     const int r0 = m_block * ROWS;
     const int i_first = r0 / p.group, i_last = (min(r0 + ROWS, nrows) - 1) / p.group;
@@ -159,9 +186,12 @@ extern "C" __global__ void __launch_bounds__(NT_ALL) attn_decode(const Params p_
         const u16 *g = ok ? p.q + b * p.q_sb + i * p.q_ss + h * p.q_sh + c * 8 : p.q;
         cp_async_16(sQ + (u32)(r * RS + c * 8) * 2, g, ok ? 16 : 0);
     }
+#if ROTARY && !BULK
+    cp_async_commit(); // Q alone, rotated once it lands
+#endif
     // Element offset of key j's group (j < seqlen_k), straight from the map (cache_row).
     auto direct = [&](int n0) {
-        return [&, n0](int m) { return cache_row(dp.map, p.k_sb, p.k_ss, b, n0 + 16 * m); };
+        return [&, n0](int m) { return cache_row(dp.map, sm, p.k_sb, p.k_ss, b, n0 + 16 * m); };
     };
 #if BULK
     // full[s] (one arrival, the producer's, plus the stage's bytes), empty[s] (one arrival per
@@ -196,10 +226,10 @@ extern "C" __global__ void __launch_bounds__(NT_ALL) attn_decode(const Params p_
             const int it = j - t_begin, st = it % NSTAGES;
             const int key = j * BC + lane * box_rows;
             const bool mine = lane < chunks && key < p.seqlen_k;
-            int row = key, blk = b; // contiguous: (key, sequence)
+            int row = sm.start + key, blk = sm.row_b; // contiguous: (row, cache sequence)
 #if IS_PAGED
             if (mine) {
-                blk = dp.map.block_table[(i64)b * dp.map.max_blocks + key / dp.map.page_size];
+                blk = cache_page(dp.map, b, key);
                 row = key % dp.map.page_size;
             }
 #endif
@@ -217,6 +247,10 @@ extern "C" __global__ void __launch_bounds__(NT_ALL) attn_decode(const Params p_
         }
         return;
     }
+#if ROTARY
+    rotate_q(smem, dp.rot, r0, nrows, p.group, sm.len, tid);
+    named_sync(1, NT); // the consumers' rotated rows, before any warp reads Q's fragments
+#endif
 #else
 #pragma unroll
     for (int s = 0; s < NSTAGES - 1; ++s) {
@@ -225,6 +259,12 @@ extern "C" __global__ void __launch_bounds__(NT_ALL) attn_decode(const Params p_
             load_kv(sK + s * STAGE, sV + s * STAGE, kb, vb, p.k_ss, j * BC, p.seqlen_k, direct(j * BC));
         cp_async_commit();
     }
+#if ROTARY
+    cp_async_wait<NSTAGES - 1>(); // Q's group (the stages' may still be in flight)
+    __syncthreads();
+    rotate_q(smem, dp.rot, r0, nrows, p.group, sm.len, tid);
+    // the loop's first barrier publishes the rotated rows before Q's fragments are read
+#endif
 #endif
 #if IS_PAGED && !BULK
     // Group offsets of the first tile the loop loads, staged; the loop reads the block table
@@ -234,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(NT_ALL) attn_decode(const Params p_
     i64 *sGroups = (i64 *)((char *)smem + SMEM_PAGES); // [3][GROUPS]
     auto group_of = [&](int n0, int m) -> i64 {
         const int key = n0 + 16 * m;
-        return key < p.seqlen_k ? cache_row(dp.map, p.k_sb, p.k_ss, b, key) : 0;
+        return key < p.seqlen_k ? cache_row(dp.map, sm, p.k_sb, p.k_ss, b, key) : 0;
     };
     if (tid < GROUPS) sGroups[((t_begin + NSTAGES - 1) % 3) * GROUPS + tid] = group_of((t_begin + NSTAGES - 1) * BC, tid);
     // the tile after it, in flight through the first iteration

@@ -15,10 +15,14 @@ tensors (float16, bfloat16) on its GPU kernels, compiled at run time by NVRTC (f
 current stream (PyTorch's or CuPy's) with no copy and no device synchronisation, so a call can
 be captured in a CUDA graph (JAX GPU arrays are refused: JAX arrays are immutable). PyTorch
 tensors that require grad get gradients through ``torch.autograd`` (``flash_attn_func`` and
-the packed functions, every score modifier included). The variable-length functions and
-``flash_attn_with_kvcache`` run on CUDA tensors too, but copy their index arrays
-(``cu_seqlens_*``, ``cache_seqlens``, ``block_table``) to the host to validate and plan the
-call: on CUDA those calls synchronise and cannot be captured in a graph.
+the packed functions, every score modifier included). ``flash_attn_with_kvcache`` reads
+its index arrays (``cache_seqlens``, ``block_table``, ``cache_batch_idx``, ``cache_leftpad``:
+int32 tensors on q's device) on the device, without a copy or a synchronisation, so a decoding
+step can be captured in a CUDA graph and replayed with new cache lengths (the kernels clamp
+out-of-range values instead of validating them, as FlashAttention-2 does not validate them
+either). The variable-length functions run on CUDA tensors too, but copy their offsets
+(``cu_seqlens_*``) to the host to validate and plan the call: on CUDA those calls synchronise
+and cannot be captured in a graph.
 
 Semantics are FlashAttention-2's: ``[batch, seqlen, heads, head_dim]`` layout, causal
 aligned bottom-right, ``window_size=(left, right)`` (a tuple, list or tensor of two ints)
@@ -51,10 +55,10 @@ Errors: every call that flashattn refuses raises :class:`FlashAttnError` (a ``Va
 at the call, before anything runs, with a message that says what is wrong and what to do.
 What flashattn does not implement raises its subclass :class:`FlashAttnUnsupportedError`
 (also a ``NotImplementedError``): ``dropout_p > 0``, ``block_table`` in
-``flash_attn_varlen_func``, the rotary, ``cache_batch_idx`` and ``cache_leftpad`` arguments
-of ``flash_attn_with_kvcache``, JAX GPU arrays, a head_dim above 256, and, on a GPU whose
-shared memory cannot hold the backward of a head_dim above 128, a call whose gradients are
-wanted. One refusal waits for the backward, because FlashAttention-2 code calls these
+``flash_attn_varlen_func``, ``cache_batch_idx`` or ``cache_leftpad`` with a paged cache in
+``flash_attn_with_kvcache`` (FlashAttention-2 refuses both), JAX GPU arrays, a head_dim above
+256, and, on a GPU whose shared memory cannot hold the backward of a head_dim above 128, a
+call whose gradients are wanted. One refusal waits for the backward, because FlashAttention-2 code calls these
 functions on tensors that require grad without taking gradients: the variable-length
 functions and ``flash_attn_with_kvcache`` have no backward in this version, so their output
 is computed and their backward (``.backward()`` through them) raises
@@ -804,11 +808,11 @@ def _default_scale(head_dim):
 
 class _KvCache:
     """A KV-cache call (arguments checked) for :func:`_function` or for a direct run:
-    `forward(q, k, v)` with the caches and index arrays held here."""
+    `forward(q, k, v)` with the caches, index arrays and rotary tables held here."""
 
-    def __init__(self, k_cache, v_cache, lens, table, max_blocks, scores, num_splits):
+    def __init__(self, k_cache, v_cache, index, rotary, scores, num_splits):
         self.k_cache, self.v_cache = k_cache, v_cache
-        self.lens, self.table, self.max_blocks = lens, table, max_blocks
+        self.index, self.rotary = index, rotary
         self.scores, self.num_splits = scores, num_splits
 
     def forward(self, q, k, v):
@@ -824,9 +828,15 @@ class _KvCache:
         out, lse = _outputs(q, 4, (0, 2, 1))
         stream, current = _stream(q)
         new = [None if x is None else _dl(x) for x in (k, v)]
+        cos, sin, interleaved = self.rotary
+        workspace = None
+        if stream is not None:  # CUDA: the split-KV partials, in q's framework and stream
+            def workspace(n):
+                return _empty_like(q, (n,), float32=True)
         _native.kvcache_forward(
-            _dl(q), _dl(k_cache), _dl(v_cache), *new, out, lse, self.lens, self.table,
-            self.max_blocks, *scores, self.num_splits, stream, current,
+            _dl(q), _dl(k_cache), _dl(v_cache), *new, out, lse, *self.index,
+            None if cos is None else _dl(cos), None if sin is None else _dl(sin), interleaved,
+            *scores, self.num_splits, workspace, stream, current,
         )
         return out, lse
 
@@ -834,7 +844,8 @@ class _KvCache:
         """The call with q, the caches and the new rows padded with zero channels to the next
         multiple of 8 (copies, the caches whole, as FlashAttention-2 does), the default scale
         kept at the true head_dim's, out cut back and the new rows copied back into the
-        caller's caches."""
+        caller's caches. (Rotary tables cover the first rotary_dim <= head_dim channels: the
+        padding is not rotated.)"""
         d = q.shape[-1]
         width = d + (-d) % 8
         scale, *rest = self.scores
@@ -854,21 +865,74 @@ class _KvCache:
         )
 
 
-def _kvcache_call(k_cache, v_cache, cache_seqlens, block_table, scores, num_splits):
-    """A KV-cache call with its index arguments copied to the host and checked."""
-    if cache_seqlens is None:
-        lens = None  # the caches are full
-    elif isinstance(cache_seqlens, (numbers.Integral, bool)):
+def _index_tensor(name, x, ndim, what, cuda):
+    """An index argument of :func:`flash_attn_with_kvcache` as the native call takes it: on
+    CUDA the caller's tensor itself (int32 on q's device, which the native call checks and
+    reads there, without a copy); on the CPU a compact int32 NumPy array of the caller's
+    integers (any integer array or list within int32)."""
+    if x is None:
+        return None
+    if cuda:
+        if not hasattr(x, "__dlpack__"):
+            raise FlashAttnError(
+                f"{name} is a {type(x).__name__}: a CUDA call takes an int32 tensor {what} on "
+                "q's device (read there, without a copy)"
+            )
+        return x
+    import numpy
+
+    values, shape = _host_ints(name, x, ndim, what)
+    return numpy.asarray(values, dtype=numpy.int32).reshape(shape)
+
+
+def _capacity(k_cache, k, block_table):
+    """The rows a sequence's cache holds minus the new rows (FlashAttention-2's cache_seqlens
+    when none is given: the caches are full), from the shapes alone; 0 for shapes the native
+    call will refuse."""
+    try:
+        rows = int(k_cache.shape[1])
+        if block_table is not None:
+            rows *= int(block_table.shape[1])
+        return max(rows - (0 if k is None else int(k.shape[1])), 0)
+    except (AttributeError, IndexError, TypeError):
+        return 0
+
+
+def _device_lens(q, value):
+    """One cache length for every sequence as an int32 tensor ``[batch]`` on q's device: a
+    fill on q's framework's current stream (no copy from the host: a graph capture records
+    it)."""
+    name, fw = _framework(q)
+    batch = int(q.shape[0]) if len(q.shape) else 0
+    if name == "torch":
+        return fw.full((batch,), value, dtype=fw.int32, device=q.device)
+    with q.device:  # CuPy
+        return fw.full((batch,), value, dtype=fw.int32)
+
+
+def _kvcache_call(q, k_cache, v_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad,
+                  block_table, rotary_cos, rotary_sin, rotary_interleaved, scores, num_splits):
+    """A KV-cache call with its index arguments in the form the native call takes (see
+    :func:`_index_tensor`; on CUDA nothing is read from the device)."""
+    cuda = _on_cuda(q)
+    if isinstance(cache_seqlens, (numbers.Integral, bool)):
         lens = _int("cache_seqlens", cache_seqlens, -(2**31), 2**31 - 1)  # every sequence's
+        if cuda:
+            lens = _device_lens(q, lens)
+    elif cache_seqlens is None:
+        lens = _device_lens(q, _capacity(k_cache, k, block_table)) if cuda else None
     else:
-        lens, _ = _host_ints("cache_seqlens", cache_seqlens, 1, "[batch]")
+        lens = _index_tensor("cache_seqlens", cache_seqlens, 1, "[batch]", cuda)
+    index = (
+        lens,
+        _index_tensor("block_table", block_table, 2, "[batch, max_blocks]", cuda),
+        _index_tensor("cache_batch_idx", cache_batch_idx, 1, "[batch]", cuda),
+        _index_tensor("cache_leftpad", cache_leftpad, 1, "[batch]", cuda),
+    )
     # 0: the library picks (the native calls take no negative count).
     num_splits = _int("num_splits", num_splits, 0, 2**63 - 1)
-    table, max_blocks = None, 0
-    if block_table is not None:
-        table, shape = _host_ints("block_table", block_table, 2, "[batch, max_blocks]")
-        max_blocks = int(shape[1])
-    return _KvCache(k_cache, v_cache, lens, table, max_blocks, scores, num_splits)
+    rotary = (rotary_cos, rotary_sin, bool(rotary_interleaved))
+    return _KvCache(k_cache, v_cache, index, rotary, scores, num_splits)
 
 
 def flash_attn_with_kvcache(
@@ -893,13 +957,43 @@ def flash_attn_with_kvcache(
     return_softmax_lse=False,
 ):
     """Decoding against a KV cache: q ``[batch, seqlen_q, heads_q, head_dim]``; ``k_cache``,
-    ``v_cache`` ``[batch, seqlen_cache, heads_kv, head_dim]`` or, with ``block_table`` int32
-    ``[batch, max_blocks]``, paged ``[num_blocks, page_size, heads_kv, head_dim]``; new rows
-    ``k``, ``v`` ``[batch, seqlen_new, heads_kv, head_dim]`` are written into the caches at
-    ``cache_seqlens`` (an int or int32 ``[batch]``) in place before attending; every tensor
-    compact (this version), pages a multiple of 16 keys. Returns out (and
-    lse ``[batch, heads_q, seqlen_q]`` with ``return_softmax_lse``). ``num_splits`` > 0 sets the
-    split-KV count (0: one on the CPU, the library's heuristic on the GPU).
+    ``v_cache`` ``[batch_cache, seqlen_cache, heads_kv, head_dim]`` or, with ``block_table``
+    int32 ``[batch, max_blocks]``, paged ``[num_blocks, page_size, heads_kv, head_dim]``
+    (pages a multiple of 16 keys); new rows ``k``, ``v`` ``[batch, seqlen_new, heads_kv,
+    head_dim]`` are written into the caches at rows ``cache_seqlens[b]..`` in place before
+    attending; every tensor compact (this version). Returns out (and lse ``[batch, heads_q,
+    seqlen_q]`` with ``return_softmax_lse``). ``num_splits`` > 0 sets the split-KV count (0:
+    one on the CPU, the library's heuristic on the GPU).
+
+    As FlashAttention-2:
+
+    - ``cache_seqlens``: an int, or int32 ``[batch]``: each sequence's cache length before
+      the call (None: the caches are full).
+    - ``cache_batch_idx`` int32 ``[batch]``: batch entry b uses cache sequence
+      ``cache_batch_idx[b]`` of a contiguous cache of any batch (default b). With new rows,
+      entries must differ.
+    - ``cache_leftpad`` int32 ``[batch]``: sequence b's keys start at cache row
+      ``cache_leftpad[b]`` (contiguous caches); causal, windows and ALiBi count keys from there.
+    - ``rotary_cos``, ``rotary_sin`` ``[seqlen_ro, rotary_dim / 2]`` (q's dtype, seqlen_ro at
+      least the cache's capacity, rotary_dim even and at most head_dim; they need new rows):
+      the first rotary_dim channels of the new keys are rotated at positions
+      ``cache_seqlens[b] + t`` before they are written, and q's at ``cache_seqlens[b] + i``
+      (causal or a local window) or ``cache_seqlens[b]`` (otherwise); pairs ``(2k, 2k + 1)``
+      with ``rotary_interleaved`` (the default), else ``(k, k + rotary_dim / 2)``.
+    - ``cache_batch_idx`` and ``cache_leftpad`` with a paged cache raise
+      :class:`FlashAttnUnsupportedError` (FlashAttention-2 refuses them too).
+
+    On CUDA the index arrays (``cache_seqlens``, ``block_table``, ``cache_batch_idx``,
+    ``cache_leftpad``) must be int32 tensors on q's device (an int ``cache_seqlens`` is filled
+    into one there): they are read on the device, never copied to the host, and the call does
+    not synchronise, so a decoding step can be captured in a CUDA graph (after one call of the
+    same configuration outside the capture, which compiles its kernels) and replayed with new
+    values written into those tensors. Their values are not validated there (neither are
+    they by FlashAttention-2): the kernels clamp what they read (a length to the capacity
+    minus the new rows, a first row to the length, a cache sequence and a page to the cache),
+    so that no value reads or writes outside the tensors, and a call with out-of-range values
+    computes the call with the clamped ones. On the CPU every value is checked. ALiBi slopes
+    are copied to the host (on CUDA that call synchronises and cannot be captured).
 
     Every head_dim up to 256 runs. On CUDA, a head_dim that is not a multiple of 8 runs as
     FlashAttention-2 runs it: q, the caches and the new rows are copied padded with zero
@@ -907,33 +1001,27 @@ def flash_attn_with_kvcache(
     the new rows copied back into the caller's caches after the call; the default scale stays
     ``1/sqrt(head_dim)`` of the true head_dim. Multiples of 8 copy nothing.
 
-    ``rotary_cos``/``rotary_sin``, ``cache_batch_idx`` and ``cache_leftpad`` must be None
-    (else :class:`FlashAttnUnsupportedError`). No backward (FlashAttention-2 has none either):
-    tensors that require grad are fine, but a backward through the output raises
-    :class:`FlashAttnUnsupportedError`."""
-    for name, arg in (
-        ("rotary_cos", rotary_cos),
-        ("rotary_sin", rotary_sin),
-        ("cache_batch_idx", cache_batch_idx),
-        ("cache_leftpad", cache_leftpad),
-    ):
-        if arg is not None:
-            raise FlashAttnUnsupportedError(f"{name}: not supported by flashattn yet; pass None")
+    No backward (FlashAttention-2 has none either): tensors that require grad are fine, but a
+    backward through the output raises :class:`FlashAttnUnsupportedError`."""
     if _compiling():
         out, lse = _ops().kvcache(
-            q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
-            window_size, softcap, alibi_slopes, num_splits,
+            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+            rotary_interleaved, alibi_slopes, num_splits,
         )
         return (out, lse) if return_softmax_lse else out
     scores = _scores(softmax_scale, causal, window_size, softcap, alibi_slopes)
-    _tensors(("k", "v"), q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
-    call = _kvcache_call(k_cache, v_cache, cache_seqlens, block_table, scores, num_splits)
+    _tensors(("k", "v", "rotary_cos", "rotary_sin"), q=q, k_cache=k_cache, v_cache=v_cache,
+             k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin)
+    call = _kvcache_call(
+        q, k_cache, v_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+        rotary_cos, rotary_sin, rotary_interleaved, scores, num_splits,
+    )
     if _wants_grad(q, k, v):
         out, lse = _function().apply(call, q, k, v)
     else:
         out, lse = call.forward(q, k, v)
     return (out, lse) if return_softmax_lse else out
-
 
 
 class _AfterTorch:

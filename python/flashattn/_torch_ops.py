@@ -13,7 +13,8 @@ code, so compiled and eager calls run the same native calls on the same bytes.
   backward lands: a backward op, so that tracing a model's backward does not raise, only
   running it).
 - ``flashattn::kvcache_fwd``: decoding against a KV cache; writes the new rows into
-  ``k_cache``/``v_cache`` in place (declared as mutated), no autograd.
+  ``k_cache``/``v_cache`` in place (declared as mutated), no autograd. It reads its index
+  tensors on the device without synchronising, so it carries no ``cudagraph_unsafe`` tag.
 
 Imported only by callers that pass PyTorch tensors (the package does not need torch);
 the ops are registered once, on import.
@@ -31,7 +32,8 @@ _OPS = "flashattn"
 
 
 def _syncs():
-    """The tags of an op that copies index arrays to the host (a synchronisation on CUDA):
+    """The tags of an op that copies index arrays to the host (a synchronisation on CUDA: the
+    variable-length ops):
     ``cudagraph_unsafe``, so that ``torch.compile(mode="reduce-overhead")`` leaves it out of
     its CUDA graphs, where the torch version has the tag."""
     tag = getattr(torch.Tag, "cudagraph_unsafe", None)
@@ -240,36 +242,46 @@ varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup)
 # ---- decoding against a KV cache ----
 
 
-@torch.library.custom_op(f"{_OPS}::kvcache_fwd", mutates_args=("k_cache", "v_cache"), **_syncs())
+@torch.library.custom_op(f"{_OPS}::kvcache_fwd", mutates_args=("k_cache", "v_cache"))
 def kvcache_fwd(
     q: Tensor,
     k_cache: Tensor,
     v_cache: Tensor,
     k: Optional[Tensor],
     v: Optional[Tensor],
+    rotary_cos: Optional[Tensor],
+    rotary_sin: Optional[Tensor],
     cache_seqlens: Optional[Tensor],
     cache_seqlens_all: Optional[int],
+    cache_batch_idx: Optional[Tensor],
+    cache_leftpad: Optional[Tensor],
     block_table: Optional[Tensor],
     softmax_scale: Optional[float],
     causal: bool,
     window_left: int,
     window_right: int,
     softcap: float,
+    rotary_interleaved: bool,
     alibi_slopes: Optional[Tensor],
     num_splits: int,
 ) -> Tuple[Tensor, Tensor]:
     """out like q and lse float32 ``[batch, heads_q, seqlen_q]`` (``flash_attn_with_kvcache``;
     the new rows k, v written into the caches in place). ``cache_seqlens`` per sequence, or
-    ``cache_seqlens_all`` for every one, or neither (full caches)."""
+    ``cache_seqlens_all`` for every one, or neither (full caches). No synchronisation on CUDA
+    (the index tensors are read on the device), so ``mode="reduce-overhead"`` may capture it."""
     lens = cache_seqlens if cache_seqlens is not None else cache_seqlens_all
     scores = (softmax_scale, causal, window_left, window_right, softcap, _fa._slopes(alibi_slopes))
-    call = _fa._kvcache_call(k_cache, v_cache, lens, block_table, scores, num_splits)
+    call = _fa._kvcache_call(
+        q, k_cache, v_cache, k, lens, cache_batch_idx, cache_leftpad, block_table, rotary_cos,
+        rotary_sin, rotary_interleaved, scores, num_splits,
+    )
     return call.forward(q, k, v)
 
 
 @kvcache_fwd.register_fake
-def _(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_all, block_table, softmax_scale,
-      causal, window_left, window_right, softcap, alibi_slopes, num_splits):
+def _(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlens_all,
+      cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_left,
+      window_right, softcap, rotary_interleaved, alibi_slopes, num_splits):
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=torch.float32)
 
 
@@ -351,8 +363,9 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, soft
     )
 
 
-def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
-            window_size, softcap, alibi_slopes, num_splits):
+def kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+            rotary_interleaved, alibi_slopes, num_splits):
     """``flash_attn_with_kvcache``'s (out, lse) through ``flashattn::kvcache_fwd``, which
     writes the caches in place and so can carry no autograd formula: with gradients wanted it
     runs on detached q, k, v and its out goes through ``flashattn::no_backward``, whose
@@ -365,11 +378,14 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale
     grads = [x for x in (q, k, v) if x is not None and x.requires_grad]
     if not torch.is_grad_enabled():
         grads = []
-    q, k, v = (None if x is None else x.detach() for x in (q, k, v))
+    q, k, v, rotary_cos, rotary_sin = (
+        None if x is None else x.detach() for x in (q, k, v, rotary_cos, rotary_sin)
+    )
     out, lse = kvcache_fwd(
-        q, k_cache, v_cache, k, v, lens, lens_all, _tensor(block_table, torch.int32), scale,
-        causal, left, right, float(softcap), _tensor(alibi_slopes, torch.float32),
-        int(num_splits),
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lens, lens_all,
+        _tensor(cache_batch_idx, torch.int32), _tensor(cache_leftpad, torch.int32),
+        _tensor(block_table, torch.int32), scale, causal, left, right, float(softcap),
+        bool(rotary_interleaved), _tensor(alibi_slopes, torch.float32), int(num_splits),
     )
     if grads:
         out = no_backward(out, grads, "flash_attn_with_kvcache")

@@ -7,12 +7,13 @@ use crate::error::err;
 use crate::gpu;
 use crate::gpu::Qkv;
 use crate::rules::{
-    CacheIndex, CacheSeqlens, Scores, bshd, bshd_problem, check_disjoint, check_grads, cuda_dtype,
-    kvcache_problem, new_rows, one_dtype, problem, varlen_problem,
+    CacheIndex, CacheSeqlens, Scores, Seqlens, bshd, bshd_problem, check_disjoint, check_grads,
+    cuda_dtype, host_index, kvcache_shape, new_rows, one_dtype, problem, rotary_tables,
+    varlen_problem,
 };
 use flashattn::Element;
 use flashattn::cuda::{GpuElement, KernelKind, forward_device};
-use flashattn::kvcache::KvCacheProblem;
+use flashattn::kvcache::{KvCacheProblem, KvCacheShape, RotaryTables};
 use flashattn::shape::{AttnProblem, Strides};
 use flashattn::varlen::VarlenProblem;
 use half::{bf16, f16};
@@ -382,27 +383,42 @@ pub(crate) fn varlen_forward<'py>(
     })
 }
 
-struct KvCache<'a> {
-    p: KvCacheProblem,
+struct KvCache<'a, 'py> {
+    shape: KvCacheShape,
+    index: &'a CacheIndex,
     /// q, k_cache, v_cache, out, lse.
     t: [&'a Borrowed; 5],
     new: Option<&'a (Borrowed, Borrowed)>,
+    /// rotary_cos, rotary_sin.
+    rotary: Option<&'a (Borrowed, Borrowed)>,
     /// `num_splits` (0: one on the CPU, the library's heuristic on the GPU).
     num_splits: usize,
+    /// Python's allocator of the split-KV workspace (CUDA).
+    workspace: Option<&'a Bound<'py, PyAny>>,
     stream: usize,
+    handshake: Option<i64>,
 }
 
-impl Job for KvCache<'_> {
+impl Job for KvCache<'_, '_> {
     unsafe fn cpu<T: Element>(&self) -> PyResult<String> {
         let ([q, kc, vc, o, lse], splits) = (self.t, self.num_splits.max(1));
+        let p = KvCacheProblem::from_shape(&self.shape, host_index(&self.shape, self.index)?)
+            .map_err(err)?;
         // SAFETY: the caller's contract; the caches are written in place.
         let r = unsafe {
             let (kn, vn): (&[T], &[T]) = match self.new {
                 Some((k, v)) => (k.slice::<T>()?, v.slice::<T>()?),
                 None => (&[], &[]),
             };
+            let tables = match self.rotary {
+                Some((c, s)) => RotaryTables {
+                    cos: c.slice::<T>()?,
+                    sin: s.slice::<T>()?,
+                },
+                None => RotaryTables::none(),
+            };
             let (q, kc, vc) = (q.slice::<T>()?, kc.slice_mut::<T>()?, vc.slice_mut()?);
-            flashattn::kvcache::forward_cpu(&self.p, q, kc, vc, kn, vn, splits).map_err(err)?
+            flashattn::kvcache::forward_cpu(&p, q, kc, vc, kn, vn, tables, splits).map_err(err)?
         };
         // SAFETY: as above.
         unsafe { write_out::<T>((o, lse), &r.o, &r.lse)? };
@@ -410,23 +426,35 @@ impl Job for KvCache<'_> {
     }
 
     unsafe fn cuda<T: GpuElement>(&self, id: i32) -> PyResult<String> {
-        let splits = (self.num_splits > 0).then_some(self.num_splits);
-        let (p, t, new) = (&self.p, self.t, self.new);
+        let call = gpu::KvCall {
+            shape: &self.shape,
+            index: self.index,
+            t: self.t,
+            new: self.new,
+            rotary: self.rotary,
+            splits: (self.num_splits > 0).then_some(self.num_splits),
+            workspace: self.workspace,
+            handshake: self.handshake,
+        };
         // SAFETY: the caller's contract.
-        unsafe { gpu::on_device(id, self.stream, |g| gpu::kvcache::<T>(g, p, t, new, splits)) }
+        unsafe { gpu::on_device(id, self.stream, |g| gpu::kvcache::<T>(g, &call)) }
     }
 }
 
 /// Decoding against a KV cache (FlashAttention-2's `flash_attn_with_kvcache`): `q` `[batch,
-/// seqlen_q, heads_q, head_dim]`; caches contiguous `[batch, seqlen_cache, heads_kv,
+/// seqlen_q, heads_q, head_dim]`; caches contiguous `[cache_batch, seqlen_cache, heads_kv,
 /// head_dim]`, or paged `[num_blocks, page_size, heads_kv, head_dim]` with `block_table`
-/// (row-major `[batch, max_blocks]`); optional new rows `k_new`/`v_new` `[batch, seqlen_new,
-/// heads_kv, head_dim]` appended to the caches in place; all compact. `cache_seqlens`: one
-/// length, or one per sequence (`None`: the caches are full). Writes `out` (like q) and `lse`
-/// (f32 `[batch, heads_q, seqlen_q]`). `num_splits`: 0 for one on the CPU and the library's
-/// heuristic on the GPU.
+/// (int32 `[batch, max_blocks]`); optional new rows `k_new`/`v_new` `[batch, seqlen_new,
+/// heads_kv, head_dim]` appended to the caches in place (k rotated with `rotary_cos`,
+/// `rotary_sin` `[seqlen_ro, rotary_dim / 2]` of q's dtype, and q with it); `cache_seqlens`
+/// one length or an int32 tensor `[batch]` (`None`: the caches are full), `cache_batch_idx`
+/// and `cache_leftpad` int32 `[batch]`; all compact, the index tensors on q's device (read
+/// there, never copied, on CUDA). Writes `out` (like q) and `lse` (f32 `[batch, heads_q,
+/// seqlen_q]`). `num_splits`: 0 for one on the CPU and the library's heuristic on the GPU.
+/// `workspace`: on CUDA, a callable that returns a float32 tensor of `n` elements on q's
+/// device (the split-KV partials), called when the call has more than one split.
 #[pyfunction]
-#[pyo3(signature = (q, k_cache, v_cache, k_new, v_new, out, lse, cache_seqlens, block_table, max_blocks, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, num_splits, stream=None, current=false))]
+#[pyo3(signature = (q, k_cache, v_cache, k_new, v_new, out, lse, cache_seqlens, block_table, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, num_splits, workspace=None, stream=None, current=false))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn kvcache_forward<'py>(
     q: &Bound<'py, PyAny>,
@@ -436,9 +464,13 @@ pub(crate) fn kvcache_forward<'py>(
     v_new: Option<&Bound<'py, PyAny>>,
     out: &Bound<'py, PyAny>,
     lse: &Bound<'py, PyAny>,
-    cache_seqlens: Option<CacheSeqlens>,
-    block_table: Option<Vec<i32>>,
-    max_blocks: usize,
+    cache_seqlens: Option<CacheSeqlens<'py>>,
+    block_table: Option<&Bound<'py, PyAny>>,
+    cache_batch_idx: Option<&Bound<'py, PyAny>>,
+    cache_leftpad: Option<&Bound<'py, PyAny>>,
+    rotary_cos: Option<&Bound<'py, PyAny>>,
+    rotary_sin: Option<&Bound<'py, PyAny>>,
+    rotary_interleaved: bool,
     softmax_scale: Option<f32>,
     causal: bool,
     window_left: i64,
@@ -446,6 +478,7 @@ pub(crate) fn kvcache_forward<'py>(
     softcap: f32,
     alibi_slopes: Option<Bound<'py, PyAny>>,
     num_splits: usize,
+    workspace: Option<Bound<'py, PyAny>>,
     stream: Option<usize>,
     current: bool,
 ) -> PyResult<String> {
@@ -458,37 +491,59 @@ pub(crate) fn kvcache_forward<'py>(
         (lse, "lse"),
     ];
     let [tq, tkc, tvc, to, tl] = take_all(named, hs, false)?;
-    let new = match new_rows(k_new, v_new)? {
-        Some((k, v)) => {
-            let [k, v] = take_all([(k, "k"), (v, "v")], hs, false)?;
-            Some((k, v))
-        }
-        None => None,
+    let pair = |x: Option<(&Bound<'py, PyAny>, &Bound<'py, PyAny>)>, names: [&'static str; 2]| {
+        x.map(|(a, b)| take_all([(a, names[0]), (b, names[1])], hs, false).map(|[a, b]| (a, b)))
+            .transpose()
+    };
+    let new = pair(new_rows(k_new, v_new)?, ["k", "v"])?;
+    let rotary = pair(
+        rotary_tables(rotary_cos, rotary_sin)?,
+        ["rotary_cos", "rotary_sin"],
+    )?;
+    let one =
+        |x: Option<&Bound<'py, PyAny>>, name| x.map(|x| Borrowed::take_on(x, name, hs)).transpose();
+    let index = CacheIndex {
+        cache_seqlens: match cache_seqlens {
+            Some(CacheSeqlens::All(len)) => Seqlens::All(len),
+            Some(CacheSeqlens::Each(t)) => {
+                Seqlens::Each(Borrowed::take_on(&t, "cache_seqlens", hs)?)
+            }
+            None => Seqlens::Full,
+        },
+        block_table: one(block_table, "block_table")?,
+        cache_batch_idx: one(cache_batch_idx, "cache_batch_idx")?,
+        cache_leftpad: one(cache_leftpad, "cache_leftpad")?,
     };
     let mut all = vec![&tq, &tkc, &tvc, &to, &tl];
     let mut read = vec![&tq];
-    if let Some((k, v)) = &new {
-        all.extend([k, v]);
-        read.extend([k, v]);
+    for (a, b) in new.iter().chain(&rotary) {
+        all.extend([a, b]);
+        read.extend([a, b]);
     }
+    read.extend(index.tensors());
     let place = placement(&all)?;
     let dtype = one_dtype(&all)?;
-    let index = CacheIndex {
-        cache_seqlens,
-        block_table,
-        max_blocks,
-    };
     let window = (window_left, window_right);
     let scores = Scores::new(softmax_scale, causal, window, softcap, alibi_slopes);
-    let p = kvcache_problem([&tq, &tkc, &tvc, &to, &tl], new.as_ref(), index, &scores)?;
+    let shape = kvcache_shape(
+        [&tq, &tkc, &tvc, &to, &tl],
+        new.as_ref(),
+        &index,
+        rotary.as_ref().map(|r| (r, rotary_interleaved)),
+        (&scores, place),
+    )?;
     // The caches (new rows appended in place), out and lse are written.
     check_disjoint(&[&tkc, &tvc, &to, &tl], &read)?;
     let job = KvCache {
-        p,
+        shape,
+        index: &index,
         t: [&tq, &tkc, &tvc, &to, &tl],
         new: new.as_ref(),
+        rotary: rotary.as_ref(),
         num_splits,
+        workspace: workspace.as_ref(),
         stream: stream.unwrap_or(0),
+        handshake: hs,
     };
     // SAFETY: dtypes, devices and sizes checked; the caches are the caller's writable buffers.
     unsafe { run(place, dtype, &job) }

@@ -49,6 +49,8 @@ const DL_CUDA: i32 = 2;
 const DL_UINT: u8 = 1;
 
 const DL_FLOAT: u8 = 2;
+/// DLPack type code of signed integers.
+const DL_INT: u8 = 0;
 
 const DL_BFLOAT: u8 = 4;
 
@@ -437,6 +439,31 @@ impl Borrowed {
             )));
         }
         Ok(())
+    }
+
+    /// Whether the elements are int32 (the index arrays' type).
+    pub(crate) fn is_int32(&self) -> bool {
+        let d = self.t().dtype;
+        (d.code, d.bits, d.lanes) == (DL_INT, 32, 1)
+    }
+
+    /// The element type as NumPy names it (`int64`, `float16`, ...), for messages.
+    pub(crate) fn type_name(&self) -> String {
+        let d = self.t().dtype;
+        let kind = match d.code {
+            DL_INT => "int",
+            1 => "uint",
+            DL_FLOAT => "float",
+            DL_BFLOAT => "bfloat",
+            5 => "complex",
+            6 => "bool",
+            _ => "unknown",
+        };
+        if d.lanes > 1 {
+            format!("{kind}{}x{}", d.bits, d.lanes)
+        } else {
+            format!("{kind}{}", d.bits)
+        }
     }
 
     pub(crate) fn check_cpu(&self) -> PyResult<()> {

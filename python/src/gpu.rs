@@ -5,11 +5,14 @@
 
 use crate::dlpack::Borrowed;
 use crate::error::{FlashAttnError, err};
+use crate::rules::{CacheIndex, Seqlens};
 use flashattn::cuda::DevicePtr;
+use flashattn::cuda::DevicePtrMut;
 use flashattn::cuda::LaunchInfo;
 use flashattn::cuda::backward::{BackwardOptions, BwdTile, backward_device, run_head_dim};
+use flashattn::cuda::decode::{DecodeLaunch, DecodeTensors, DeviceIndex};
 use flashattn::cuda::{ContextGuard, ForeignSlice, Gpu, GpuElement, stream_capturing};
-use flashattn::kvcache::KvCacheProblem;
+use flashattn::kvcache::KvCacheShape;
 use flashattn::{AttnProblem, Result};
 use pyo3::prelude::*;
 use std::collections::HashMap;
@@ -186,35 +189,125 @@ pub fn backward_check<T: GpuElement>(gpu: &Gpu, p: &AttnProblem) -> PyResult<()>
     Ok(())
 }
 
-/// Decoding against a KV cache on CUDA tensors (checked by the caller as for [`forward`]; the
-/// caches written in place when `new` rows are given). `splits`: `None` for the library's
-/// heuristic.
+/// A KV-cache call on CUDA tensors, checked by the caller ([`crate::rules::kvcache_shape`]: on
+/// the Gpu's device, dtype `T`, the layouts of its shape, index tensors int32 on the device).
+pub struct KvCall<'a, 'py> {
+    /// The call's shape.
+    pub shape: &'a KvCacheShape,
+    /// Its index tensors.
+    pub index: &'a CacheIndex,
+    /// q, k_cache, v_cache, out, lse.
+    pub t: [&'a Borrowed; 5],
+    /// The new rows k, v.
+    pub new: Option<&'a (Borrowed, Borrowed)>,
+    /// rotary_cos, rotary_sin.
+    pub rotary: Option<&'a (Borrowed, Borrowed)>,
+    /// `None` for the library's heuristic.
+    pub splits: Option<usize>,
+    /// Python's allocator of the split-KV workspace: `workspace(n)` returns a float32 tensor
+    /// of `n` elements on the device.
+    pub workspace: Option<&'a Bound<'py, PyAny>>,
+    /// DLPack's stream handshake for the workspace tensor.
+    pub handshake: Option<i64>,
+}
+
+/// Decoding against a KV cache on CUDA tensors ([`flashattn::cuda::decode::DecodeLaunch`]):
+/// the index arrays are read on the device and never copied, the split-KV workspace comes
+/// from the caller's framework (allocated on its current stream, so that a CUDA graph capture
+/// keeps it in the graph's pool), and nothing synchronises: the call can be captured in a
+/// CUDA graph (its kernels compiled by an earlier call: a warm-up) and replayed with new
+/// values in the index tensors. ALiBi slopes are copied from the host per call (refused
+/// inside a capture).
 ///
 /// # Safety
 /// As [`foreign`].
-pub unsafe fn kvcache<T: GpuElement>(
-    gpu: &Gpu,
-    p: &KvCacheProblem,
-    [q, kc, vc, o, lse]: [&Borrowed; 5],
-    new: Option<&(Borrowed, Borrowed)>,
-    splits: Option<usize>,
-) -> PyResult<(String, String)> {
-    not_capturing(gpu, "flash_attn_with_kvcache")?;
+pub unsafe fn kvcache<T: GpuElement>(gpu: &Gpu, c: &KvCall<'_, '_>) -> PyResult<(String, String)> {
+    let launch = DecodeLaunch::new(gpu, c.shape, T::DTYPE, c.splits).map_err(err)?;
+    let [q, kc, vc, o, lse] = c.t;
     // SAFETY: forwarded to the caller.
-    let (([fq, mut fkc, mut fvc, mut fo], mut fl), fnew) = unsafe {
-        let fnew = match new {
-            Some((k, v)) => Some((foreign::<T>(k, gpu)?, foreign::<T>(v, gpu)?)),
-            None => None,
+    let (([fq, mut fkc, mut fvc, mut fo], mut fl), fnew, frot) = unsafe {
+        let two = |x: Option<&(Borrowed, Borrowed)>| -> PyResult<_> {
+            Ok(match x {
+                Some((a, b)) => Some((foreign::<T>(a, gpu)?, foreign::<T>(b, gpu)?)),
+                None => None,
+            })
         };
-        (qkvo_lse::<T>(gpu, [q, kc, vc, o, lse])?, fnew)
+        (
+            qkvo_lse::<T>(gpu, [q, kc, vc, o, lse])?,
+            two(c.new)?,
+            two(c.rotary)?,
+        )
     };
-    let new = fnew
-        .as_ref()
-        .map(|(k, v)| (k as &dyn DevicePtr<T>, v as &dyn DevicePtr<T>));
-    let info = flashattn::cuda::decode::forward_device(
-        gpu, p, &fq, &mut fkc, &mut fvc, new, &mut fo, &mut fl, splits,
-    )
-    .map_err(err)?;
+    // SAFETY: int32 tensors on the device (checked by the caller).
+    let int = |t: &Borrowed| unsafe { foreign::<i32>(t, gpu) };
+    let lens = match &c.index.cache_seqlens {
+        Seqlens::Each(t) => int(t)?,
+        _ => {
+            return Err(FlashAttnError::new_err(
+                "cache_seqlens: a CUDA call takes an int32 tensor [batch] on the device (flashattn's Python functions make one from an int)",
+            ));
+        }
+    };
+    let opt = |t: &Option<Borrowed>| t.as_ref().map(int).transpose();
+    let (table, batch_idx, leftpad) = (
+        opt(&c.index.block_table)?,
+        opt(&c.index.cache_batch_idx)?,
+        opt(&c.index.cache_leftpad)?,
+    );
+    fn dynp<U>(x: &Option<ForeignSlice<U>>) -> Option<&dyn DevicePtr<U>> {
+        x.as_ref().map(|s| s as &dyn DevicePtr<U>)
+    }
+    let index = DeviceIndex {
+        cache_seqlens: &lens,
+        block_table: dynp(&table),
+        cache_batch_idx: dynp(&batch_idx),
+        cache_leftpad: dynp(&leftpad),
+    };
+    // The workspace, from the caller's framework.
+    let n = launch.workspace_len();
+    let mut ws = None;
+    let _ws_tensor = if n > 0 {
+        let make = c.workspace.ok_or_else(|| {
+            FlashAttnError::new_err(
+                "this call needs a split-KV workspace: pass workspace, a callable that allocates n float32 elements on the device",
+            )
+        })?;
+        let obj = make.call1((n,))?;
+        let t = Borrowed::take_on(&obj, "workspace", c.handshake)?;
+        if t.dtype()? != "float32" || t.place()? != q.place()? || t.extent()? < n {
+            return Err(FlashAttnError::new_err(format!(
+                "workspace({n}) returned a {} tensor of shape {:?}: expected {n} float32 elements on q's device",
+                t.type_name(),
+                t.shape()
+            )));
+        }
+        // SAFETY: a float32 tensor on the device, alive to the end of this function.
+        ws = Some(unsafe { foreign::<f32>(&t, gpu)? });
+        Some(t)
+    } else {
+        None
+    };
+    type Pair<'b, U> = Option<(&'b dyn DevicePtr<U>, &'b dyn DevicePtr<U>)>;
+    fn pair<U>(x: &Option<(ForeignSlice<U>, ForeignSlice<U>)>) -> Pair<'_, U> {
+        x.as_ref()
+            .map(|(a, b)| (a as &dyn DevicePtr<U>, b as &dyn DevicePtr<U>))
+    }
+    let info = launch
+        .run(
+            gpu,
+            &index,
+            DecodeTensors {
+                q: &fq,
+                k_cache: &mut fkc,
+                v_cache: &mut fvc,
+                new: pair(&fnew),
+                rotary: pair(&frot),
+                o: &mut fo,
+                lse: &mut fl,
+            },
+            ws.as_mut().map(|w| w as &mut dyn DevicePtrMut<f32>),
+        )
+        .map_err(err)?;
     // attn_decode reports itself in the launch's configuration, not its kind.
     let kernel = info.config.as_deref().unwrap_or("attn_decode").to_string();
     Ok((kernel, info.why))

@@ -13,7 +13,7 @@
 
 use crate::dlpack::Borrowed;
 use crate::error::{FlashAttnError, err};
-use flashattn::kvcache::{CacheLayout, KvCacheProblem};
+use flashattn::kvcache::{CacheDims, HostIndex, KvCacheShape, Rotary};
 use flashattn::scores::{Alibi, ScoreMods, Window};
 use flashattn::shape::{AttnProblem, AttnShape, Strides};
 use flashattn::varlen::VarlenProblem;
@@ -206,7 +206,7 @@ macro_rules! problem {
         }
     )*};
 }
-problem!(AttnProblem, VarlenProblem, KvCacheProblem);
+problem!(AttnProblem, VarlenProblem, KvCacheShape);
 
 /// A shape as Python writes it: `(3,)`, `(2, 4)`.
 fn tuple(shape: &[usize]) -> String {
@@ -362,20 +362,94 @@ pub(crate) fn varlen_problem(
     Ok(p)
 }
 
-/// `cache_seqlens` as Python passes it: one length for every sequence, or one each.
+/// `cache_seqlens` as Python passes it: one length for every sequence (on the CPU), or an
+/// int32 tensor `[batch]`.
 #[derive(FromPyObject)]
-pub(crate) enum CacheSeqlens {
+pub(crate) enum CacheSeqlens<'py> {
     All(i32),
-    Each(Vec<i32>),
+    Each(Bound<'py, PyAny>),
 }
 
-/// The KV cache's index arguments: `cache_seqlens` (`None`: every cache full, as
-/// FlashAttention-2 assumes) and `block_table` (row-major `[batch, max_blocks]`; `None`: a
-/// contiguous cache).
+/// `cache_seqlens` taken: one length, a tensor, or none (every cache full, as
+/// FlashAttention-2 assumes).
+pub(crate) enum Seqlens {
+    All(i32),
+    Each(Borrowed),
+    Full,
+}
+
+/// The KV cache's index arguments, taken: `cache_seqlens`, and the int32 tensors
+/// `block_table` `[batch, max_blocks]` (`None`: a contiguous cache), `cache_batch_idx` and
+/// `cache_leftpad` `[batch]`.
 pub(crate) struct CacheIndex {
-    pub cache_seqlens: Option<CacheSeqlens>,
-    pub block_table: Option<Vec<i32>>,
-    pub max_blocks: usize,
+    pub cache_seqlens: Seqlens,
+    pub block_table: Option<Borrowed>,
+    pub cache_batch_idx: Option<Borrowed>,
+    pub cache_leftpad: Option<Borrowed>,
+}
+
+impl CacheIndex {
+    /// The index tensors given.
+    pub(crate) fn tensors(&self) -> Vec<&Borrowed> {
+        let lens = match &self.cache_seqlens {
+            Seqlens::Each(t) => Some(t),
+            _ => None,
+        };
+        [
+            lens,
+            self.block_table.as_ref(),
+            self.cache_batch_idx.as_ref(),
+            self.cache_leftpad.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
+    /// Each index tensor: int32, compact, on q's device (`place`), of `shape` (a block
+    /// table's columns are its own).
+    fn check(&self, place: Option<i32>, batch: usize) -> PyResult<()> {
+        let on = |p: Option<i32>| p.map_or("cpu".to_string(), |i| format!("cuda:{i}"));
+        for t in self.tensors() {
+            let here = t.place()?;
+            if here != place {
+                return Err(invalid(format!(
+                    "{} is on {} but q on {}: pass the index arrays on q's device (a CUDA call reads them there, without a copy: e.g. .to(q.device))",
+                    t.name,
+                    on(here),
+                    on(place)
+                )));
+            }
+            if !t.is_int32() {
+                return Err(invalid(format!(
+                    "{} is {}; it must be int32 (FlashAttention-2's type): convert it (e.g. .int() / .astype(np.int32))",
+                    t.name,
+                    t.type_name()
+                )));
+            }
+            let shape = t.shape();
+            let table = t.name == "block_table";
+            let want = if table {
+                "[batch, max_blocks]"
+            } else {
+                "[batch]"
+            };
+            let ok = if table {
+                shape.len() == 2 && shape[0] == batch
+            } else {
+                shape == [batch]
+            };
+            if !ok {
+                return Err(invalid(format!(
+                    "{} has shape {}; expected {want} with q's batch {batch}",
+                    t.name,
+                    tuple(&shape)
+                )));
+            }
+            compact(t, shape.len(), want)?;
+        }
+        Ok(())
+    }
 }
 
 /// The KV cache's new rows: both `k` and `v`, or neither.
@@ -387,16 +461,33 @@ pub(crate) fn new_rows<T>(k: Option<T>, v: Option<T>) -> PyResult<Option<(T, T)>
     }
 }
 
-/// The problem of a KV-cache call: q `[batch, seqlen_q, heads_q, head_dim]`; caches
-/// `[batch, seqlen_cache, heads_kv, head_dim]` or paged `[num_blocks, page_size, heads_kv,
-/// head_dim]`; new rows `[batch, seqlen_new, heads_kv, head_dim]`; out like q; lse `[batch,
-/// heads_q, seqlen_q]`; all compact.
-pub(crate) fn kvcache_problem(
+/// The rotary tables: both `rotary_cos` and `rotary_sin`, or neither.
+pub(crate) fn rotary_tables<T>(cos: Option<T>, sin: Option<T>) -> PyResult<Option<(T, T)>> {
+    match (cos, sin) {
+        (Some(c), Some(s)) => Ok(Some((c, s))),
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(invalid(
+            "rotary_cos was given without rotary_sin: pass both, or neither".into(),
+        )),
+        (None, Some(_)) => Err(invalid(
+            "rotary_sin was given without rotary_cos: pass both, or neither".into(),
+        )),
+    }
+}
+
+/// The shape of a KV-cache call: q `[batch, seqlen_q, heads_q, head_dim]`; caches
+/// `[cache_batch, seqlen_cache, heads_kv, head_dim]` or paged `[num_blocks, page_size,
+/// heads_kv, head_dim]`; new rows `[batch, seqlen_new, heads_kv, head_dim]`; out like q; lse
+/// `[batch, heads_q, seqlen_q]`; rotary tables `[seqlen_ro, rotary_dim / 2]` (q's dtype, the
+/// caller checked); index tensors as [`CacheIndex::check`] says; all compact, the index
+/// tensors on q's device (`place`).
+pub(crate) fn kvcache_shape(
     [tq, tkc, tvc, to, tl]: [&Borrowed; 5],
     new: Option<&(Borrowed, Borrowed)>,
-    index: CacheIndex,
-    scores: &Scores,
-) -> PyResult<KvCacheProblem> {
+    index: &CacheIndex,
+    rotary: Option<(&(Borrowed, Borrowed), bool)>,
+    (scores, place): (&Scores, Option<i32>),
+) -> PyResult<KvCacheShape> {
     let qs = compact(tq, 4, BSHD)?;
     let cs = compact(
         tkc,
@@ -417,6 +508,7 @@ pub(crate) fn kvcache_problem(
             tl.shape()
         )));
     }
+    index.check(place, b)?;
     let seqlen_new = match new {
         Some((k, v)) => {
             let ns = compact(k, 4, BSHD)?;
@@ -430,28 +522,79 @@ pub(crate) fn kvcache_problem(
         }
         None => 0,
     };
-    let layout = match index.block_table {
-        Some(table) => CacheLayout::Paged {
+    let cache = match &index.block_table {
+        Some(table) => CacheDims::Paged {
             num_blocks: cs[0],
             page_size: cs[1],
-            block_table: table,
-            max_blocks: index.max_blocks,
+            max_blocks: table.shape()[1],
         },
-        None => CacheLayout::Contiguous {
+        None => CacheDims::Contiguous {
+            cache_batch: cs[0],
             seqlen_cache: cs[1],
         },
     };
-    let lens = match index.cache_seqlens {
-        Some(CacheSeqlens::Each(lens)) => lens,
-        Some(CacheSeqlens::All(len)) => vec![len; b],
-        None => {
-            let capacity = match &layout {
-                CacheLayout::Paged { page_size, .. } => page_size * index.max_blocks,
-                CacheLayout::Contiguous { seqlen_cache } => *seqlen_cache,
-            };
-            vec![capacity.saturating_sub(seqlen_new) as i32; b]
+    let rotary = match rotary {
+        Some(((cos, sin), interleaved)) => {
+            let what = "[seqlen_ro, rotary_dim / 2]";
+            let shape = compact(cos, 2, what)?;
+            if compact(sin, 2, what)? != shape {
+                return Err(invalid(format!(
+                    "rotary_cos has shape {} but rotary_sin {}: pass tables of one shape {what}",
+                    tuple(&shape),
+                    tuple(&sin.shape())
+                )));
+            }
+            Some(Rotary {
+                dim: 2 * shape[1],
+                seqlen_ro: shape[0],
+                interleaved,
+            })
+        }
+        None => None,
+    };
+    let shape = KvCacheShape {
+        batch: b,
+        seqlen_q: sq,
+        heads_q: hq,
+        heads_kv: hkv,
+        head_dim: d,
+        cache,
+        seqlen_new,
+        mask: Mask::None,
+        softmax_scale: flashattn::shape::default_scale(d),
+        scores: ScoreMods::default(),
+        rotary,
+        batch_idx: index.cache_batch_idx.is_some(),
+        leftpad: index.cache_leftpad.is_some(),
+    };
+    let shape = scores.apply(shape, b, hq)?;
+    shape.validate().map_err(err)?;
+    Ok(shape)
+}
+
+/// The index values of a call on the CPU (its tensors are host int32 arrays, checked by
+/// [`kvcache_shape`]).
+pub(crate) fn host_index(shape: &KvCacheShape, index: &CacheIndex) -> PyResult<HostIndex> {
+    // SAFETY: compact int32 tensors on the host (CacheIndex::check).
+    let values = |t: &Borrowed| -> PyResult<Vec<i32>> { Ok(unsafe { t.slice::<i32>()? }.to_vec()) };
+    let opt = |t: &Option<Borrowed>| t.as_ref().map(values).transpose();
+    let cache_seqlens = match &index.cache_seqlens {
+        Seqlens::Each(t) => values(t)?,
+        Seqlens::All(len) => vec![*len; shape.batch],
+        Seqlens::Full => {
+            let full = shape.capacity().saturating_sub(shape.seqlen_new);
+            vec![i32::try_from(full).unwrap_or(i32::MAX); shape.batch]
         }
     };
-    let p = KvCacheProblem::new(b, sq, hq, hkv, d, layout, lens, seqlen_new).map_err(err)?;
-    scores.apply(p, b, hq)
+    Ok(HostIndex {
+        cache_seqlens,
+        block_table: index
+            .block_table
+            .as_ref()
+            .map(values)
+            .transpose()?
+            .unwrap_or_default(),
+        cache_batch_idx: opt(&index.cache_batch_idx)?,
+        cache_leftpad: opt(&index.cache_leftpad)?,
+    })
 }

@@ -210,8 +210,14 @@ def test_kvcache_contiguous_and_paged_with_appends():
             np.testing.assert_array_equal(kc2[bb, lens[bb] : n], kn[bb])
             want = reference(q[bb : bb + 1], kc2[bb : bb + 1, :n], vc2[bb : bb + 1, :n], causal=True)
             close(a[bb : bb + 1], want, np.float16)
-    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="rotary_cos"):
+    with pytest.raises(flashattn.FlashAttnError, match="rotary_sin"):
         flashattn.flash_attn_with_kvcache(q, kc, vc, rotary_cos=np.ones(1))
+    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="cache_batch_idx with a paged cache"):
+        flashattn.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table,
+                                          cache_batch_idx=np.array([1, 0], np.int32))
+    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="cache_leftpad with a paged cache"):
+        flashattn.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table,
+                                          cache_leftpad=np.array([1, 0], np.int32))
     with pytest.raises(flashattn.FlashAttnError, match="capacity"):
         flashattn.flash_attn_with_kvcache(q, kc.copy(), vc.copy(), kn, vn, cache_seqlens=62)
     with pytest.raises(flashattn.FlashAttnError, match="outside the pool"):
@@ -502,6 +508,7 @@ def test_one_documented_exception_type():
     assert issubclass(flashattn.FlashAttnUnsupportedError, NotImplementedError)
     q, k, v = inputs(1, 8, 8, 2, 2, 16)
     kc = np.zeros((1, 16, 2, 16), np.float16)
+    kp, table, idx = np.zeros((2, 16, 2, 16), np.float16), np.array([[1]], np.int32), np.zeros(1, np.int32)
     qs, ks, vs, cu, _ = varlen_inputs([8], [8])
 
     class FakeCudaArray:  # a CUDA array of a framework flashattn cannot allocate in
@@ -518,9 +525,10 @@ def test_one_documented_exception_type():
         lambda: flashattn.flash_attn_qkvpacked_func(np.stack([q, k, v], 2), 0.5),
         lambda: flashattn.flash_attn_varlen_func(qs, ks, vs, cu, cu, 8, 8, dropout_p=0.1),
         lambda: flashattn.flash_attn_varlen_func(qs, ks, vs, cu, cu, 8, 8, block_table=cu),
-        lambda: flashattn.flash_attn_with_kvcache(q, kc, kc.copy(), rotary_sin=np.ones(1)),
-        lambda: flashattn.flash_attn_with_kvcache(q, kc, kc.copy(), cache_batch_idx=cu),
-        lambda: flashattn.flash_attn_with_kvcache(q, kc, kc.copy(), cache_leftpad=cu),
+        lambda: flashattn.flash_attn_with_kvcache(
+            q, kp, kp.copy(), cache_seqlens=3, block_table=table, cache_batch_idx=idx),
+        lambda: flashattn.flash_attn_with_kvcache(
+            q, kp, kp.copy(), cache_seqlens=3, block_table=table, cache_leftpad=idx),
         lambda: flashattn.flash_attn_func(*(FakeCudaArray(),) * 3),
         lambda: flashattn.flash_attn_func(*(np.zeros((1, 4, 1, 264), np.float16),) * 3),  # head_dim > 256
     ]
@@ -533,11 +541,74 @@ def test_one_documented_exception_type():
         lambda: flashattn.flash_attn_func(object(), k, v),
         lambda: flashattn.flash_attn_varlen_func(qs, ks, vs, cu, cu, 7, 8),
         lambda: _native.reference(object(), k, v, None, False),
+        lambda: flashattn.flash_attn_with_kvcache(q, kc, kc.copy(), rotary_sin=np.ones(1)),
+        lambda: flashattn.flash_attn_with_kvcache(q, kc, kc.copy(), cache_batch_idx=cu),
+        lambda: flashattn.flash_attn_with_kvcache(q, kc, kc.copy(), cache_leftpad=cu),
     ]
     for call in invalid:
         with pytest.raises(flashattn.FlashAttnError) as e:
             call()
         assert not isinstance(e.value, flashattn.FlashAttnUnsupportedError)
+
+
+def _rotate(x, cos, sin, pos, interleaved):
+    """x [b, s, h, d] with row (b, s) rotated at table row pos[b, s] (float64)."""
+    rd = 2 * cos.shape[1]
+    c, s = cos[pos][:, :, None].astype(np.float64), sin[pos][:, :, None].astype(np.float64)
+    y = x.astype(np.float64).copy()
+    i0, i1 = (np.arange(0, rd, 2), np.arange(1, rd, 2)) if interleaved else (np.arange(rd // 2), np.arange(rd // 2, rd))
+    x0, x1 = y[..., i0].copy(), y[..., i1].copy()
+    y[..., i0], y[..., i1] = x0 * c - x1 * s, x1 * c + x0 * s
+    return y.astype(x.dtype)
+
+
+def test_kvcache_rotary_batch_idx_and_leftpad_with_numpy():
+    """The CPU path of the new arguments with NumPy inputs (the PyTorch reference is
+    test_kvcache_args.py's): rotary against inputs rotated here, cache_batch_idx against the
+    gathered cache, cache_leftpad against caches shifted to row 0."""
+    rng = np.random.default_rng(31)
+    b, sq, hq, hkv, d, cap, new = 3, 2, 4, 2, 16, 40, 2
+    q = rng.standard_normal((b, sq, hq, d)).astype(np.float32)
+    kc = rng.standard_normal((b + 2, cap, hkv, d)).astype(np.float32)
+    vc = rng.standard_normal((b + 2, cap, hkv, d)).astype(np.float32)
+    kn = rng.standard_normal((b, new, hkv, d)).astype(np.float32)
+    vn = rng.standard_normal((b, new, hkv, d)).astype(np.float32)
+    lens = np.array([30, 0, 38], np.int32)
+    idx = np.array([4, 0, 2], np.int32)
+    angle = rng.uniform(0, 2 * np.pi, (cap, 4))
+    cos, sin = np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+    for interleaved in (True, False):
+        k1, v1 = kc.copy(), vc.copy()
+        got = flashattn.flash_attn_with_kvcache(
+            q, k1, v1, kn, vn, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lens, cache_batch_idx=idx,
+            causal=True, rotary_interleaved=interleaved,
+        )
+        pos_k = lens[:, None] + np.arange(new)[None]
+        pos_q = lens[:, None] + np.arange(sq)[None]  # causal: per row
+        k2, v2 = kc[idx].copy(), vc[idx].copy()
+        want = flashattn.flash_attn_with_kvcache(
+            _rotate(q, cos, sin, pos_q, interleaved), k2, v2, _rotate(kn, cos, sin, pos_k, interleaved), vn,
+            cache_seqlens=lens, causal=True,
+        )
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(k1[idx], k2, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(k1[[1, 3]], kc[[1, 3]])  # not picked: untouched
+    # cache_leftpad: rows before it are never read (NaN there).
+    pad = np.array([7, 0, 38], np.int32)
+    kp = kc[:b].copy()
+    for bb in range(b):
+        kp[bb, : pad[bb]] = np.nan
+    got = flashattn.flash_attn_with_kvcache(q, kp.copy(), vc[:b].copy(), kn, vn, cache_seqlens=lens,
+                                           cache_leftpad=pad, causal=True)
+    shifted_k, shifted_v = np.zeros_like(kp), np.zeros_like(kp)
+    for bb in range(b):
+        shifted_k[bb, : cap - pad[bb]] = kp[bb, pad[bb]:]
+        shifted_v[bb, : cap - pad[bb]] = vc[bb, pad[bb]:]
+    want = flashattn.flash_attn_with_kvcache(q, shifted_k, shifted_v, kn, vn, cache_seqlens=lens - pad, causal=True)
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(flashattn.FlashAttnError, match="cache_leftpad\\[1\\] = 1 is outside"):
+        flashattn.flash_attn_with_kvcache(q, kp.copy(), vc[:b].copy(), cache_seqlens=lens, cache_leftpad=pad + 1)
 
 
 def test_kvcache_head_dims_not_a_multiple_of_8():
@@ -663,8 +734,14 @@ def test_custom_ops_pass_opcheck():
     kc, vc = torch.randn(2, 32, 2, 16, generator=g), torch.randn(2, 32, 2, 16, generator=g)
     qd, kn = torch.randn(2, 1, 4, 16, generator=g), torch.randn(2, 1, 2, 16, generator=g)
     lens = torch.tensor([3, 7], dtype=torch.int32)
-    torch.library.opcheck(ops.kvcache_fwd, (qd, kc, vc, kn, kn.clone(), lens, None, None, None, True, -1, -1, 0.0, None, 0))
-    torch.library.opcheck(ops.kvcache_fwd, (qd, kc, vc, None, None, None, 5, None, 0.5, False, -1, -1, 0.0, None, 2))
+    cos, sin = torch.rand(40, 4, generator=g), torch.rand(40, 4, generator=g)
+    idx, pad = torch.tensor([1, 0], dtype=torch.int32), torch.tensor([2, 0], dtype=torch.int32)
+    torch.library.opcheck(ops.kvcache_fwd, (qd, kc, vc, kn, kn.clone(), None, None, lens, None, None, None, None,
+                                            None, True, -1, -1, 0.0, True, None, 0))
+    torch.library.opcheck(ops.kvcache_fwd, (qd, kc, vc, None, None, None, None, None, 5, None, None, None, 0.5,
+                                            False, -1, -1, 0.0, True, None, 2))
+    torch.library.opcheck(ops.kvcache_fwd, (qd, kc, vc, kn, kn.clone(), cos, sin, lens, None, idx, pad, None, None,
+                                            True, -1, -1, 0.0, False, None, 0))
     torch.library.opcheck(ops.no_backward, (qd, [qd], "x"), test_utils=("test_schema", "test_faketensor"))
 
 

@@ -21,16 +21,19 @@ pub const WGMMA_FP8_OPS_CUH: &str = include_str!("../../kernels/common/wgmma_fp8
 pub const FP8_CUH: &str = include_str!("../../kernels/common/fp8.cuh");
 /// Where key j of a sequence sits in a contiguous or paged KV cache.
 pub const KV_CACHE_CUH: &str = include_str!("../../kernels/decode/kv_cache.cuh");
+/// Rotary position embedding of new keys and queries (the decode and append kernels).
+pub const ROTARY_CUH: &str = include_str!("../../kernels/decode/rotary.cuh");
 /// What the two backward kernels share (parameters, D and dQ-conversion kernels, step ranges).
 pub const BWD_COMMON_CUH: &str = include_str!("../../kernels/bwd/bwd_common.cuh");
 /// Headers a kernel may include, by the name in its `#include "..."` line.
-const HEADERS: [(&str, &str); 10] = [
+const HEADERS: [(&str, &str); 11] = [
     ("wgmma_fp8_ops.cuh", WGMMA_FP8_OPS_CUH),
     ("fp8.cuh", FP8_CUH),
     ("bwd_common.cuh", BWD_COMMON_CUH),
     ("tile_scheduler.cuh", TILE_SCHEDULER_CUH),
     ("softmax.cuh", SOFTMAX_CUH),
     ("kv_cache.cuh", KV_CACHE_CUH),
+    ("rotary.cuh", ROTARY_CUH),
     ("ptx.cuh", PTX_CUH),
     ("attn_common.cuh", ATTN_COMMON_CUH),
     ("hopper.cuh", HOPPER_CUH),

@@ -134,6 +134,7 @@ pub fn try_host_kvcache<T: Element>(
     v_cache: &mut [T],
     k_new: &[T],
     v_new: &[T],
+    rotary: crate::problem::kvcache::RotaryTables<'_, T>,
     splits: Option<usize>,
 ) -> Result<(crate::problem::kvcache::KvCacheOutput<T>, Backend, String)> {
     let gpu = shared_gpu()?;
@@ -143,15 +144,18 @@ pub fn try_host_kvcache<T: Element>(
     };
     macro_rules! typed {
         ($u:ty) => {
-            if let (Some(q), Some(kc), Some(vc), Some(kn), Some(vn)) = (
+            if let (Some(q), Some(kc), Some(vc), Some(kn), Some(vn), Some(cos), Some(sin)) = (
                 same::<T, $u>(q),
                 same_mut::<T, $u>(k_cache),
                 same_mut::<T, $u>(v_cache),
                 same::<T, $u>(k_new),
                 same::<T, $u>(v_new),
+                same::<T, $u>(rotary.cos),
+                same::<T, $u>(rotary.sin),
             ) {
+                let tables = crate::problem::kvcache::RotaryTables { cos, sin };
                 let (out, info) =
-                    crate::cuda::decode::forward_host(gpu, p, q, kc, vc, kn, vn, splits)?;
+                    crate::cuda::decode::forward_host(gpu, p, q, kc, vc, kn, vn, tables, splits)?;
                 let out = crate::problem::kvcache::KvCacheOutput {
                     o: back(out.o),
                     lse: out.lse,

@@ -4,7 +4,7 @@
 use super::backend::BackendChoice;
 use crate::dtype::Element;
 use crate::error::Result;
-use crate::problem::kvcache::{KvCacheOutput, KvCacheProblem, forward_cpu};
+use crate::problem::kvcache::{KvCacheOutput, KvCacheProblem, RotaryTables, forward_cpu};
 
 /// What [`forward`] returns: the output and which backend ran it, and why.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,8 +18,9 @@ pub struct KvCacheRun<T> {
 /// A decoding call on the backend `choice` picks ([`BackendChoice`]): the GPU kernels
 /// ([`crate::cuda::decode`]) for `Cuda`, and for `Auto` where a GPU is usable and takes the
 /// call (f16/bf16, head_dim a multiple of 8 up to 256); else [`forward_cpu`]. The caches are
-/// updated in place (the new rows appended). `splits`: `None` for the heuristic (the CPU
-/// backend then runs one split).
+/// updated in place (the new rows appended, rotated with a rotary embedding: pass its tables,
+/// or [`RotaryTables::none`]). `splits`: `None` for the heuristic (the CPU backend then runs
+/// one split).
 ///
 /// # Errors
 /// Validation and buffer errors before anything is written; with `Cuda`, why the GPU cannot
@@ -33,6 +34,7 @@ pub fn forward<T: Element>(
     v_cache: &mut [T],
     k_new: &[T],
     v_new: &[T],
+    rotary: RotaryTables<'_, T>,
     splits: Option<usize>,
 ) -> Result<KvCacheRun<T>> {
     p.validate()?;
@@ -40,10 +42,11 @@ pub fn forward<T: Element>(
         q.len(),
         [k_cache.len(), v_cache.len()],
         [k_new.len(), v_new.len()],
+        rotary.lens(),
     )?;
     let mut why = "asked for".to_string();
     if choice != BackendChoice::Cpu {
-        match super::gpu::try_host_kvcache(p, q, k_cache, v_cache, k_new, v_new, splits) {
+        match super::gpu::try_host_kvcache(p, q, k_cache, v_cache, k_new, v_new, rotary, splits) {
             Ok((out, backend, why)) => {
                 return Ok(KvCacheRun {
                     out,
@@ -57,7 +60,7 @@ pub fn forward<T: Element>(
         }
     }
     let splits = splits.unwrap_or(1);
-    let out = forward_cpu(p, q, k_cache, v_cache, k_new, v_new, splits)?;
+    let out = forward_cpu(p, q, k_cache, v_cache, k_new, v_new, rotary, splits)?;
     Ok(KvCacheRun {
         out,
         ran: format!(

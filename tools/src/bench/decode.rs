@@ -23,7 +23,7 @@ use super::report::{LineResult, Source, io_err, write_record};
 use super::rounds::{Measured, RoundInfo, Steps};
 use super::stats::{self, Schedule};
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg, sys};
-use flashattn::cuda::decode::{DecodePlan, DecodeTile};
+use flashattn::cuda::decode::{DecodePlan, DecodeTensors, DecodeTile};
 use flashattn::cuda::device::cuda_err;
 use flashattn::cuda::{Gpu, GpuElement, KernelSource};
 use flashattn::dtype::DType;
@@ -456,7 +456,18 @@ fn shape_set<T: GpuElement>(
                 let (layout, plan) = &plans[i];
                 let what = format!("decode {layout} b{batch} sk{seqlen_k} sq{sq}");
                 let timed = time_launches(gpu, &what, run.sched, |_| {
-                    plan.run(gpu, &q, &mut kc, &mut vc, None, &mut o, &mut lse)
+                    plan.run(
+                        gpu,
+                        DecodeTensors {
+                            q: &q,
+                            k_cache: &mut kc,
+                            v_cache: &mut vc,
+                            new: None,
+                            rotary: None,
+                            o: &mut o,
+                            lse: &mut lse,
+                        },
+                    )
                 })?;
                 let t = stats::summarize(&timed.times, bytes).ok_or_else(|| AttnError::Cuda {
                     context: what.clone(),

@@ -457,7 +457,14 @@ impl Ctx<'_> {
         p = p.with_scores(self.score_mods(prefix, batch, hq)?)?;
         // The caches the call must leave: the CPU's append of the new rows.
         let (mut want_k, mut want_v) = (kc.clone(), vc.clone());
-        flashattn::kvcache::append(&p, &mut want_k, &mut want_v, &k_new, &v_new)?;
+        flashattn::kvcache::append(
+            &p,
+            &mut want_k,
+            &mut want_v,
+            &k_new,
+            &v_new,
+            flashattn::kvcache::RotaryTables::none(),
+        )?;
         let (mut kc, mut vc) = (kc, vc);
         if self.a.repeat > 1 {
             println!(
@@ -473,6 +480,7 @@ impl Ctx<'_> {
             &mut vc,
             &k_new,
             &v_new,
+            flashattn::kvcache::RotaryTables::none(),
             None,
         )?;
         let (out, secs) = (run.out, t0.elapsed().as_secs_f64());
@@ -512,7 +520,13 @@ impl Ctx<'_> {
             println!("  appended rows: FAIL (they differ from the new k/v)");
         }
         // The oracle on the caches the call should have left (the CPU's append).
-        let exact = flashattn::kvcache::reference(&p, &q, &want_k, &want_v)?;
+        let exact = flashattn::kvcache::reference(
+            &p,
+            &q,
+            &want_k,
+            &want_v,
+            flashattn::kvcache::RotaryTables::none(),
+        )?;
         let (od, ld) = flashattn::compare::diff_rows(
             out.o.iter().map(|x| x.to_f64()),
             out.lse.iter().map(|&x| f64::from(x)),
