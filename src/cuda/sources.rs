@@ -19,9 +19,12 @@ pub const WGMMA_OPS_CUH: &str = include_str!("../../kernels/common/wgmma_ops.cuh
 pub const KV_CACHE_CUH: &str = include_str!("../../kernels/decode/kv_cache.cuh");
 /// What the two backward kernels share (parameters, D and dQ-conversion kernels, step ranges).
 pub const BWD_COMMON_CUH: &str = include_str!("../../kernels/bwd/bwd_common.cuh");
+/// attn_bwd's packed variable-length batches: each block's sequence as a batch entry of its own.
+pub const BWD_VARLEN_CUH: &str = include_str!("../../kernels/bwd/bwd_varlen.cuh");
 /// Headers a kernel may include, by the name in its `#include "..."` line.
-const HEADERS: [(&str, &str); 8] = [
+const HEADERS: [(&str, &str); 9] = [
     ("bwd_common.cuh", BWD_COMMON_CUH),
+    ("bwd_varlen.cuh", BWD_VARLEN_CUH),
     ("tile_scheduler.cuh", TILE_SCHEDULER_CUH),
     ("softmax.cuh", SOFTMAX_CUH),
     ("kv_cache.cuh", KV_CACHE_CUH),
