@@ -269,11 +269,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp_
     const u32 sK = base + OFF_K, sV = base + OFF_V, sDS = base + OFF_DS;
 #if IS_VARLEN
     // The block's sequence alone, as batch entry 0 (bwd_varlen.cuh); a block past its keys
-    // leaves here, before any barrier. Its parameters are read from shared memory (static, the
-    // host adds its size: src/cuda/bwd/varlen.rs): kept in a local copy, their lengths and
+    // leaves here, before any barrier. Its parameters are read from shared memory (static: the
+    // host adds their size, src/cuda/bwd/varlen.rs): kept in a local copy, their lengths and
     // shifted addresses took registers the kernel has not got (ptxas spilled the d64 f16
-    // sm_90 and d256 ALiBi builds at 255); from shared memory the builds need no more
-    // registers than the dense ones.
+    // sm_90 and d256 ALiBi builds at 255); in shared memory they cost about none. (After the
+    // tile's dynamic shared memory instead, 10 builds of sm_120 spilled.)
     __shared__ BwdParams seq_bp;
     {
         BwdParams t = bp_in;
@@ -293,7 +293,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp_
     // take the two buffers in turn.
     const KeyBlock<BR, BC> kb(bp, DETERMINISTIC);
     // (IS_VARLEN: the sequence is batch entry 0 of the block's parameters.)
-    const int n_block = kb.n_block, hk = kb.hk, b = IS_VARLEN ? 0 : kb.b, key0 = kb.key0, diag = kb.diag;
+    const int n_block = kb.n_block, hk = kb.hk, b = IS_VARLEN ? 0 : kb.b, key0 = kb.key0;
+    // The diagonal, seqlen_k - seqlen_q. IS_VARLEN at head_dim 256: re-read from the
+    // sequence's lengths in shared memory where it is used (unlike a dense launch's, it cannot
+    // be recomputed from constants; kept in a register, ptxas spilled it at d256 bf16 on sm_90,
+    // while re-read at d128 it spilled other values on sm_120: the choice is by measurement).
+    const auto diag = [&] { return IS_VARLEN && DP > 128 ? p.seqlen_k - p.seqlen_q : kb.diag; };
     const int steps = kb.steps;
     const auto head_of = [&](int s) { return kb.head_of(p, s); };
     const auto row0_of = [&](int s) { return kb.row0_of(s); };
@@ -352,12 +357,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp_
             // as zeros, see none).
             int rmin[2], rmax[2];
 #pragma unroll
-            for (int r = 0; r < 2; ++r) rows_of_key(p, diag, key0 + warp * KPW + mt * 16 + g + 8 * r, row0, rmin[r], rmax[r]);
+            for (int r = 0; r < 2; ++r) rows_of_key(p, diag(), key0 + warp * KPW + mt * 16 + g + 8 * r, row0, rmin[r], rmax[r]);
 #if HAS_ALIBI
             // i + diag - j of the lane's first row and key; element e of n-tile nt is
             // 8nt + e%2 rows and 8(e/2) keys on. In f32: exact below 2^24, as the forward's
             // score_row (one value, not one per key: the kernel is at 255 registers at d128).
-            const float center = (float)((i64)row0 + 2 * t + diag - (key0 + warp * KPW + mt * 16 + g));
+            const float center = (float)((i64)row0 + 2 * t + diag() - (key0 + warp * KPW + mt * 16 + g));
 #endif
 #if HAS_SOFTCAP
             float gt[NQ][4]; // 1 - tanh^2 of each element
