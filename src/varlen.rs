@@ -1,5 +1,6 @@
-//! Variable-length batches: the problem ([`crate::problem::varlen`]) and the call that picks a
-//! backend ([`crate::dispatch::varlen::forward`]), under one name for callers.
+//! Variable-length batches: the problem ([`crate::problem::varlen`]) and the calls that pick a
+//! backend ([`crate::dispatch::varlen::forward`], [`crate::dispatch::varlen::backward`]), under
+//! one name for callers.
 
-pub use crate::dispatch::varlen::forward;
+pub use crate::dispatch::varlen::{backward, forward};
 pub use crate::problem::varlen::*;

@@ -221,6 +221,66 @@ fn jobs() -> Vec<Job> {
             }
         }
     }
+    // The backward of packed variable-length batches (attn_bwd with IS_VARLEN), every arch,
+    // with the tile its launcher takes (within the limit less the sequence's parameters in
+    // static shared memory, src/cuda/bwd/varlen.rs): no mask, causal, a window in the
+    // deterministic mode, softcap, ALiBi (causal), at the head dims of the dense jobs.
+    for &arch in CI_ARCHS.iter() {
+        use flashattn::cuda::bwd::varlen::STATIC_SMEM;
+        for d in [8, 40, 56, 64, 96, 128, 256] {
+            for dtype in DTYPES {
+                for (causal, window, deterministic, softcap, alibi) in [
+                    (false, false, false, false, false),
+                    (true, false, false, false, false),
+                    (false, true, true, false, false),
+                    (false, false, false, true, false),
+                    (true, false, false, false, true),
+                ] {
+                    let opts = flashattn::cuda::backward::BackwardOptions {
+                        deterministic,
+                        ..Default::default()
+                    };
+                    let p = with_softcap_alibi(bwd_problem(d, causal, window), softcap, alibi);
+                    let limit = smem_limit(arch) - STATIC_SMEM;
+                    let tile = flashattn::cuda::backward::BwdTile::for_problem(
+                        &p,
+                        dtype,
+                        parse_cc(arch),
+                        limit,
+                    );
+                    if tile.smem_bytes(d) > limit {
+                        continue; // refused with a typed error there (BwdTile::for_call)
+                    }
+                    for ch0 in flashattn::cuda::backward::BwdTile::passes(d) {
+                        let mut defines = tile.defines(dtype, &p, opts, ch0);
+                        defines.push(("IS_VARLEN".into(), "1".into()));
+                        out.push(Job {
+                            source: KernelSource::AttnBwd,
+                            arch,
+                            d,
+                            dtype,
+                            causal,
+                            defines,
+                            functions: &["attn_bwd", "attn_bwd_dsum", "attn_bwd_dq"],
+                            smem: tile.smem_bytes(d) + STATIC_SMEM,
+                            tile: format!(
+                                "bwd {}x{}x{}{}{}{}{}{} varlen",
+                                tile.nwarps,
+                                tile.keys_per_warp,
+                                tile.br,
+                                if ch0 > 0 { " ch128" } else { "" },
+                                if window { " window" } else { "" },
+                                if deterministic { " det" } else { "" },
+                                if softcap { " softcap" } else { "" },
+                                if alibi { " alibi" } else { "" }
+                            ),
+                            roles: None,
+                        });
+                    }
+                }
+            }
+        }
+    }
     // The Hopper backward: sm_90a only, both padded head dims (64, 128) and 96, each mask,
     // and the deterministic mode.
     for d in [64, 96, 128] {

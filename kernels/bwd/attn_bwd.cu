@@ -31,11 +31,13 @@
 // 8 more live through dV spilled). ALiBi's bias is constant: dS passes through. Without them
 // the kernel carries none of their code (scripts/sass-compare.sh: the same SASS). The host
 // routes both here (attn_bwd_wgmma has neither); src/backward_tiles.rs models them.
+// IS_VARLEN: packed variable-length batches in one launch (bwd_varlen.cuh: each block takes its
+// sequence as a batch entry of its own; attn_bwd_dsum and attn_bwd_dq run over the packed rows).
 #include "ptx.cuh"
 #include "hopper.cuh"
 #include "attn_common.cuh"
 #include "bwd_common.cuh"
-static_assert(!IS_VARLEN, "attn_bwd: no varlen yet");
+#include "bwd_varlen.cuh"
 
 #ifndef NWARPS
 #define NWARPS 8
@@ -214,7 +216,8 @@ FA_DEVICE void add_dq_tile(const BwdParams &bp, u32 sDQ, const float *tile, int 
     if (threadIdx.x >= 32) return;
     int *order = bp.dq_order + ((i64)b * p.heads_q + h) * ((p.seqlen_q + BR - 1) / BR) + m;
     if (threadIdx.x == 0) {
-        int lo = n, hi = bp.num_k_blocks - 1; // n_last: the last key block that visits step m
+        // n_last: the last key block that visits step m (of the sequence's own, IS_VARLEN)
+        int lo = n, hi = IS_VARLEN ? (p.seqlen_k + BC - 1) / BC - 1 : bp.num_k_blocks - 1;
         while (lo < hi) {
             const int mid = (lo + hi + 1) / 2;
             int mb, me;
@@ -260,10 +263,28 @@ FA_DEVICE void add_dq_tile(const BwdParams &bp, u32 sDQ, const float *tile, int 
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp) {
+extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp_in) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const u32 base = smem_u32(smem_raw);
     const u32 sK = base + OFF_K, sV = base + OFF_V, sDS = base + OFF_DS;
+#if IS_VARLEN
+    // The block's sequence alone, as batch entry 0 (bwd_varlen.cuh); a block past its keys
+    // leaves here, before any barrier. Its parameters are read from shared memory (static: the
+    // host adds their size, src/cuda/bwd/varlen.rs): kept in a local copy, their lengths and
+    // shifted addresses took registers the kernel has not got (ptxas spilled the d64 f16
+    // sm_90 and d256 ALiBi builds at 255); in shared memory they cost about none. (After the
+    // tile's dynamic shared memory instead, 10 builds of sm_120 spilled.)
+    __shared__ BwdParams seq_bp;
+    {
+        BwdParams t = bp_in;
+        if (!varlen_sequence<BC>(t, DETERMINISTIC)) return;
+        if (threadIdx.x == 0) seq_bp = t;
+        __syncthreads();
+    }
+    const BwdParams &bp = seq_bp;
+#else
+    const BwdParams &bp = bp_in;
+#endif
     const Params &p = bp.p;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
@@ -271,7 +292,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
     // Key blocks in index order; in the deterministic mode from the last (add_dq_tile). Steps
     // take the two buffers in turn.
     const KeyBlock<BR, BC> kb(bp, DETERMINISTIC);
-    const int n_block = kb.n_block, hk = kb.hk, b = kb.b, key0 = kb.key0, diag = kb.diag;
+    // (IS_VARLEN: the sequence is batch entry 0 of the block's parameters.)
+    const int n_block = kb.n_block, hk = kb.hk, b = IS_VARLEN ? 0 : kb.b, key0 = kb.key0;
+    // The diagonal, seqlen_k - seqlen_q. IS_VARLEN at head_dim 256: re-read from the
+    // sequence's lengths in shared memory where it is used (unlike a dense launch's, it cannot
+    // be recomputed from constants; kept in a register, ptxas spilled it at d256 bf16 on sm_90,
+    // while re-read at d128 it spilled other values on sm_120: the choice is by measurement).
+    const auto diag = [&] { return IS_VARLEN && DP > 128 ? p.seqlen_k - p.seqlen_q : kb.diag; };
     const int steps = kb.steps;
     const auto head_of = [&](int s) { return kb.head_of(p, s); };
     const auto row0_of = [&](int s) { return kb.row0_of(s); };
@@ -330,12 +357,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp)
             // as zeros, see none).
             int rmin[2], rmax[2];
 #pragma unroll
-            for (int r = 0; r < 2; ++r) rows_of_key(p, diag, key0 + warp * KPW + mt * 16 + g + 8 * r, row0, rmin[r], rmax[r]);
+            for (int r = 0; r < 2; ++r) rows_of_key(p, diag(), key0 + warp * KPW + mt * 16 + g + 8 * r, row0, rmin[r], rmax[r]);
 #if HAS_ALIBI
             // i + diag - j of the lane's first row and key; element e of n-tile nt is
             // 8nt + e%2 rows and 8(e/2) keys on. In f32: exact below 2^24, as the forward's
             // score_row (one value, not one per key: the kernel is at 255 registers at d128).
-            const float center = (float)((i64)row0 + 2 * t + diag - (key0 + warp * KPW + mt * 16 + g));
+            const float center = (float)((i64)row0 + 2 * t + diag() - (key0 + warp * KPW + mt * 16 + g));
 #endif
 #if HAS_SOFTCAP
             float gt[NQ][4]; // 1 - tanh^2 of each element

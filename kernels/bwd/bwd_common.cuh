@@ -23,14 +23,23 @@ struct BwdParams {
 // threads read consecutive bytes of a row (the row is the contiguous dimension).
 extern "C" __global__ void attn_bwd_dsum(const BwdParams bp, const u16 *o, i64 o_sb, i64 o_ss, i64 o_sh) {
     const Params &p = bp.p;
+#if IS_VARLEN
+    const i64 n = (i64)p.total_q * p.heads_q; // packed rows (attn_bwd's IS_VARLEN)
+#else
     const i64 n = (i64)p.batch * p.seqlen_q * p.heads_q;
+#endif
     const i64 idx = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / 8;
     const int j = (int)(threadIdx.x % 8);
     const bool live = idx < n; // every lane stays for the shuffles
     const i64 at = live ? idx : 0;
     const int h = (int)(at % p.heads_q);
+#if IS_VARLEN
+    // Row i of the packed o and do, batch entry 0: lse_offset is then h total_q + i.
+    const int i = (int)(at / p.heads_q), b = 0;
+#else
     const int i = (int)(at / p.heads_q % p.seqlen_q);
     const int b = (int)(at / p.heads_q / p.seqlen_q);
+#endif
     const u16 *orow = o + b * o_sb + i * o_ss + h * o_sh;
     const u16 *drow = bp.d_o + b * bp.do_sb + i * bp.do_ss + h * bp.do_sh;
     float sum = 0.f;

@@ -25,11 +25,14 @@ pub const KV_CACHE_CUH: &str = include_str!("../../kernels/decode/kv_cache.cuh")
 pub const ROTARY_CUH: &str = include_str!("../../kernels/decode/rotary.cuh");
 /// What the two backward kernels share (parameters, D and dQ-conversion kernels, step ranges).
 pub const BWD_COMMON_CUH: &str = include_str!("../../kernels/bwd/bwd_common.cuh");
+/// attn_bwd's packed variable-length batches: each block's sequence as a batch entry of its own.
+pub const BWD_VARLEN_CUH: &str = include_str!("../../kernels/bwd/bwd_varlen.cuh");
 /// Headers a kernel may include, by the name in its `#include "..."` line.
-const HEADERS: [(&str, &str); 11] = [
+const HEADERS: [(&str, &str); 12] = [
     ("wgmma_fp8_ops.cuh", WGMMA_FP8_OPS_CUH),
     ("fp8.cuh", FP8_CUH),
     ("bwd_common.cuh", BWD_COMMON_CUH),
+    ("bwd_varlen.cuh", BWD_VARLEN_CUH),
     ("tile_scheduler.cuh", TILE_SCHEDULER_CUH),
     ("softmax.cuh", SOFTMAX_CUH),
     ("kv_cache.cuh", KV_CACHE_CUH),

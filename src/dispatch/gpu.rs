@@ -173,3 +173,63 @@ pub fn try_host_kvcache<T: Element>(
         ),
     })
 }
+
+/// Runs the backward of a packed variable-length batch on the GPU in one launch per kernel
+/// ([`crate::cuda::bwd::varlen::backward_host`]): `dq`, `dk`, `dv` packed, the backend
+/// description and what ran.
+///
+/// # Errors
+/// As [`try_host_forward`], and those of [`crate::cuda::bwd::varlen::backward_host`].
+#[allow(clippy::too_many_arguments)]
+pub fn try_host_varlen_backward<T: Element>(
+    p: &crate::problem::varlen::VarlenProblem,
+    opts: crate::cuda::bwd::backward::BackwardOptions,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    o: &[T],
+    lse: &[f32],
+    d_o: &[T],
+) -> Result<(crate::problem::varlen::VarlenGrads<T>, Backend)> {
+    let gpu = shared_gpu()?;
+    let backend = |kernel: &str| Backend::Cuda {
+        device: gpu.info().name.clone(),
+        kernel: kernel.to_string(),
+    };
+    macro_rules! typed {
+        ($u:ty) => {
+            if let (Some(q), Some(k), Some(v), Some(o), Some(d_o)) = (
+                same::<T, $u>(q),
+                same::<T, $u>(k),
+                same::<T, $u>(v),
+                same::<T, $u>(o),
+                same::<T, $u>(d_o),
+            ) {
+                let g =
+                    crate::cuda::bwd::varlen::backward_host(gpu, p, opts, q, k, v, o, lse, d_o)?;
+                let mut ran = format!("one launch per kernel ({} blocks)", g.info.blocks);
+                if let Some(dp) = g.info.padded_head_dim {
+                    ran.push_str(&format!(", head_dim padded to {dp}"));
+                }
+                if g.info.deterministic {
+                    ran.push_str(", deterministic");
+                }
+                let grads = crate::problem::varlen::VarlenGrads {
+                    dq: back(g.dq),
+                    dk: back(g.dk),
+                    dv: back(g.dv),
+                    ran,
+                };
+                return Ok((grads, backend(g.info.kernel)));
+            }
+        };
+    }
+    typed!(f16);
+    typed!(bf16);
+    Err(AttnError::DTypeMismatch {
+        what: format!(
+            "the CUDA kernels take f16 or bf16 inputs, got {}: convert the inputs or use the CPU backend",
+            T::DTYPE
+        ),
+    })
+}

@@ -8,11 +8,14 @@
 //! - sequences are independent: the mask (causal bottom-right), window and ALiBi distances
 //!   are those of each sequence's own lengths; zero-length sequences are legal (a query that
 //!   sees no key gives `o = 0`, `lse = -inf`);
-//! - `o` packed like q; `lse` `[heads_q, total_q]` (natural log).
+//! - `o` packed like q; `lse` `[heads_q, total_q]` (natural log);
+//! - the backward ([`crate::dispatch::varlen::backward`]) takes `do` packed like q and gives
+//!   `dq` packed like q, `dk` and `dv` like k.
 //!
-//! On the GPU the whole batch is one `attn_mma` launch ([`crate::cuda::varlen`]); the CPU
-//! backend, and the GPU for head dims that are not a multiple of 8, run each sequence as a
-//! batch-1 [`AttnProblem`].
+//! On the GPU the whole batch is one `attn_mma` launch ([`crate::cuda::varlen`]), its
+//! backward one `attn_bwd` launch ([`crate::cuda::bwd::varlen`]); the CPU backend, and the
+//! GPU forward for head dims that are not a multiple of 8, run each sequence as a batch-1
+//! [`AttnProblem`].
 
 use crate::dtype::Element;
 use crate::error::{AttnError, Result};
@@ -51,6 +54,21 @@ pub struct VarlenOutput<T> {
     /// Log-sum-exp per (head, packed query).
     pub lse: Vec<f32>,
     /// The backend and kernel that ran, and why (empty where not recorded).
+    pub ran: String,
+}
+
+/// The gradients of a varlen backward call ([`crate::dispatch::varlen::backward`]): `dq`
+/// packed like q `[total_q, heads_q, head_dim]`, `dk` and `dv` like k `[total_k, heads_kv,
+/// head_dim]` (summed over the query heads of each kv head), and where it ran.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VarlenGrads<T> {
+    /// Gradient of q, packed like q.
+    pub dq: Vec<T>,
+    /// Gradient of k, packed like k.
+    pub dk: Vec<T>,
+    /// Gradient of v, packed like v.
+    pub dv: Vec<T>,
+    /// The backend and kernel that ran, and why.
     pub ran: String,
 }
 
@@ -202,6 +220,21 @@ impl VarlenProblem {
     /// # Errors
     /// [`AttnError::BufferTooShort`] or [`AttnError::Overflow`].
     pub(crate) fn check_lengths(&self, q: usize, k: usize, v: usize) -> Result<()> {
+        let (nq, nk) = self.packed_lens()?;
+        for (tensor, len, required) in [("q", q, nq), ("k", k, nk), ("v", v, nk)] {
+            crate::error::check_len(tensor, len, required)?;
+        }
+        Ok(())
+    }
+}
+
+impl VarlenProblem {
+    /// Elements of a packed q (also o, do, dq: `total_q * heads_q * head_dim`) and of a
+    /// packed k (also v, dk, dv: `total_k * heads_kv * head_dim`).
+    ///
+    /// # Errors
+    /// [`AttnError::Overflow`] when a count does not fit in an i64.
+    pub fn packed_lens(&self) -> Result<(usize, usize)> {
         let size = |tensor: &str, total: usize, heads: usize| {
             [total, heads, self.head_dim]
                 .iter()
@@ -214,15 +247,152 @@ impl VarlenProblem {
                     ),
                 })
         };
-        let (nq, nk) = (
+        Ok((
             size("q", self.total_q(), self.heads_q)?,
             size("k", self.total_k(), self.heads_kv)?,
-        );
-        for (tensor, len, required) in [("q", q, nq), ("k", k, nk), ("v", v, nk)] {
+        ))
+    }
+
+    /// The length checks of a varlen backward (CPU and GPU): `[q, k, v, o, lse, do]` and
+    /// `[dq, dk, dv]` against the packed sizes (q, o, do, dq `total_q * heads_q * head_dim`;
+    /// k, v, dk, dv `total_k * heads_kv * head_dim`; lse `heads_q * total_q`).
+    ///
+    /// # Errors
+    /// [`AttnError::BufferTooShort`] naming the first buffer that is too short;
+    /// [`AttnError::Overflow`].
+    pub(crate) fn check_backward_lengths(
+        &self,
+        inputs: [usize; 6],
+        grads: [usize; 3],
+    ) -> Result<()> {
+        let (nq, nk) = self.packed_lens()?;
+        let nl = self.heads_q * self.total_q();
+        let [q, k, v, o, lse, d_o] = inputs;
+        let [dq, dk, dv] = grads;
+        for (tensor, len, required) in [
+            ("q", q, nq),
+            ("k", k, nk),
+            ("v", v, nk),
+            ("o", o, nq),
+            ("lse", lse, nl),
+            ("do", d_o, nq),
+            ("dq", dq, nq),
+            ("dk", dk, nk),
+            ("dv", dv, nk),
+        ] {
             crate::error::check_len(tensor, len, required)?;
         }
         Ok(())
     }
+}
+
+/// One sequence of a packed backward, as a dense batch-1 call ([`backward_per_sequence`]):
+/// its problem, its slices of q, k, v, o and do, its lse gathered dense `[1, heads_q, sq]`.
+pub(crate) struct SeqBackward<'a, T> {
+    /// The sequence's dense problem.
+    pub p: AttnProblem,
+    /// q, k, v, o, do of the sequence (dense layouts of `p`).
+    pub inputs: [&'a [T]; 5],
+    /// Its lse, dense `[1, heads_q, seqlen_q]`.
+    pub lse: Vec<f32>,
+}
+
+/// Runs `f` on every sequence that has queries and keys, with its [`SeqBackward`] and its
+/// slices of the packed dq, dk and dv (dense `[1, seqlen, heads, head_dim]` layouts, which `f`
+/// writes in full); the gradients of the other sequences are set to zero (no key: dq = 0; no
+/// query: dk = dv = 0). The caller validated `p` and the lengths
+/// ([`VarlenProblem::check_backward_lengths`]).
+///
+/// # Errors
+/// Those of `f`.
+pub(crate) fn backward_per_sequence<T: Element>(
+    p: &VarlenProblem,
+    [q, k, v, o, d_o]: [&[T]; 5],
+    lse: &[f32],
+    [dq, dk, dv]: [&mut [T]; 3],
+    mut f: impl FnMut(&SeqBackward<T>, &mut [T], &mut [T], &mut [T]) -> Result<()>,
+) -> Result<()> {
+    let (row_q, row_k) = (p.heads_q * p.head_dim, p.heads_kv * p.head_dim);
+    let total = p.total_q();
+    let zero = T::from_f32(0.0);
+    for b in 0..p.batch() {
+        let (q0, q1) = (p.cu_seqlens_q[b] as usize, p.cu_seqlens_q[b + 1] as usize);
+        let (k0, k1) = (p.cu_seqlens_k[b] as usize, p.cu_seqlens_k[b + 1] as usize);
+        let (rq, rk) = (q0 * row_q..q1 * row_q, k0 * row_k..k1 * row_k);
+        let Some((sp, _, _)) = p.sequence(b)? else {
+            dq[rq].fill(zero);
+            dk[rk.clone()].fill(zero);
+            dv[rk].fill(zero);
+            continue;
+        };
+        let sq = q1 - q0;
+        let seq = SeqBackward {
+            p: sp,
+            inputs: [
+                &q[rq.clone()],
+                &k[rk.clone()],
+                &v[rk.clone()],
+                &o[rq.clone()],
+                &d_o[rq.clone()],
+            ],
+            lse: (0..p.heads_q)
+                .flat_map(|h| lse[h * total + q0..h * total + q1].iter().copied())
+                .collect(),
+        };
+        debug_assert_eq!(seq.lse.len(), p.heads_q * sq);
+        f(&seq, &mut dq[rq], &mut dk[rk.clone()], &mut dv[rk])?;
+    }
+    Ok(())
+}
+
+/// The exact gradients of a packed batch in f64 ([`crate::reference_grad`] per sequence):
+/// `dq` packed like q, `dk` and `dv` like k (zero for keys no query sees, and for the rows of
+/// sequences without keys). `d_o` is packed like q.
+///
+/// # Errors
+/// Validation errors of `p`; [`AttnError::BufferTooShort`] for q, k, v or do shorter than
+/// the packed sizes.
+pub fn reference_backward<T: Element>(
+    p: &VarlenProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+) -> Result<crate::reference_grad::Gradients> {
+    p.validate()?;
+    let (nq, nk) = p.packed_lens()?;
+    for (tensor, len, required) in [
+        ("q", q.len(), nq),
+        ("k", k.len(), nk),
+        ("v", v.len(), nk),
+        ("do", d_o.len(), nq),
+    ] {
+        crate::error::check_len(tensor, len, required)?;
+    }
+    let (row_q, row_k) = (p.heads_q * p.head_dim, p.heads_kv * p.head_dim);
+    let mut out = crate::reference_grad::Gradients {
+        dq: vec![0.0; nq],
+        dk: vec![0.0; nk],
+        dv: vec![0.0; nk],
+    };
+    for b in 0..p.batch() {
+        let Some((sp, q0, k0)) = p.sequence(b)? else {
+            continue;
+        };
+        let (sq, sk) = (sp.shape.seqlen_q, sp.shape.seqlen_k);
+        let (rq, rk) = (q0 * row_q..(q0 + sq) * row_q, k0 * row_k..(k0 + sk) * row_k);
+        let g = crate::reference_grad::backward(
+            &sp,
+            &q[rq.clone()],
+            &k[rk.clone()],
+            &v[rk.clone()],
+            &d_o[rq.clone()],
+        )?;
+        out.dq[rq].copy_from_slice(&g.dq);
+        out.dk[rk.clone()].copy_from_slice(&g.dk);
+        out.dv[rk].copy_from_slice(&g.dv);
+    }
+    Ok(out)
 }
 
 /// Offsets `[0, l0, l0 + l1, ...]` (`batch + 1` entries) of sequences of the given lengths,

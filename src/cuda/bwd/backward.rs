@@ -306,21 +306,22 @@ impl BwdTile {
     }
 }
 
-/// attn_bwd.cu's `BwdParams` (same field order and types).
+/// attn_bwd.cu's `BwdParams` (same field order and types; also the packed launcher's,
+/// [`crate::cuda::bwd::varlen`]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-struct BwdParams {
-    p: FlashParams,
-    d_o: u64,
-    do_strides: [i64; 3],
-    dsum: u64,
-    dq_accum: u64,
-    dk: u64,
-    dv: u64,
-    scale: f32,
-    heads_kv: i32,
-    num_k_blocks: i32,
-    dq_order: u64,
+pub(crate) struct BwdParams {
+    pub(crate) p: FlashParams,
+    pub(crate) d_o: u64,
+    pub(crate) do_strides: [i64; 3],
+    pub(crate) dsum: u64,
+    pub(crate) dq_accum: u64,
+    pub(crate) dk: u64,
+    pub(crate) dv: u64,
+    pub(crate) scale: f32,
+    pub(crate) heads_kv: i32,
+    pub(crate) num_k_blocks: i32,
+    pub(crate) dq_order: u64,
 }
 // SAFETY: plain old data with C layout, mirrored field by field by the kernel's struct.
 unsafe impl DeviceRepr for BwdParams {}

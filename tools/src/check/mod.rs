@@ -17,6 +17,7 @@ pub mod inputs;
 pub mod kvcache;
 pub mod outcome;
 pub mod varlen;
+pub mod varlen_backward;
 
 pub use cases::{Case, Inputs, Tensor, cases};
 pub use outcome::CaseResult;
@@ -154,14 +155,25 @@ pub fn run(gpu: &Gpu, opts: &CheckOptions, mut print: impl FnMut(&str)) -> Resul
             }
         }
     }
-    // The backward pass (attn_bwd), with the kernels that take the score modifiers.
+    // The backward pass (attn_bwd, attn_bwd_wgmma; packed batches on attn_bwd), with the
+    // kernels that take the score modifiers.
     if opts.kernels.iter().any(|k| k.has_score_mods()) {
         let calls: Vec<backward::BwdCase> = opts.select(backward::cases(), |c| &c.label);
         for (i, case) in calls.iter().enumerate() {
             let x = backward::run_case(gpu, case, seed(2000 + i))?;
             record(result_line(&x), x);
         }
-        for (label, passed, message) in backward::refusals(gpu) {
+        // Packed variable-length batches: one launch per kernel over every sequence.
+        let packed: Vec<varlen_backward::VarlenBwdCase> =
+            opts.select(varlen_backward::cases(), |c| &c.label);
+        for (i, case) in packed.iter().enumerate() {
+            let x = varlen_backward::run_case(gpu, case, seed(3000 + i))?;
+            record(result_line(&x), x);
+        }
+        let refused = backward::refusals(gpu)
+            .into_iter()
+            .chain(varlen_backward::refusals(gpu));
+        for (label, passed, message) in refused {
             if !opts.selects(&label) {
                 continue;
             }

@@ -1,0 +1,432 @@
+//! The backward of packed variable-length batches ([`flashattn::cuda::bwd::varlen`]: one
+//! launch per kernel over every sequence) against the exact f64 gradients per sequence
+//! ([`flashattn::varlen::reference_backward`]): lengths 0, 1, 17, 128 and 300 in one batch,
+//! seqlen_q != seqlen_k per sequence, sequences without queries (dk = dv = 0) or without keys
+//! (dq = 0), batches with no key or no query at all, causal and not, a window, softcap and
+//! per-sequence ALiBi, GQA and MQA, head dims 64, 128, 40 (the packed path at an odd multiple
+//! of 8), 36 (not a multiple of 8: padded copies, still one launch) and 256 (two channel
+//! passes), f16 and bf16, and the deterministic mode (5 runs, the same bytes). o and lse come
+//! from the CPU forward; dq, dk and dv start poisoned (NaN) with a guard past their ends that
+//! must stay so. Labels hold `backward varlen` (`--filter 'backward&varlen'`).
+
+use super::outcome::{CaseResult, GUARD, POISON16, synced, to_bits};
+use flashattn::BackendChoice;
+use flashattn::compare::{Tolerance, diff, random_vec, widen};
+use flashattn::cuda::backward::{BackwardOptions, BwdKernel};
+use flashattn::cuda::bwd::varlen::backward_device;
+use flashattn::cuda::device::cuda_err;
+use flashattn::cuda::{Gpu, GpuElement, KernelKind};
+use flashattn::dtype::DType;
+use flashattn::error::Result;
+use flashattn::mask::Mask;
+use flashattn::scores::{Alibi, ScoreMods, Window};
+use flashattn::varlen::{self, VarlenProblem, offsets};
+use half::{bf16, f16};
+
+/// One packed batch of the backward sweep.
+#[derive(Debug, Clone)]
+pub struct VarlenBwdCase {
+    /// `{dtype} backward varlen q[..] k[..] hq=.. hkv=.. d=.. {mask}{modifiers}[ deterministic]`.
+    pub label: String,
+    /// Element type.
+    pub dtype: DType,
+    /// The batch.
+    pub problem: VarlenProblem,
+    /// Run [`super::backward::DETERMINISTIC_RUNS`] times: every run must give the same bytes.
+    pub deterministic: bool,
+}
+
+/// The sweep (the same in quick mode: the batches are small).
+pub fn cases() -> Vec<VarlenBwdCase> {
+    // Lengths 0, 1, 17, 128, 300 in one batch: a sequence without queries, 1 query on 17
+    // keys, 17 queries on 1 key (causal: 16 rows see no key), equal lengths; then sequences
+    // without keys, and seqlen_q < seqlen_k.
+    let a = (vec![0, 1, 17, 128, 300], vec![5, 17, 1, 128, 300]);
+    let b = (vec![300, 128, 17, 1, 0, 3], vec![0, 200, 17, 300, 9, 0]);
+    let plain = ScoreMods::default;
+    let mods = ScoreMods {
+        window: Window::from_fa(100, 20).expect("valid window"),
+        softcap: Some(5.0),
+        alibi: Some(Alibi {
+            slopes: (0..20).map(|i| 0.02 * (i + 1) as f32).collect(),
+            per_batch: true,
+        }),
+    };
+    // (lengths, heads_q, heads_kv, head_dim, masks, modifiers, dtypes, deterministic)
+    type Spec = (
+        (Vec<usize>, Vec<usize>),
+        usize,
+        usize,
+        usize,
+        &'static [Mask],
+        ScoreMods,
+        &'static [DType],
+        bool,
+    );
+    let both = &[DType::F16, DType::BF16][..];
+    let f16_only = &[DType::F16][..];
+    let masks = &[Mask::None, Mask::Causal][..];
+    let causal = &[Mask::Causal][..];
+    let specs: Vec<Spec> = vec![
+        (a.clone(), 4, 2, 64, masks, plain(), both, false),
+        (a.clone(), 4, 2, 128, masks, plain(), both, false),
+        (b.clone(), 8, 1, 128, masks, plain(), both, false),
+        (b.clone(), 6, 2, 40, masks, plain(), both, false),
+        (a.clone(), 4, 2, 36, masks, plain(), both, false),
+        (b.clone(), 2, 1, 256, causal, plain(), f16_only, false),
+        (a.clone(), 4, 2, 64, causal, mods, both, false),
+        (
+            a.clone(),
+            4,
+            2,
+            96,
+            causal,
+            ScoreMods {
+                window: Window::from_fa(64, 0).expect("valid window"),
+                ..plain()
+            },
+            f16_only,
+            true,
+        ),
+        (b.clone(), 4, 2, 128, masks, plain(), f16_only, true),
+        // No key at all (dq = 0), no query at all (dk = dv = 0).
+        (
+            (vec![3, 5], vec![0, 0]),
+            2,
+            1,
+            64,
+            masks,
+            plain(),
+            f16_only,
+            false,
+        ),
+        (
+            (vec![0, 0], vec![4, 9]),
+            2,
+            1,
+            64,
+            masks,
+            plain(),
+            f16_only,
+            false,
+        ),
+    ];
+    let mut out = Vec::new();
+    for ((lq, lk), hq, hkv, d, masks, mods, dtypes, deterministic) in specs {
+        for &mask in masks {
+            let p = VarlenProblem::new(offsets(&lq), offsets(&lk), hq, hkv, d)
+                .expect("valid sweep batch")
+                .with_mask(mask)
+                .with_scores(mods.clone())
+                .expect("valid sweep modifiers");
+            for &dtype in dtypes {
+                out.push(VarlenBwdCase {
+                    label: format!(
+                        "{dtype} backward varlen q{lq:?} k{lk:?} hq={hq} hkv={hkv} d={d} {}{}{}",
+                        mask.name(),
+                        super::cases::describe_scores(&mods),
+                        if deterministic { " deterministic" } else { "" }
+                    ),
+                    dtype,
+                    problem: p.clone(),
+                    deterministic,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Runs one case and judges dq, dk, dv against the exact gradients: rel-L2 within twice the
+/// forward's o bound for the dtype (as the dense backward cases), no NaN or Inf where the
+/// exact value is finite (the poison included), nothing written past the ends; in the
+/// deterministic mode the same bytes every run.
+///
+/// # Errors
+/// Oracle and copy failures; kernel failures are a failed result.
+pub fn run_case(gpu: &Gpu, case: &VarlenBwdCase, seed: u64) -> Result<CaseResult> {
+    match case.dtype {
+        DType::BF16 => run_typed::<bf16>(gpu, case, seed),
+        _ => run_typed::<f16>(gpu, case, seed),
+    }
+}
+
+/// dq, dk and dv of one run, read back without their guards, and the guard elements written.
+type Run<T> = ([Vec<T>; 3], usize, String);
+
+fn run_typed<T: GpuElement>(gpu: &Gpu, case: &VarlenBwdCase, seed: u64) -> Result<CaseResult> {
+    let p = &case.problem;
+    let mut result = CaseResult::new(&case.label, KernelKind::Mma);
+    result.kernel = "bwd".into();
+    let (nq, nk) = p.packed_lens()?;
+    let q: Vec<T> = random_vec(nq, seed);
+    let k: Vec<T> = random_vec(nk, seed ^ 0x5555);
+    let v: Vec<T> = random_vec(nk, seed ^ 0xAAAA);
+    let fwd = varlen::forward(BackendChoice::Cpu, p, &q, &k, &v)?;
+    let d_o: Vec<T> = random_vec(nq, seed ^ 0xd0);
+    let exact = varlen::reference_backward(p, &q, &k, &v, &d_o)?;
+    let opts = BackwardOptions {
+        deterministic: case.deterministic,
+        kernel: BwdKernel::Auto,
+    };
+    let runs = if case.deterministic {
+        super::backward::DETERMINISTIC_RUNS
+    } else {
+        1
+    };
+    let mut got: Vec<Run<T>> = Vec::new();
+    for run in 1..=runs {
+        match launch(gpu, p, opts, [&q, &k, &v, &fwd.o, &d_o], &fwd.lse) {
+            Ok(r) => got.push(r),
+            Err(e) => {
+                result.message = format!("run {run}: {e}");
+                return Ok(result);
+            }
+        }
+    }
+    let ([dq, dk, dv], _, ran) = &got[0];
+    result.guard_overwritten = got.iter().map(|r| r.1).sum();
+    let bound = 2.0 * Tolerance::for_dtype(T::DTYPE).o_rel_l2;
+    let (mut problems, mut notes) = (Vec::new(), vec![ran.clone()]);
+    let (mut worst_rel, mut worst_abs) = (0.0f64, 0.0f64);
+    for (name, g, want) in [
+        ("dq", dq, &exact.dq),
+        ("dk", dk, &exact.dk),
+        ("dv", dv, &exact.dv),
+    ] {
+        let d = diff(widen(g), want);
+        worst_rel = worst_rel.max(d.rel_l2);
+        worst_abs = worst_abs.max(d.max_abs);
+        notes.push(format!("{name} rel-L2 {:.2e}", d.rel_l2));
+        if !d.is_clean() || d.rel_l2.is_nan() || d.rel_l2 > bound {
+            problems.push(format!("{name}: {d} (bound {bound:.1e})"));
+        }
+    }
+    for (run, r) in got.iter().enumerate().skip(1) {
+        for (i, name) in ["dq", "dk", "dv"].into_iter().enumerate() {
+            let differ = r.0[i]
+                .iter()
+                .zip(&got[0].0[i])
+                .filter(|(a, b)| to_bits(**a) != to_bits(**b))
+                .count();
+            if differ > 0 {
+                problems.push(format!(
+                    "run {}: {differ} {name} elements differ from run 1",
+                    run + 1
+                ));
+            }
+        }
+    }
+    if case.deterministic && problems.is_empty() {
+        notes.push(format!("{runs} runs identical"));
+    }
+    result.o_rel_l2 = worst_rel;
+    result.o_max_abs = worst_abs;
+    result.lse_max_abs = 0.0;
+    result.conclude(problems, notes);
+    Ok(result)
+}
+
+/// One backward call on the device: inputs copied in, dq, dk and dv poisoned with a guard
+/// each, the call, the stream synchronised (a fault is the call's error), the gradients read
+/// back.
+fn launch<T: GpuElement>(
+    gpu: &Gpu,
+    p: &VarlenProblem,
+    opts: BackwardOptions,
+    [q, k, v, o, d_o]: [&[T]; 5],
+    lse: &[f32],
+) -> Result<Run<T>> {
+    let stream = gpu.stream();
+    // Device buffers of at least one element (empty allocations are refused): the packed
+    // sizes may be 0.
+    let up = |x: &[T], what: &str| {
+        let mut h = x.to_vec();
+        if h.is_empty() {
+            h.push(T::from_f32(0.0));
+        }
+        stream
+            .clone_htod(&h)
+            .map_err(cuda_err(format!("copying {what} to the device")))
+    };
+    let (g_q, g_k, g_v, g_o, g_do) = (
+        up(q, "q")?,
+        up(k, "k")?,
+        up(v, "v")?,
+        up(o, "o")?,
+        up(d_o, "do")?,
+    );
+    let mut lse_h = lse.to_vec();
+    lse_h.push(0.0);
+    let g_lse = stream
+        .clone_htod(&lse_h)
+        .map_err(cuda_err("copying lse to the device"))?;
+    // SAFETY: T is f16 or bf16; every 16-bit pattern is a valid value.
+    let poison: T = unsafe { std::mem::transmute_copy::<u16, T>(&POISON16) };
+    let (nq, nk) = (q.len(), k.len());
+    let poisoned = |n: usize| {
+        stream
+            .clone_htod(&vec![poison; n + GUARD])
+            .map_err(cuda_err("poisoning the gradients"))
+    };
+    let (mut g_dq, mut g_dk, mut g_dv) = (poisoned(nq)?, poisoned(nk)?, poisoned(nk)?);
+    let info = {
+        let (mut vq, mut vk, mut vv) = (
+            g_dq.slice_mut(0..nq),
+            g_dk.slice_mut(0..nk),
+            g_dv.slice_mut(0..nk),
+        );
+        let called = backward_device(
+            gpu,
+            p,
+            opts,
+            &g_q.slice(0..nq),
+            &g_k.slice(0..nk),
+            &g_v.slice(0..nk),
+            &g_o.slice(0..nq),
+            &g_lse.slice(0..lse.len()),
+            &g_do.slice(0..nq),
+            &mut vq,
+            &mut vk,
+            &mut vv,
+        );
+        // Only the stream's outcome matters here: a stand-in LaunchInfo carries the call's
+        // result through `synced`.
+        let stand_in = called.map(|info| {
+            let why = match info.padded_head_dim {
+                Some(dp) => format!("{} blocks, head_dim padded to {dp}", info.blocks),
+                None => format!("{} blocks", info.blocks),
+            };
+            flashattn::cuda::LaunchInfo {
+                kernel: KernelKind::Mma,
+                why,
+                config: info.tile.map(|t| format!("{t:?}")),
+                registers: info.registers,
+                spill_bytes: info.spill_bytes,
+                smem_bytes: info.smem_bytes,
+            }
+        });
+        synced(gpu, stand_in, "varlen backward")?
+    };
+    let back =
+        |x: &cudarc::driver::CudaSlice<T>, n: usize, name: &str| -> Result<(Vec<T>, usize)> {
+            let mut h: Vec<T> = stream
+                .clone_dtoh(x)
+                .map_err(cuda_err(format!("copying {name} back")))?;
+            let written = h[n..].iter().filter(|e| to_bits(**e) != POISON16).count();
+            h.truncate(n);
+            Ok((h, written))
+        };
+    let (dq, wq) = back(&g_dq, nq, "dq")?;
+    let (dk, wk) = back(&g_dk, nk, "dk")?;
+    let (dv, wv) = back(&g_dv, nk, "dv")?;
+    let ran = format!(
+        "attn_bwd ({}; {} registers, {} spill bytes)",
+        info.why, info.registers, info.spill_bytes
+    );
+    Ok(([dq, dk, dv], wq + wk + wv, ran))
+}
+
+/// The call the varlen backward must refuse with a typed error: attn_bwd_wgmma asked for by
+/// name (it does not take packed batches). `(label, passed, message)`.
+pub fn refusals(gpu: &Gpu) -> Vec<(String, bool, String)> {
+    let label = "backward varlen on attn_bwd_wgmma".to_string();
+    let p = VarlenProblem::new(offsets(&[3, 5]), offsets(&[4, 6]), 2, 1, 64).expect("valid");
+    let (nq, nk) = p.packed_lens().expect("small");
+    let x = vec![f16::from_f32(0.5); nq.max(nk)];
+    let lse = vec![0.0f32; p.heads_q * p.total_q()];
+    let opts = BackwardOptions {
+        kernel: BwdKernel::Wgmma,
+        ..BackwardOptions::default()
+    };
+    let want = "attn_bwd_wgmma does not take packed";
+    let verdict = match flashattn::cuda::bwd::varlen::backward_host(
+        gpu, &p, opts, &x, &x, &x, &x, &lse, &x,
+    ) {
+        Err(e) if e.to_string().contains(want) => (true, e.to_string()),
+        Err(e) => (
+            false,
+            format!("refused with an unexpected error: {e} (expected '{want}')"),
+        ),
+        Ok(_) => (
+            false,
+            "accepted a call attn_bwd_wgmma does not serve".into(),
+        ),
+    };
+    vec![(label, verdict.0, verdict.1)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flashattn::Element;
+
+    #[test]
+    fn the_sweep_has_the_issue_cases() {
+        let cs = cases();
+        assert!(cs.iter().all(|c| c.problem.validate().is_ok()));
+        assert!(cs.iter().all(|c| c.label.contains("backward varlen")));
+        let lens = |cu: &[i32]| cu.windows(2).map(|w| w[1] - w[0]).collect::<Vec<_>>();
+        let has = |f: &dyn Fn(&VarlenBwdCase) -> bool| cs.iter().any(f);
+        // lengths 0, 1, 17, 128, 300 in one batch; sq != sk per sequence; causal and not;
+        // GQA; both dtypes; d64, d128, an odd multiple of 8, a non-multiple of 8
+        assert!(has(&|c| {
+            let l = lens(&c.problem.cu_seqlens_q);
+            [0, 1, 17, 128, 300].iter().all(|x| l.contains(x))
+        }));
+        assert!(has(&|c| lens(&c.problem.cu_seqlens_q)
+            .iter()
+            .zip(lens(&c.problem.cu_seqlens_k))
+            .any(|(a, b)| *a != b && *a > 0 && b > 0)));
+        for d in [64, 128, 40, 36] {
+            for dtype in [DType::F16, DType::BF16] {
+                for mask in [Mask::None, Mask::Causal] {
+                    assert!(
+                        has(&|c| c.problem.head_dim == d
+                            && c.dtype == dtype
+                            && c.problem.mask == mask
+                            && c.problem.heads_q != c.problem.heads_kv),
+                        "d{d} {dtype} {mask:?}"
+                    );
+                }
+            }
+        }
+        assert!(has(&|c| c.deterministic));
+        assert!(has(&|c| c.problem.total_k() == 0) && has(&|c| c.problem.total_q() == 0));
+    }
+
+    /// The bound the GPU is held to is reachable: the CPU backward (f32 accumulation, no 16-bit
+    /// P or dS) meets it on every case's inputs, so a GPU failure is the GPU's.
+    #[test]
+    fn the_cpu_backward_meets_the_bound_on_every_case() {
+        fn typed<T: Element>(c: &VarlenBwdCase, seed: u64) {
+            let p = &c.problem;
+            let (nq, nk) = p.packed_lens().unwrap();
+            let q: Vec<T> = random_vec(nq, seed);
+            let k: Vec<T> = random_vec(nk, seed ^ 0x5555);
+            let v: Vec<T> = random_vec(nk, seed ^ 0xAAAA);
+            let f = varlen::forward(BackendChoice::Cpu, p, &q, &k, &v).unwrap();
+            let d_o: Vec<T> = random_vec(nq, seed ^ 0xd0);
+            let exact = varlen::reference_backward(p, &q, &k, &v, &d_o).unwrap();
+            let opts = BackwardOptions::default();
+            let g = varlen::backward(BackendChoice::Cpu, p, &q, &k, &v, &f.o, &f.lse, &d_o, opts)
+                .unwrap();
+            let bound = 2.0 * Tolerance::for_dtype(T::DTYPE).o_rel_l2;
+            for (name, got, want) in [
+                ("dq", &g.dq, &exact.dq),
+                ("dk", &g.dk, &exact.dk),
+                ("dv", &g.dv, &exact.dv),
+            ] {
+                let d = diff(widen(got), want);
+                assert!(d.is_clean() && d.rel_l2 <= bound, "{} {name}: {d}", c.label);
+            }
+        }
+        for (i, c) in cases().iter().enumerate() {
+            let seed = 0x5eed + i as u64;
+            match c.dtype {
+                DType::BF16 => typed::<bf16>(c, seed),
+                _ => typed::<f16>(c, seed),
+            }
+        }
+    }
+}
