@@ -729,6 +729,21 @@ def test_custom_ops_pass_opcheck():
     do = torch.randn(out.shape, generator=g)
     plain = [x.detach() for x in (q, k, v, out)]
     torch.library.opcheck(ops.bwd, (do, *plain, lse, 0.3, False, 3, 2, 5.0, slopes, True))
+    # The strided inputs a model hands the ops (the CUDA compile test's module): q, k, v as
+    # views of one projection's columns, k, v as views into a stacked kv, and a dout that is
+    # not compact; out, lse, dq, dk, dv compact as the fakes say (opcheck compares strides).
+    qkv = torch.randn(2, 9, 6 * 16, generator=g)
+    q, k, v = qkv.split([4 * 16, 16, 16], dim=-1)
+    q, k, v = q.view(2, 9, 4, 16), k.view(2, 9, 1, 16), v.view(2, 9, 1, 16)
+    kv = torch.stack([k, v], dim=2)
+    dot = torch.randn(2, 4, 9, 16, generator=g).transpose(1, 2)
+    for kk, vv in ((k, v), (kv[:, :, 0], kv[:, :, 1])):
+        args = (q, kk, vv, None, False, 4, 0, 30.0, None, True, True)
+        grads = [x.detach().requires_grad_(True) for x in (q, kk, vv)]
+        torch.library.opcheck(ops.fwd, (*grads, *args[3:]))
+        out, lse = ops.fwd(*args)
+        assert out.is_contiguous() and lse.is_contiguous()
+        torch.library.opcheck(ops.bwd, (dot, q, kk, vv, out, lse, *args[3:10]))
     qs, cu = torch.randn(12, 2, 16, generator=g), torch.tensor([0, 5, 12], dtype=torch.int32)
     torch.library.opcheck(ops.varlen_fwd, (qs, qs, qs, cu, cu, 7, 7, None, True, -1, -1, 0.0, None, False))
     kc, vc = torch.randn(2, 32, 2, 16, generator=g), torch.randn(2, 32, 2, 16, generator=g)
