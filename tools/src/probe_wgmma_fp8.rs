@@ -30,12 +30,14 @@
 use crate::layout_wgmma::{Descriptor, Swizzle, WARPGROUP, acc_cell};
 use crate::probe::{ProbeReport, Section, show};
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use flashattn::cuda::fwd::wgmma_fp8::VtParams;
 use flashattn::cuda::launch::set_dynamic_smem;
 use flashattn::cuda::tma::{TiledMap, TmaMap};
 use flashattn::cuda::{Gpu, KernelSource, device::cuda_err};
 use flashattn::dtype::DType;
 use flashattn::error::{AttnError, Result};
 use flashattn::fp8::E4m3;
+use flashattn::shape::Strides;
 
 /// Words each thread dumps in wg_probe_fp8_qk.
 pub const QK_WORDS: usize = 32;
@@ -488,23 +490,6 @@ struct ProbeMaps {
 // SAFETY: plain old data with C layout, mirrored by the kernel's struct.
 unsafe impl DeviceRepr for ProbeMaps {}
 
-/// fp8.cuh `VtParams`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct VtParams {
-    v: u64,
-    vt: u64,
-    v_sb: i64,
-    v_ss: i64,
-    v_sh: i64,
-    seqlen_k: i32,
-    sk_pad: i32,
-    head_dim: i32,
-    heads_kv: i32,
-}
-// SAFETY: plain old data with C layout, mirrored by the kernel's struct.
-unsafe impl DeviceRepr for VtParams {}
-
 /// The 2-D map of a `rows x 128` byte matrix at `addr`, one box of all rows.
 fn map8(addr: u64, rows: usize) -> std::result::Result<TmaMap, String> {
     TiledMap {
@@ -622,27 +607,12 @@ pub fn run_gpu(gpu: &Gpu, inject_fault: bool) -> Result<ProbeReport> {
             let pre = gpu.kernel(KernelSource::WgmmaProbe, "wg_probe_fp8_vt", &defines)?;
             let (vp, _g1) = v.device_ptr(stream);
             let (vtp, _g2) = vt.device_ptr_mut(stream);
-            let params = VtParams {
-                v: vp,
-                vt: vtp,
-                v_sb: 128 * 128,
-                v_ss: 128,
-                v_sh: 128,
-                seqlen_k: 128,
-                sk_pad: 128,
-                head_dim: 128,
-                heads_kv: 1,
-            };
-            let mut b = stream.launch_builder(&pre.function);
-            b.arg(&params);
-            let cfg = LaunchConfig {
-                grid_dim: (2, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let v_strides = Strides::contiguous(128, 1, 128);
+            let params = VtParams::new(vp, vtp, v_strides, 128, 128, 1);
             // SAFETY: V holds 128 x 128 bytes, V^T 128 x 128; the pre-pass reads and writes
             // exactly those (2 blocks of 64 keys, 128 channels).
-            unsafe { b.launch(cfg) }.map_err(cuda_err(what("the V^T pre-pass")))?;
+            unsafe { params.launch(stream, &pre.function, 1) }
+                .map_err(cuda_err(what("the V^T pre-pass")))?;
         }
         let (regs, descs) = run(
             "wg_probe_fp8_pv",
