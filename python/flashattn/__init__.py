@@ -522,10 +522,10 @@ def flash_attn_func(
             q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, q_descale,
             k_descale, v_descale,
         )
-        return _with_probs(q, out, lse, return_attn_probs)
-    out, lse = _forward(
-        q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
-    )
+    else:
+        out, lse = _forward(
+            q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
+        )
     return _with_probs(q, out, lse, return_attn_probs)
 
 

@@ -23,7 +23,7 @@ from torch import Tensor
 
 import flashattn as _fa
 from flashattn import _fp8
-from flashattn._torch_ops import _OPS, _args, _lse_shape, _scores, _syncs, _tensor
+from flashattn._torch_ops import _OPS, _args, _fake_out_lse, _scores, _syncs, _tensor
 
 
 def _run(q, k, v, descales, scale, causal, left, right, softcap, slopes):
@@ -31,9 +31,9 @@ def _run(q, k, v, descales, scale, causal, left, right, softcap, slopes):
     return _fp8.call(q, k, v, scores, *descales).forward(q, k, v)
 
 
-def _fake(q):
-    return (q.new_empty(q.shape, dtype=torch.bfloat16),
-            q.new_empty(_lse_shape(q), dtype=torch.float32))
+def _fake(q, *_args, **_kwargs):
+    """Both ops' fake (out bfloat16 like q, lse float32)."""
+    return _fake_out_lse(q, torch.bfloat16)
 
 
 @torch.library.custom_op(f"{_OPS}::fp8_fwd", mutates_args=())
@@ -57,12 +57,6 @@ def fp8_fwd(
                 window_right, softcap, alibi_slopes)
 
 
-@fp8_fwd.register_fake
-def _(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, window_left,
-      window_right, softcap, alibi_slopes):
-    return _fake(q)
-
-
 @torch.library.custom_op(f"{_OPS}::fp8_fwd_descaled", mutates_args=(), **_syncs())
 def fp8_fwd_descaled(
     q: Tensor,
@@ -82,12 +76,6 @@ def fp8_fwd_descaled(
     ``(batch, heads_kv)``, or one element; None is 1)."""
     return _run(q, k, v, (q_descale, k_descale, v_descale), softmax_scale, causal, window_left,
                 window_right, softcap, alibi_slopes)
-
-
-@fp8_fwd_descaled.register_fake
-def _(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, window_left,
-      window_right, softcap, alibi_slopes):
-    return _fake(q)
 
 
 @torch.library.custom_op(f"{_OPS}::fp8_refuse_backward", mutates_args=())
@@ -111,8 +99,9 @@ def _backward(ctx, dout, _dlse):
     return (dq, dk, dv) + (None,) * 9
 
 
-fp8_fwd.register_autograd(_backward, setup_context=_setup)
-fp8_fwd_descaled.register_autograd(_backward, setup_context=_setup)
+for _op in (fp8_fwd, fp8_fwd_descaled):
+    _op.register_fake(_fake)
+    _op.register_autograd(_backward, setup_context=_setup)
 
 
 def fp8(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, q_descale,

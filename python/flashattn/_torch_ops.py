@@ -56,6 +56,12 @@ def _lse_shape(q: Tensor) -> List[int]:
     return [b, hq, sq]
 
 
+def _fake_out_lse(q: Tensor, dtype=None) -> Tuple[Tensor, Tensor]:
+    """A dense forward's fake (out, lse): out like q (of `dtype`, None: q's), lse float32
+    ``[batch, heads_q, seqlen_q]``."""
+    return q.new_empty(q.shape, dtype=dtype), q.new_empty(_lse_shape(q), dtype=torch.float32)
+
+
 # ---- the dense forward and backward ----
 
 
@@ -83,7 +89,7 @@ def fwd(
 @fwd.register_fake
 def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
       deterministic, check_backward):
-    return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=torch.float32)
+    return _fake_out_lse(q)
 
 
 @torch.library.custom_op(f"{_OPS}::bwd", mutates_args=())

@@ -49,7 +49,8 @@ unsafe fn run(place: Option<i32>, dtype: &str, job: &impl Job) -> PyResult<Strin
     }
 }
 
-fn cpu_threads() -> String {
+/// Where a CPU call ran, as the native functions return it: `cpu (N threads)`.
+pub(crate) fn cpu_threads() -> String {
     let n = std::thread::available_parallelism().map_or(1, |n| n.get());
     format!("cpu ({n} threads)")
 }

@@ -6,6 +6,7 @@
 //! ([`flashattn::cuda::fwd::wgmma_fp8::forward_device`], sm_90 only) for CUDA tensors, on the
 //! caller's stream.
 
+use crate::api::cpu_threads;
 use crate::dlpack::{handshake, placement, take_all};
 use crate::error::{FlashAttnError, err};
 use crate::gpu::{foreign, on_device};
@@ -104,8 +105,7 @@ pub(crate) fn fp8_forward<'py>(
                 let (o, l) = (to.slice_mut::<bf16>()?, tl.slice_mut::<f32>()?);
                 flashattn::fp8::cpu::forward(&p, q, k, v, &d, o, l).map_err(err)?;
             }
-            let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-            Ok(format!("cpu ({n} threads)"))
+            Ok(cpu_threads())
         }
         Some(id) => {
             // SAFETY: as above, on CUDA device `id`; `stream` is the tensors' framework's

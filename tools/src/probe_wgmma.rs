@@ -24,7 +24,7 @@ use crate::layout_wgmma::{
     self as lw, AOperand, Descriptor, Major, Swizzle, WARPGROUP, a_cell, acc_cell,
 };
 use crate::probe::{ProbeReport, Section, show};
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
 use flashattn::cuda::launch::set_dynamic_smem;
 use flashattn::cuda::tma::{TiledMap, TmaMap};
 use flashattn::cuda::{Gpu, KernelSource, device::cuda_err};
@@ -266,12 +266,19 @@ fn describe_acc(v: f32) -> String {
     }
 }
 
-/// Compares the descriptors the kernel built with the model's, relative to the first one's
-/// start (the tile base differs between the GPU and the emulator).
-fn check_descs(sec: &mut Section, names: &[String], got: &[u64], want: &[Descriptor]) {
+/// One section titled `title` comparing the descriptors the kernel built (`got`) with the
+/// model's (`want`, each with its name), relative to the first one's start (the tile base
+/// differs between the GPU and the emulator). Shared with [`crate::probe_wgmma_fp8`].
+pub(crate) fn check_descs(
+    report: &mut ProbeReport,
+    title: &str,
+    got: &[u64],
+    want: &[(String, Descriptor)],
+) {
+    let mut sec = Section::new(title);
     let base_got = Descriptor::decode(got[0]).start;
-    let base_want = want[0].start;
-    for ((name, &g), w) in names.iter().zip(got).zip(want) {
+    let base_want = want[0].1.start;
+    for (&g, (name, w)) in got.iter().zip(want) {
         let gd = Descriptor::decode(g);
         let rel = Descriptor {
             start: gd.start.wrapping_sub(base_got) + base_want,
@@ -285,12 +292,14 @@ fn check_descs(sec: &mut Section, names: &[String], got: &[u64], want: &[Descrip
             w.to_string(),
         );
     }
+    sec.finish(report);
 }
 
 /// One section over a warpgroup's accumulators `regs` (by thread, then register): the cell
 /// (i, j) a register holds ([`acc_cell`]) must equal `expect(i, j)`; `got(i, j, v)` describes a
 /// wrong value, `want(i, j, e)` the expected one, and registers are named `prefix` + index.
-fn check_acc(
+/// Shared with [`crate::probe_wgmma_fp8`].
+pub(crate) fn check_acc(
     report: &mut ProbeReport,
     title: &str,
     regs: &[Vec<f32>],
@@ -365,15 +374,20 @@ pub fn check(dump: &WgmmaDump, source: impl Into<String>) -> ProbeReport {
         },
         |i, n, e| format!("B row {n} for D[{i}][{n}] (value {})", show(e)),
     );
-    let mut kd = Section::new("K-major descriptors built by the kernel (A, B; 8 k-steps each)");
-    let names: Vec<String> = (0..16)
-        .map(|x| format!("desc {} k-step {}", if x < 8 { "A" } else { "B" }, x % 8))
+    let want: Vec<(String, Descriptor)> = (0..16)
+        .map(|x| {
+            (
+                format!("desc {} k-step {}", if x < 8 { "A" } else { "B" }, x % 8),
+                Descriptor::kmajor_sw128(if x < 8 { 0 } else { 16384 }, x % 8, 8192),
+            )
+        })
         .collect();
-    let want: Vec<Descriptor> = (0..16)
-        .map(|x| Descriptor::kmajor_sw128(if x < 8 { 0 } else { 16384 }, x % 8, 8192))
-        .collect();
-    check_descs(&mut kd, &names, &dump.kmajor_descs, &want);
-    kd.finish(&mut report);
+    check_descs(
+        &mut report,
+        "K-major descriptors built by the kernel (A, B; 8 k-steps each)",
+        &dump.kmajor_descs,
+        &want,
+    );
 
     let s_val = |i: usize, k: usize| (16 * (i % 16) + k % 16) as f32;
     let describe_s = |v: f32| match v {
@@ -445,13 +459,20 @@ pub fn check(dump: &WgmmaDump, source: impl Into<String>) -> ProbeReport {
         },
         |i, j, e| format!("O[{i}][{j}] (value {})", show(e)),
     );
-    let mut vd = Section::new("V descriptors built by the kernel (4 k-steps)");
-    let names: Vec<String> = (0..4).map(|x| format!("desc V k-step {x}")).collect();
-    let want: Vec<Descriptor> = (0..4)
-        .map(|x| Descriptor::mnmajor_sw128(16384, x, 8192))
+    let want: Vec<(String, Descriptor)> = (0..4)
+        .map(|x| {
+            (
+                format!("desc V k-step {x}"),
+                Descriptor::mnmajor_sw128(16384, x, 8192),
+            )
+        })
         .collect();
-    check_descs(&mut vd, &names, &dump.pv_descs, &want);
-    vd.finish(&mut report);
+    check_descs(
+        &mut report,
+        "V descriptors built by the kernel (4 k-steps)",
+        &dump.pv_descs,
+        &want,
+    );
     report
 }
 
@@ -470,10 +491,10 @@ pub fn defines(input: Input16, inject_fault: bool) -> Vec<(String, String)> {
 /// The probe kernels' tensor-map parameter (`ProbeMaps`).
 #[repr(C, align(64))]
 #[derive(Debug, Clone, Copy)]
-struct ProbeMaps {
-    a: TmaMap,
-    b: TmaMap,
-    c: TmaMap,
+pub(crate) struct ProbeMaps {
+    pub a: TmaMap,
+    pub b: TmaMap,
+    pub c: TmaMap,
 }
 // SAFETY: plain old data with C layout, mirrored by the kernel's struct.
 unsafe impl DeviceRepr for ProbeMaps {}
@@ -520,19 +541,40 @@ fn launch(
             message: why,
         })?;
     }
-    let maps = ProbeMaps {
-        a: maps[0],
-        b: maps[1],
-        c: maps[2],
-    };
+    launch_maps(
+        gpu,
+        &kernel.function,
+        SMEM + 1024,
+        maps,
+        words,
+        descs,
+        &what,
+    )
+}
+
+/// Launches a probe kernel `function` with one warpgroup and `smem` bytes of dynamic shared
+/// memory on `maps` (a, b, c), `words` u32 registers per thread and `descs` u64 descriptors
+/// poisoned before, and returns (registers, descriptors) after the stream synchronised.
+/// `what(step)` names each step in errors. Shared with [`crate::probe_wgmma_fp8`].
+pub(crate) fn launch_maps(
+    gpu: &Gpu,
+    function: &CudaFunction,
+    smem: usize,
+    [a, b, c]: [TmaMap; 3],
+    words: usize,
+    descs: usize,
+    what: &dyn Fn(&str) -> String,
+) -> Result<(Vec<u32>, Vec<u64>)> {
+    let stream = gpu.stream();
+    let maps = ProbeMaps { a, b, c };
     let mut out = stream
         .clone_htod(&vec![u32::MAX; WARPGROUP * words])
         .map_err(cuda_err(what("allocating the output of")))?;
     let mut dout = stream
         .clone_htod(&vec![u64::MAX; descs.max(1)])
         .map_err(cuda_err(what("allocating the descriptors of")))?;
-    set_dynamic_smem(&kernel.function, SMEM + 1024, &what("configuring"))?;
-    let mut b = stream.launch_builder(&kernel.function);
+    set_dynamic_smem(function, smem, &what("configuring"))?;
+    let mut b = stream.launch_builder(function);
     b.arg(&mut out);
     if descs > 0 {
         b.arg(&mut dout);
@@ -541,7 +583,7 @@ fn launch(
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),
         block_dim: (WARPGROUP as u32, 1, 1),
-        shared_mem_bytes: (SMEM + 1024) as u32,
+        shared_mem_bytes: smem as u32,
     };
     // SAFETY: the kernel writes 128 * words u32 and `descs` u64 (both allocated), reads only
     // through the maps, which describe the uploaded matrices; one warpgroup as it is written for.
@@ -556,7 +598,9 @@ fn launch(
     Ok((regs, d))
 }
 
-fn floats(words: &[u32], per: usize, take: std::ops::Range<usize>) -> Vec<Vec<f32>> {
+/// The f32 registers `take` of each thread's `per` dumped words. Shared with
+/// [`crate::probe_wgmma_fp8`].
+pub(crate) fn floats(words: &[u32], per: usize, take: std::ops::Range<usize>) -> Vec<Vec<f32>> {
     words
         .chunks(per)
         .map(|w| w[take.clone()].iter().map(|&x| f32::from_bits(x)).collect())

@@ -29,13 +29,14 @@
 
 use crate::layout_wgmma::{Descriptor, Swizzle, WARPGROUP, acc_cell};
 use crate::probe::{ProbeReport, Section, show};
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use flashattn::cuda::launch::set_dynamic_smem;
+use crate::probe_wgmma::{check_acc, check_descs, floats, launch_maps};
+use flashattn::cuda::fwd::wgmma_fp8::VtParams;
 use flashattn::cuda::tma::{TiledMap, TmaMap};
 use flashattn::cuda::{Gpu, KernelSource, device::cuda_err};
 use flashattn::dtype::DType;
 use flashattn::error::{AttnError, Result};
 use flashattn::fp8::E4m3;
+use flashattn::shape::Strides;
 
 /// Words each thread dumps in wg_probe_fp8_qk.
 pub const QK_WORDS: usize = 32;
@@ -150,8 +151,8 @@ fn pv_s(by_row: bool, i: usize, k: usize) -> f32 {
 
 // ---- the emulator ----
 
-/// What the warpgroup holds after the experiments.
-#[derive(Debug, Clone, PartialEq)]
+/// What the warpgroup holds after the experiments (empty by default, filled run by run).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Fp8Dump {
     /// qk runs (H = 0 by channel, H = 1 by channel, by row): d0..d31 per thread.
     pub qk: Vec<Vec<Vec<f32>>>,
@@ -237,14 +238,7 @@ fn wgmma8(
 
 /// The experiments on the emulator (the fault as the kernel injects it).
 pub fn emulate(inject_fault: bool) -> Fp8Dump {
-    let mut dump = Fp8Dump {
-        qk: Vec::new(),
-        qk_descs: Vec::new(),
-        pv_s: Vec::new(),
-        pv_p: Vec::new(),
-        pv_o: Vec::new(),
-        pv_descs: Vec::new(),
-    };
+    let mut dump = Fp8Dump::default();
     for (h, by_row) in QK_RUNS {
         let [q, k] = qk_inputs(h, by_row);
         let mut smem = vec![0u8; SMEM];
@@ -329,24 +323,6 @@ fn name_f(v: f32, what: &str) -> String {
     }
 }
 
-fn check_descs(sec: &mut Section, names: &[String], got: &[u64], want: &[Descriptor]) {
-    let base_got = Descriptor::decode(got[0]).start;
-    for ((name, &g), w) in names.iter().zip(got).zip(want) {
-        let gd = Descriptor::decode(g);
-        let rel = Descriptor {
-            start: gd.start.wrapping_sub(base_got) + want[0].start,
-            ..gd
-        };
-        sec.cell(
-            rel == *w,
-            0,
-            name.clone(),
-            || rel.to_string(),
-            w.to_string(),
-        );
-    }
-}
-
 /// Checks every register of `dump`; `source` names where it came from.
 pub fn check(dump: &Fp8Dump, source: impl Into<String>) -> ProbeReport {
     let mut report = ProbeReport::new(DType::BF16, source.into());
@@ -359,54 +335,46 @@ pub fn check(dump: &Fp8Dump, source: impl Into<String>) -> ProbeReport {
                 format!("g(i + {}): every channel read where TMA put it", 64 * h)
             }
         );
-        let mut sec = Section::threads(title);
-        for (tid, regs) in dump.qk[run].iter().enumerate() {
-            for (reg, &v) in regs.iter().enumerate() {
-                let (i, n) = acc_cell(tid, reg);
-                let e = qk_expect(h, by_row, i, n);
-                let what = if by_row { "row" } else { "channel" };
-                sec.cell(
-                    v == e,
-                    tid,
-                    format!("(warp {}) d{reg}", tid / 32),
-                    || name_f(v, what),
-                    format!("S[{i}][{n}] = {}", name_f(e, what)),
-                );
-            }
-        }
-        sec.finish(&mut report);
+        let what = if by_row { "row" } else { "channel" };
+        check_acc(
+            &mut report,
+            &title,
+            &dump.qk[run],
+            "d",
+            |i, n| qk_expect(h, by_row, i, n),
+            |_, _, v| name_f(v, what),
+            |i, n, e| format!("S[{i}][{n}] = {}", name_f(e, what)),
+        );
     }
-    let mut kd =
-        Section::new("e4m3 K-major descriptors built by the kernel (A, B; 4 k-steps each)");
-    let names: Vec<String> = (0..8)
-        .map(|x| format!("desc {} k-step {}", if x < 4 { "A" } else { "B" }, x % 4))
+    let want: Vec<(String, Descriptor)> = (0..8)
+        .map(|x| {
+            (
+                format!("desc {} k-step {}", if x < 4 { "A" } else { "B" }, x % 4),
+                Descriptor::kmajor_sw128(if x < 4 { 0 } else { 8192 }, x % 4, 8192),
+            )
+        })
         .collect();
-    let want: Vec<Descriptor> = (0..8)
-        .map(|x| Descriptor::kmajor_sw128(if x < 4 { 0 } else { 8192 }, x % 4, 8192))
-        .collect();
-    check_descs(&mut kd, &names, &dump.qk_descs, &want);
-    kd.finish(&mut report);
+    check_descs(
+        &mut report,
+        "e4m3 K-major descriptors built by the kernel (A, B; 4 k-steps each)",
+        &dump.qk_descs,
+        &want,
+    );
 
     for (run, by_row) in [false, true].into_iter().enumerate() {
         let what = if by_row { "row" } else { "key" };
-        let mut ss = Section::threads(format!(
-            "S = Q K^T (m64n128k32 x 4): S[i][k] = f({})",
-            if by_row { "i" } else { "k" }
-        ));
-        for (tid, regs) in dump.pv_s[run].iter().enumerate() {
-            for (reg, &v) in regs.iter().enumerate() {
-                let (i, k) = acc_cell(tid, reg);
-                let e = pv_s(by_row, i, k);
-                ss.cell(
-                    v == e,
-                    tid,
-                    format!("(warp {}) s{reg}", tid / 32),
-                    || name_f(v, what),
-                    format!("S[{i}][{k}] = {}", name_f(e, what)),
-                );
-            }
-        }
-        ss.finish(&mut report);
+        check_acc(
+            &mut report,
+            &format!(
+                "S = Q K^T (m64n128k32 x 4): S[i][k] = f({})",
+                if by_row { "i" } else { "k" }
+            ),
+            &dump.pv_s[run],
+            "s",
+            |i, k| pv_s(by_row, i, k),
+            |_, _, v| name_f(v, what),
+            |i, k, e| format!("S[{i}][{k}] = {}", name_f(e, what)),
+        );
         let mut ps = Section::threads(
             "P packed to e4m3 (p_frag): byte e of register j of k-step kk = S accumulator 16kk + 8(j/2) + 2(j%2) + {0,1,4,5}[e]",
         );
@@ -462,13 +430,20 @@ pub fn check(dump: &Fp8Dump, source: impl Into<String>) -> ProbeReport {
         }
         os.finish(&mut report);
     }
-    let mut vd = Section::new("V^T descriptors built by the kernel (4 k-steps)");
-    let names: Vec<String> = (0..4).map(|x| format!("desc V^T k-step {x}")).collect();
-    let want: Vec<Descriptor> = (0..4)
-        .map(|x| Descriptor::kmajor_sw128(24576, x, 16384))
+    let want: Vec<(String, Descriptor)> = (0..4)
+        .map(|x| {
+            (
+                format!("desc V^T k-step {x}"),
+                Descriptor::kmajor_sw128(24576, x, 16384),
+            )
+        })
         .collect();
-    check_descs(&mut vd, &names, &dump.pv_descs, &want);
-    vd.finish(&mut report);
+    check_descs(
+        &mut report,
+        "V^T descriptors built by the kernel (4 k-steps)",
+        &dump.pv_descs,
+        &want,
+    );
     report
 }
 
@@ -476,34 +451,6 @@ pub fn check(dump: &Fp8Dump, source: impl Into<String>) -> ProbeReport {
 pub fn run_emulated(inject_fault: bool) -> ProbeReport {
     check(&emulate(inject_fault), "emulator")
 }
-
-/// The probe kernels' tensor-map parameter (`ProbeMaps`).
-#[repr(C, align(64))]
-#[derive(Debug, Clone, Copy)]
-struct ProbeMaps {
-    a: TmaMap,
-    b: TmaMap,
-    c: TmaMap,
-}
-// SAFETY: plain old data with C layout, mirrored by the kernel's struct.
-unsafe impl DeviceRepr for ProbeMaps {}
-
-/// fp8.cuh `VtParams`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct VtParams {
-    v: u64,
-    vt: u64,
-    v_sb: i64,
-    v_ss: i64,
-    v_sh: i64,
-    seqlen_k: i32,
-    sk_pad: i32,
-    head_dim: i32,
-    heads_kv: i32,
-}
-// SAFETY: plain old data with C layout, mirrored by the kernel's struct.
-unsafe impl DeviceRepr for VtParams {}
 
 /// The 2-D map of a `rows x 128` byte matrix at `addr`, one box of all rows.
 fn map8(addr: u64, rows: usize) -> std::result::Result<TmaMap, String> {
@@ -551,51 +498,10 @@ pub fn run_gpu(gpu: &Gpu, inject_fault: bool) -> Result<ProbeReport> {
                 message: m,
             })?;
         }
-        let maps = ProbeMaps {
-            a: maps[0],
-            b: maps[1],
-            c: maps[2],
-        };
-        let mut out = stream
-            .clone_htod(&vec![u32::MAX; WARPGROUP * words])
-            .map_err(cuda_err(what("allocating")))?;
-        let mut descs = stream
-            .clone_htod(&vec![u64::MAX; ndesc])
-            .map_err(cuda_err(what("allocating")))?;
-        set_dynamic_smem(&k.function, SMEM + 1024, &what("configuring"))?;
-        let mut b = stream.launch_builder(&k.function);
-        b.arg(&mut out);
-        b.arg(&mut descs);
-        b.arg(&maps);
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (WARPGROUP as u32, 1, 1),
-            shared_mem_bytes: (SMEM + 1024) as u32,
-        };
-        // SAFETY: the kernel writes 128 * words u32 and ndesc u64 (allocated), reads only
-        // through the maps, which describe the uploaded matrices.
-        unsafe { b.launch(cfg) }.map_err(cuda_err(what(function)))?;
-        stream.synchronize().map_err(cuda_err(what(function)))?;
-        Ok((
-            stream.clone_dtoh(&out).map_err(cuda_err(what("reading")))?,
-            stream
-                .clone_dtoh(&descs)
-                .map_err(cuda_err(what("reading")))?,
-        ))
+        let what = |step: &str| what(&format!("{step} {function}"));
+        launch_maps(gpu, &k.function, SMEM + 1024, maps, words, ndesc, &what)
     };
-    let floats = |w: &[u32], per: usize, r: std::ops::Range<usize>| -> Vec<Vec<f32>> {
-        w.chunks(per)
-            .map(|c| c[r.clone()].iter().map(|&x| f32::from_bits(x)).collect())
-            .collect()
-    };
-    let mut dump = Fp8Dump {
-        qk: Vec::new(),
-        qk_descs: Vec::new(),
-        pv_s: Vec::new(),
-        pv_p: Vec::new(),
-        pv_o: Vec::new(),
-        pv_descs: Vec::new(),
-    };
+    let mut dump = Fp8Dump::default();
     for (h, by_row) in QK_RUNS {
         let [q, k] = qk_inputs(h, by_row);
         let (q, k) = (up(&q)?, up(&k)?);
@@ -622,27 +528,12 @@ pub fn run_gpu(gpu: &Gpu, inject_fault: bool) -> Result<ProbeReport> {
             let pre = gpu.kernel(KernelSource::WgmmaProbe, "wg_probe_fp8_vt", &defines)?;
             let (vp, _g1) = v.device_ptr(stream);
             let (vtp, _g2) = vt.device_ptr_mut(stream);
-            let params = VtParams {
-                v: vp,
-                vt: vtp,
-                v_sb: 128 * 128,
-                v_ss: 128,
-                v_sh: 128,
-                seqlen_k: 128,
-                sk_pad: 128,
-                head_dim: 128,
-                heads_kv: 1,
-            };
-            let mut b = stream.launch_builder(&pre.function);
-            b.arg(&params);
-            let cfg = LaunchConfig {
-                grid_dim: (2, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let v_strides = Strides::contiguous(128, 1, 128);
+            let params = VtParams::new(vp, vtp, v_strides, 128, 128, 1);
             // SAFETY: V holds 128 x 128 bytes, V^T 128 x 128; the pre-pass reads and writes
             // exactly those (2 blocks of 64 keys, 128 channels).
-            unsafe { b.launch(cfg) }.map_err(cuda_err(what("the V^T pre-pass")))?;
+            unsafe { params.launch(stream, &pre.function, 1) }
+                .map_err(cuda_err(what("the V^T pre-pass")))?;
         }
         let (regs, descs) = run(
             "wg_probe_fp8_pv",

@@ -13,7 +13,7 @@ use flashattn_tools::bench::report::{CaseReport, PEERS};
 use flashattn_tools::bench::rounds::Measured;
 use flashattn_tools::bench::run::{finish, new_report};
 use flashattn_tools::bench::stats::Schedule;
-use flashattn_tools::bench::sweep::Line;
+use flashattn_tools::bench::sweep::{Line, Sweep};
 use flashattn_tools::bench::{
     BenchOptions, BenchReport, LineResult, Source, Timing, plot, stats, table,
 };
@@ -494,6 +494,24 @@ fn schedule(window_ms: u64) -> Schedule {
     }
 }
 
+/// peers.py `--serve --fake` on `sched`, each answer awaited at most 60 s.
+fn fake_peers(sched: Schedule) -> Peers {
+    Peers::start(
+        Ok(peers_script()),
+        &["--fake"],
+        sched,
+        Duration::from_secs(60),
+    )
+}
+
+/// Runs `sweep`'s lines into `r` with [`FakeOurs`] as our side against `peers`; returns ours
+/// with its calls logged.
+fn measure_fake_ours(r: &mut BenchReport, sweep: &Sweep, peers: &mut Peers) -> FakeOurs {
+    let mut ours = FakeOurs { calls: Vec::new() };
+    interleave::measure(r, &sweep.lines, sweep.order, &mut ours, Some(peers));
+    ours
+}
+
 #[test]
 fn interleaved_run_against_the_fake_peers_server_takes_both_orders_and_records_rounds() {
     if python3().is_none() {
@@ -505,21 +523,9 @@ fn interleaved_run_against_the_fake_peers_server_takes_both_orders_and_records_r
     assert_eq!((sweep.order, sweep.window_ms), (Order::Interleaved, 10));
     let mut r = new_report(&sweep);
     r.device = serde_json::json!({"name": "Test GPU", "arch": "sm_90"});
-    let mut peers = Peers::start(
-        Ok(peers_script()),
-        &["--fake"],
-        sweep.schedule(),
-        Duration::from_secs(60),
-    );
+    let mut peers = fake_peers(sweep.schedule());
     assert!(peers.available(), "{:?}", peers.info);
-    let mut ours = FakeOurs { calls: Vec::new() };
-    interleave::measure(
-        &mut r,
-        &sweep.lines,
-        sweep.order,
-        &mut ours,
-        Some(&mut peers),
-    );
+    let ours = measure_fake_ours(&mut r, &sweep, &mut peers);
     drop(peers);
 
     // Ours twice per case, round 2 with the lines mirrored.
@@ -623,20 +629,8 @@ fn peers_after_times_every_case_of_ours_first() {
     let sweep = o.sweep().unwrap();
     assert_eq!(sweep.order, Order::PeersAfter);
     let mut r = new_report(&sweep);
-    let mut peers = Peers::start(
-        Ok(peers_script()),
-        &["--fake"],
-        sweep.schedule(),
-        Duration::from_secs(60),
-    );
-    let mut ours = FakeOurs { calls: Vec::new() };
-    interleave::measure(
-        &mut r,
-        &sweep.lines,
-        sweep.order,
-        &mut ours,
-        Some(&mut peers),
-    );
+    let mut peers = fake_peers(sweep.schedule());
+    let ours = measure_fake_ours(&mut r, &sweep, &mut peers);
     let n = r.cases.len();
     assert_eq!(ours.calls.len(), n);
     for c in &r.cases {
@@ -692,14 +686,7 @@ fn a_peers_server_that_hangs_or_dies_leaves_the_rest_skipped_with_the_reason() {
         let mut peers = Peers::start(Ok(script), &[], schedule(0), Duration::from_secs(1));
         assert!(peers.available());
         let t = std::time::Instant::now();
-        let mut ours = FakeOurs { calls: Vec::new() };
-        interleave::measure(
-            &mut r,
-            &sweep.lines,
-            sweep.order,
-            &mut ours,
-            Some(&mut peers),
-        );
+        measure_fake_ours(&mut r, &sweep, &mut peers);
         // One time-out at most, never one per case.
         assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
         // The matmul and case 0's round 1 were answered; from round 2 on, skips.
@@ -823,12 +810,7 @@ fn decode_turns_against_the_fake_peers_server() {
         peers: Vec::new(),
     };
     let sched = schedule(5);
-    let mut peers = Peers::start(
-        Ok(peers_script()),
-        &["--fake"],
-        sched,
-        Duration::from_secs(60),
-    );
+    let mut peers = fake_peers(sched);
     let mut run = DecodeRun {
         sched,
         order: Order::Interleaved,

@@ -10,7 +10,7 @@ use crate::cuda::sources::KernelSource;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::shape::AttnProblem;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, sys};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits, sys};
 
 pub use crate::cuda::runtime::args::{MAX_SEQLEN, check_gpu_problem};
 
@@ -159,21 +159,57 @@ pub fn forward_host<T: GpuElement>(
     };
     check_gpu_problem(&dense, kernel)?;
     dense.check_lengths(q.len(), k.len(), v.len(), usize::MAX, usize::MAX)?;
+    prepare(gpu, kernel, None, &dense, T::DTYPE)?;
+    host_round_trip(
+        gpu,
+        kernel.name(),
+        p,
+        [q, k, v],
+        |dq, dk, dv, d_o, d_lse| forward_device(gpu, kernel, None, &dense, dq, dk, dv, d_o, d_lse),
+    )
+}
+
+/// The host-memory round trip of [`forward_host`] and
+/// [`crate::cuda::fwd::wgmma_fp8::forward_host`], once the problem is validated (with `o`
+/// dense) and its modules loaded: copies `q`, `k`, `v` to the device, allocates `o`
+/// (`batch * seqlen_q * heads_q * head_dim`) and `lse` zeroed, runs `launch` on them between two
+/// CUDA events on `gpu.stream()` (its time is [`HostRun::seconds`]), and copies `o` and `lse`
+/// back. `kernel` and `p` name the launch in copy errors.
+///
+/// # Errors
+/// `launch`'s, and allocation/copy/event failures as [`crate::AttnError::Cuda`].
+pub(crate) fn host_round_trip<I, O>(
+    gpu: &Gpu,
+    kernel: &str,
+    p: &AttnProblem,
+    [q, k, v]: [&[I]; 3],
+    launch: impl FnOnce(
+        &CudaSlice<I>,
+        &CudaSlice<I>,
+        &CudaSlice<I>,
+        &mut CudaSlice<O>,
+        &mut CudaSlice<f32>,
+    ) -> Result<LaunchInfo>,
+) -> Result<HostRun<O>>
+where
+    I: DeviceRepr,
+    O: DeviceRepr + ValidAsZeroBits,
+{
+    let s = &p.shape;
     let stream = gpu.stream();
-    let up = |x: &[T], what: &str| {
+    let up = |x: &[I], what: &str| {
         stream
             .clone_htod(x)
             .map_err(cuda_err(format!("copying {what} to the device")))
     };
     let (dq, dk, dv) = (up(q, "q")?, up(k, "k")?, up(v, "v")?);
     let o_len = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
-    let mut d_o: CudaSlice<T> = stream
+    let mut d_o: CudaSlice<O> = stream
         .alloc_zeros(o_len)
         .map_err(cuda_err("allocating o"))?;
     let mut d_lse: CudaSlice<f32> = stream
         .alloc_zeros(s.lse_len())
         .map_err(cuda_err("allocating lse"))?;
-    prepare(gpu, kernel, None, &dense, T::DTYPE)?;
     let ctx = gpu.context();
     let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
     let start = ctx
@@ -185,11 +221,9 @@ pub fn forward_host<T: GpuElement>(
     start
         .record(stream)
         .map_err(cuda_err("recording an event"))?;
-    let info = forward_device(
-        gpu, kernel, None, &dense, &dq, &dk, &dv, &mut d_o, &mut d_lse,
-    )?;
+    let info = launch(&dq, &dk, &dv, &mut d_o, &mut d_lse)?;
     end.record(stream).map_err(cuda_err("recording an event"))?;
-    let what = launch_context(kernel.name(), p);
+    let what = launch_context(kernel, p);
     let o = stream
         .clone_dtoh(&d_o)
         .map_err(cuda_err(format!("{what}: copying o back")))?;
@@ -202,7 +236,7 @@ pub fn forward_host<T: GpuElement>(
     Ok(HostRun {
         o,
         lse,
-        seconds: ms as f64 / 1e3,
+        seconds: f64::from(ms) / 1e3,
         info,
     })
 }

@@ -516,16 +516,7 @@ pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
     set_dynamic_smem(&k.function, smem, &ctx)?;
     let br = tile.br();
     let fp = FlashParams::new(l, br);
-    let s = &p.shape;
-    let tiles = fp.num_m_blocks as u64 * s.batch as u64 * s.heads_q as u64;
-    // The kernel indexes tiles (plus up to a grid of failed counter draws) with an int.
-    let tiles = u32::try_from(tiles)
-        .ok()
-        .filter(|&t| t <= i32::MAX as u32 - 4096)
-        .ok_or_else(|| AttnError::TooLarge {
-            kernel: "attn_wgmma",
-            reason: format!("{tiles} tiles of {br} query rows: split the batch"),
-        })?;
+    let tiles = fp.scheduled_tiles("attn_wgmma", br)?;
     let blocks = if tile.persistent {
         let cap = match tile.max_blocks {
             0 => gpu.info().sm_count.max(1) as u32,

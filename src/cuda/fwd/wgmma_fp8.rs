@@ -7,7 +7,7 @@
 //! `attn_wgmma_fp8`. It serves compute capability 9.0, head_dim 64 and 128, no mask or causal;
 //! everything else is refused with a typed error ([`unsupported`]).
 
-use crate::cuda::fwd::attention::HostRun;
+use crate::cuda::fwd::attention::{HostRun, host_round_trip};
 use crate::cuda::runtime::args::{check_aligned, check_contexts, device_ptrs};
 use crate::cuda::runtime::device::{DeviceInfo, Gpu, cuda_err};
 use crate::cuda::runtime::launch::{
@@ -20,10 +20,11 @@ use crate::error::{AttnError, Result};
 use crate::fp8::{Descale, E4m3, Fp8Descales};
 use crate::shape::{AttnProblem, Strides};
 use cudarc::driver::{
-    CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
-    sys,
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError,
+    LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 use half::bf16;
+use std::sync::Arc;
 
 // SAFETY: E4m3 is a transparent u8; every bit pattern (zero included) is a value.
 unsafe impl DeviceRepr for E4m3 {}
@@ -133,10 +134,12 @@ struct Fp8Params {
 // SAFETY: plain old data with C layout, mirrored by the kernel's struct.
 unsafe impl DeviceRepr for Fp8Params {}
 
-/// fp8.cuh `VtParams`.
+/// The V^T pre-pass's parameters (fp8.cuh `VtParams`, same order and types): V (e4m3, bshd
+/// through its strides) read, V^T (`batch * heads_kv * head_dim * sk_pad` bytes) written.
+/// Shared by [`forward_device`] and the probe's copy of the pre-pass (`wg_probe_fp8_vt`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-struct VtParams {
+pub struct VtParams {
     v: u64,
     vt: u64,
     v_sb: i64,
@@ -149,6 +152,62 @@ struct VtParams {
 }
 // SAFETY: plain old data with C layout, mirrored by the kernel's struct.
 unsafe impl DeviceRepr for VtParams {}
+
+impl VtParams {
+    /// The pre-pass of V at device address `v` (element strides `v_strides`, `seqlen_k` keys,
+    /// `heads_kv` heads of `head_dim` channels) into V^T at `vt`, rows padded to [`sk_pad`].
+    pub fn new(
+        v: u64,
+        vt: u64,
+        v_strides: Strides,
+        seqlen_k: usize,
+        head_dim: usize,
+        heads_kv: usize,
+    ) -> Self {
+        VtParams {
+            v,
+            vt,
+            v_sb: v_strides.batch as i64,
+            v_ss: v_strides.seq as i64,
+            v_sh: v_strides.head as i64,
+            seqlen_k: seqlen_k as i32,
+            sk_pad: sk_pad(seqlen_k) as i32,
+            head_dim: head_dim as i32,
+            heads_kv: heads_kv as i32,
+        }
+    }
+
+    /// Launches `function` (`fp8_v_transpose` or the probe's copy) on these parameters over
+    /// `batch` sequences: a block of 256 threads per [`VT_KEYS`] keys of one (batch, kv head).
+    ///
+    /// # Safety
+    /// V must hold every element its strides address for `batch` sequences, and V^T
+    /// `batch * heads_kv * head_dim * sk_pad` bytes; each block writes its [`VT_KEYS`] key
+    /// positions of `head_dim` rows of one (batch, kv head) only.
+    ///
+    /// # Errors
+    /// The driver's launch error.
+    pub unsafe fn launch(
+        &self,
+        stream: &Arc<CudaStream>,
+        function: &CudaFunction,
+        batch: usize,
+    ) -> std::result::Result<(), DriverError> {
+        let mut b = stream.launch_builder(function);
+        b.arg(self);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                self.sk_pad as u32 / VT_KEYS as u32,
+                self.heads_kv as u32,
+                batch as u32,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the caller's (above).
+        unsafe { b.launch(cfg) }.map(|_| ())
+    }
+}
 
 /// `seqlen_k` rounded up to the pre-pass's 64 keys: V^T's row length in bytes.
 pub fn sk_pad(seqlen_k: usize) -> usize {
@@ -277,41 +336,17 @@ where
     let defs = defines(p);
     let pre = gpu.kernel(KernelSource::AttnWgmmaFp8, "fp8_v_transpose", &defs)?;
     let k_attn = gpu.kernel(KernelSource::AttnWgmmaFp8, "attn_wgmma_fp8", &defs)?;
-    let vt_params = VtParams {
-        v: vp,
-        vt: vtp,
-        v_sb: p.v_strides.batch as i64,
-        v_ss: p.v_strides.seq as i64,
-        v_sh: p.v_strides.head as i64,
-        seqlen_k: s.seqlen_k as i32,
-        sk_pad: pad as i32,
-        head_dim: d as i32,
-        heads_kv: s.heads_kv as i32,
-    };
-    let mut b = stream.launch_builder(&pre.function);
-    b.arg(&vt_params);
-    let cfg = LaunchConfig {
-        grid_dim: ((pad / VT_KEYS) as u32, s.heads_kv as u32, s.batch as u32),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let vt_params = VtParams::new(vp, vtp, p.v_strides, s.seqlen_k, d, s.heads_kv);
     // SAFETY: check_call bounded every V element the strides address by v's length; V^T holds
-    // batch * heads_kv * head_dim * sk_pad bytes and each block writes its 64 key positions
-    // of head_dim rows of one (batch, kv head) only.
-    unsafe { b.launch(cfg) }.map_err(cuda_err(format!("{ctx}: the V^T pre-pass")))?;
+    // batch * heads_kv * head_dim * sk_pad bytes (allocated above).
+    unsafe { vt_params.launch(stream, &pre.function, s.batch) }
+        .map_err(cuda_err(format!("{ctx}: the V^T pre-pass")))?;
 
     let smem = smem_bytes(d);
     set_dynamic_smem(&k_attn.function, smem, &ctx)?;
     let launch = Launch::dense(p, DType::BF16, [qp, kp, vp, op, lp]);
     let fp = FlashParams::new(&launch, BR);
-    let tiles = fp.num_m_blocks as u64 * s.batch as u64 * s.heads_q as u64;
-    let tiles = u32::try_from(tiles)
-        .ok()
-        .filter(|&t| t <= i32::MAX as u32 - 4096)
-        .ok_or_else(|| AttnError::TooLarge {
-            kernel: "attn_wgmma_fp8",
-            reason: format!("{tiles} tiles of {BR} query rows: split the batch"),
-        })?;
+    let tiles = fp.scheduled_tiles("attn_wgmma_fp8", BR)?;
     let blocks = tiles.min(gpu.info().sm_count.max(1) as u32);
     let counter = gpu.tile_counter();
     let dptr = descale_dev.as_ref().map(|x| x.device_ptr(stream));
@@ -404,49 +439,14 @@ pub fn forward_host(
     if let Some(e) = unsupported(gpu.info(), &dense) {
         return Err(e);
     }
-    let stream = gpu.stream();
-    let up = |x: &[E4m3], what: &str| {
-        stream
-            .clone_htod(x)
-            .map_err(cuda_err(format!("copying {what} to the device")))
-    };
-    let (dq, dk, dv) = (up(q, "q")?, up(k, "k")?, up(v, "v")?);
-    let mut d_o: CudaSlice<bf16> = stream
-        .alloc_zeros(s.batch * s.seqlen_q * s.heads_q * s.head_dim)
-        .map_err(cuda_err("allocating o"))?;
-    let mut d_lse: CudaSlice<f32> = stream
-        .alloc_zeros(s.lse_len())
-        .map_err(cuda_err("allocating lse"))?;
     prepare(gpu, &dense)?;
-    let ctx = gpu.context();
-    let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let start = ctx
-        .new_event(timing)
-        .map_err(cuda_err("creating an event"))?;
-    let end = ctx
-        .new_event(timing)
-        .map_err(cuda_err("creating an event"))?;
-    start
-        .record(stream)
-        .map_err(cuda_err("recording an event"))?;
-    let info = forward_device(gpu, &dense, &dq, &dk, &dv, descales, &mut d_o, &mut d_lse)?;
-    end.record(stream).map_err(cuda_err("recording an event"))?;
-    let what = launch_context("attn_wgmma_fp8", p);
-    let o = stream
-        .clone_dtoh(&d_o)
-        .map_err(cuda_err(format!("{what}: copying o back")))?;
-    let lse = stream
-        .clone_dtoh(&d_lse)
-        .map_err(cuda_err(format!("{what}: copying lse back")))?;
-    let ms = start
-        .elapsed_ms(&end)
-        .map_err(cuda_err("reading event time"))?;
-    Ok(HostRun {
-        o,
-        lse,
-        seconds: f64::from(ms) / 1e3,
-        info,
-    })
+    host_round_trip(
+        gpu,
+        "attn_wgmma_fp8",
+        p,
+        [q, k, v],
+        |dq, dk, dv, d_o, d_lse| forward_device(gpu, &dense, dq, dk, dv, descales, d_o, d_lse),
+    )
 }
 
 #[cfg(test)]

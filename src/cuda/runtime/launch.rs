@@ -228,6 +228,23 @@ impl FlashParams {
             lse_sh: l.lse_head_stride.unwrap_or(s.seqlen_q) as i64,
         }
     }
+
+    /// The query tiles of a tile-scheduled launch (attn_wgmma, attn_wgmma_fp8):
+    /// `num_m_blocks * batch * heads_q` tiles of `br` rows (`br` as passed to [`Self::new`]).
+    /// The kernels index tiles, plus up to a grid of failed counter draws, with an int.
+    ///
+    /// # Errors
+    /// [`AttnError::TooLarge`] naming `kernel` when the count passes `i32::MAX - 4096`.
+    pub(crate) fn scheduled_tiles(&self, kernel: &'static str, br: u32) -> Result<u32> {
+        let tiles = self.num_m_blocks as u64 * self.batch as u64 * self.heads_q as u64;
+        u32::try_from(tiles)
+            .ok()
+            .filter(|&t| t <= i32::MAX as u32 - 4096)
+            .ok_or_else(|| AttnError::TooLarge {
+                kernel,
+                reason: format!("{tiles} tiles of {br} query rows: split the batch"),
+            })
+    }
 }
 
 /// An unbounded window side, as the kernels take it (attn_common.cuh `Params`).

@@ -17,7 +17,7 @@ use super::decode_rounds::{DecodeRun, decode_line, peer_lines};
 use super::gpu::time_launches;
 use super::options::BenchOptions;
 use super::order::{Order, Side};
-use super::peers::{Peers, find_script};
+use super::peers::Peers;
 use super::plot;
 use super::report::{LineResult, Source, io_err, write_record};
 use super::rounds::{Measured, RoundInfo, Steps};
@@ -101,17 +101,7 @@ pub fn run(opts: &BenchOptions) -> Result<String> {
         warmup_ms: opts.warmup_ms,
         window_ms: opts.window_ms(),
     };
-    let mut peers = opts.peers.then(|| {
-        eprintln!(
-            "flashattn bench: starting the PyTorch SDPA peers (tools/bench/peers.py --serve)"
-        );
-        Peers::start(
-            find_script(),
-            &[],
-            sched,
-            std::time::Duration::from_secs(opts.peers_timeout),
-        )
-    });
+    let mut peers = Peers::start_if(opts.peers, sched, opts.peers_timeout);
     let order = match &peers {
         Some(p) if p.available() => opts.order(),
         _ => Order::OursOnly,

@@ -237,6 +237,23 @@ pub struct Peers {
 }
 
 impl Peers {
+    /// With `asked` (`--peers`): says so on stderr and starts [`find_script`]'s peers.py
+    /// with `--serve` ([`Peers::start`], no extra arguments), each answer awaited at most
+    /// `timeout_s` seconds (`--peers-timeout`); `None` without.
+    pub fn start_if(asked: bool, sched: Schedule, timeout_s: u64) -> Option<Peers> {
+        asked.then(|| {
+            eprintln!(
+                "flashattn bench: starting the PyTorch SDPA peers (tools/bench/peers.py --serve)"
+            );
+            Peers::start(
+                find_script(),
+                &[],
+                sched,
+                std::time::Duration::from_secs(timeout_s),
+            )
+        })
+    }
+
     /// Starts `script` (`peers.py`; an `Err` is why it was not found) with `--serve` and
     /// `extra` arguments under `$PYTHON` or `python3`, each answer awaited at most `timeout`.
     pub fn start(

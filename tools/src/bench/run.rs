@@ -5,7 +5,7 @@ use super::gpu::GpuBench;
 use super::interleave::{self, NoGpu, OursSide};
 use super::options::BenchOptions;
 use super::order::Order;
-use super::peers::{Peers, find_script};
+use super::peers::Peers;
 use super::report::{self, BenchReport, CaseReport, Method, PEERS};
 use super::rounds::Measured;
 use super::stats::Schedule;
@@ -16,7 +16,6 @@ use flashattn::error::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::time::Duration;
 
 /// What a bench run produced.
 #[derive(Debug, Clone)]
@@ -101,6 +100,14 @@ struct GpuSide<'g> {
     done: usize,
 }
 
+impl Drop for GpuSide<'_> {
+    /// After the sweep: clears the progress bar and frees every input set.
+    fn drop(&mut self) {
+        self.pb.finish_and_clear();
+        self.bench.release();
+    }
+}
+
 impl OursSide for GpuSide<'_> {
     fn time(&mut self, case: &mut CaseReport, lines: &[Line], round: usize) -> Vec<Measured> {
         if case.sets == 0 {
@@ -147,17 +154,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchOutcome> {
         Err(e) if !opts.peers => return Err(e),
         Err(e) => Err(e),
     };
-    let mut peers = opts.peers.then(|| {
-        eprintln!(
-            "flashattn bench: starting the PyTorch SDPA peers (tools/bench/peers.py --serve)"
-        );
-        Peers::start(
-            find_script(),
-            &[],
-            sweep.schedule(),
-            Duration::from_secs(opts.peers_timeout),
-        )
-    });
+    let mut peers = Peers::start_if(opts.peers, sweep.schedule(), opts.peers_timeout);
     // Without torch or a GPU for the peers, interleaving has nothing to interleave with.
     if peers.as_ref().is_some_and(|p| !p.available()) {
         sweep.order = Order::OursOnly;
@@ -181,45 +178,39 @@ pub fn run(opts: &BenchOptions) -> Result<BenchOutcome> {
         sweep.order.describe(sweep.warmup_ms, sweep.window_ms),
         total_s
     );
-    match gpu {
+    let mut side: Box<dyn OursSide + '_> = match &gpu {
         Ok(gpu) => {
             let info = gpu.info();
             report.device = serde_json::to_value(info).unwrap_or(serde_json::Value::Null);
             report.driver_version = Some(info.driver_version);
             report.nvrtc_version =
                 Some(format!("{}.{}", info.nvrtc_version.0, info.nvrtc_version.1));
-            let bench = GpuBench::new(&gpu);
+            let bench = GpuBench::new(gpu);
             report.method.l2_bytes = Some(bench.l2_bytes() as u64);
             let turns = sweep.cases.len() * sweep.order.rounds();
-            let mut side = GpuSide {
+            Box::new(GpuSide {
                 bench,
                 sched: sweep.schedule(),
                 pb: progress_bar((turns * sweep.lines.len()) as u64),
                 turns,
                 done: 0,
-            };
-            interleave::measure(
-                &mut report,
-                &sweep.lines,
-                sweep.order,
-                &mut side,
-                peers.as_mut(),
-            );
-            side.pb.finish_and_clear();
-            side.bench.release();
+            })
         }
         Err(e) => {
-            let mut side = NoGpu(format!("GPU unavailable: {e}"));
             report.gpu_error = Some(e.to_string());
-            interleave::measure(
-                &mut report,
-                &sweep.lines,
-                sweep.order,
-                &mut side,
-                peers.as_mut(),
-            );
+            Box::new(NoGpu(format!("GPU unavailable: {e}")))
         }
-    }
+    };
+    interleave::measure(
+        &mut report,
+        &sweep.lines,
+        sweep.order,
+        side.as_mut(),
+        peers.as_mut(),
+    );
+    // GpuSide's drop clears the progress bar and frees the input sets; then the GPU goes.
+    drop(side);
+    drop(gpu);
     Ok(finish(report, opts))
 }
 
