@@ -58,11 +58,10 @@ What flashattn does not implement raises its subclass :class:`FlashAttnUnsupport
 ``flash_attn_varlen_func``, ``cache_batch_idx`` or ``cache_leftpad`` with a paged cache in
 ``flash_attn_with_kvcache`` (FlashAttention-2 refuses both), JAX GPU arrays, a head_dim above
 256, and, on a GPU whose shared memory cannot hold the backward of a head_dim above 128, a
-call whose gradients are wanted. One refusal waits for the backward, because FlashAttention-2 code calls these
-functions on tensors that require grad without taking gradients: the variable-length
-functions and ``flash_attn_with_kvcache`` have no backward in this version, so their output
-is computed and their backward (``.backward()`` through them) raises
-``FlashAttnUnsupportedError``.
+call whose gradients are wanted. One refusal waits for the backward, because FlashAttention-2 code calls
+``flash_attn_with_kvcache`` on tensors that require grad without taking gradients: it has
+no backward (as in FlashAttention-2), so its output is computed and a backward through it
+raises ``FlashAttnUnsupportedError``. The variable-length functions have a backward.
 """
 
 import numbers
@@ -588,15 +587,26 @@ def _host_ints(name, x, ndim, what):
 
 
 def _varlen_backward(saved, dout, call):
-    """The backward of the variable-length functions: THE one place it goes when the
-    library's varlen backward lands. `saved` is (q, k, v, out, lse) as the forward took and
-    wrote them (packed; lse ``[heads_q, total_q]``), `call` the :class:`_Varlen` (its
-    `scores`, `cu_seqlens_q`, `cu_seqlens_k`, `deterministic`); returns dq, dk, dv."""
-    raise FlashAttnUnsupportedError(
-        "flash_attn_varlen_func (and its packed forms) has no backward in this version: its "
-        "forward ran, but a gradient through it cannot be computed; compute this loss without "
-        "it, or use flash_attn_func on padded batches for training"
+    """The backward of the variable-length functions (autograd and the
+    ``flashattn::varlen_bwd`` op): `saved` is (q, k, v, out, lse) as the forward took and wrote
+    them (packed, compact; lse ``[heads_q, total_q]``), `call` the :class:`_Varlen` (its
+    `scores`, `cu_seqlens_q`, `cu_seqlens_k`, `deterministic`); returns dq, dk, dv (dk, dv
+    summed over the query heads of each kv head). On CUDA one launch per kernel over every
+    sequence; the offsets are the host copies the forward made."""
+    q, k, v, out, lse = saved
+    import torch
+
+    dout = dout.contiguous()
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    stream, current = _stream(q)
+    _native.varlen_backward(
+        _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(dout), dq, dk, dv,
+        call.cu_seqlens_q, call.cu_seqlens_k, *call.scores, call.deterministic,
+        stream, current, torch=True,
     )
+    return dq, dk, dv
 
 
 class _Varlen:
@@ -695,9 +705,10 @@ def flash_attn_varlen_func(
     ``[heads_q, total_q]``, S_dmask an empty tensor (as FlashAttention-2 at ``dropout_p=0``).
     ``max_seqlen_q``/``max_seqlen_k`` must be at least the longest sequence (FA2 sizes its
     grid with them; here they are checked). ``block_table`` (paged K/V) must be None, else
-    :class:`FlashAttnUnsupportedError`. No backward in this version: tensors that require
-    grad are fine (the output is computed), but a backward through the output raises
-    :class:`FlashAttnUnsupportedError`."""
+    :class:`FlashAttnUnsupportedError`. Differentiable in q, k, v (PyTorch autograd): the
+    backward runs on the same backend as the forward (on CUDA one launch per kernel over
+    every sequence, ``attn_bwd``; every score argument; ``deterministic=True`` gives dq the
+    same bytes run to run)."""
     out, lse = _varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
         softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, block_table,

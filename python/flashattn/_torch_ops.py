@@ -9,9 +9,8 @@ code, so compiled and eager calls run the same native calls on the same bytes.
 
 - ``flashattn::fwd`` / ``flashattn::bwd``: the dense forward (out, lse) and its gradients.
 - ``flashattn::varlen_fwd`` / ``flashattn::varlen_bwd``: the packed variable-length forward,
-  and its backward (``flashattn._varlen_backward``, which raises until the library's varlen
-  backward lands: a backward op, so that tracing a model's backward does not raise, only
-  running it).
+  and its backward (``flashattn._varlen_backward``, the eager path's: one launch per kernel
+  over every sequence on CUDA).
 - ``flashattn::kvcache_fwd``: decoding against a KV cache; writes the new rows into
   ``k_cache``/``v_cache`` in place (declared as mutated), no autograd. It reads its index
   tensors on the device without synchronising, so it carries no ``cudagraph_unsafe`` tag.
@@ -210,7 +209,7 @@ def varlen_bwd(
     deterministic: bool,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv of ``flashattn::varlen_fwd``'s out: ``flashattn._varlen_backward``, the
-    eager path's (which raises in this version)."""
+    eager path's."""
     call, q, k, v = _varlen_call(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
         causal, window_left, window_right, softcap, alibi_slopes, deterministic,

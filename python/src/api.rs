@@ -8,8 +8,8 @@ use crate::gpu;
 use crate::gpu::Qkv;
 use crate::rules::{
     CacheIndex, CacheSeqlens, Scores, Seqlens, bshd, bshd_problem, check_disjoint, check_grads,
-    cuda_dtype, host_index, kvcache_shape, new_rows, one_dtype, problem, rotary_tables,
-    varlen_problem,
+    check_varlen_grads, cuda_dtype, host_index, kvcache_shape, new_rows, one_dtype, problem,
+    rotary_tables, varlen_problem,
 };
 use flashattn::Element;
 use flashattn::cuda::{GpuElement, KernelKind, forward_device};
@@ -382,6 +382,121 @@ pub(crate) fn varlen_forward<'py>(
     forward_call(named, (stream, current, torch, false), |t| {
         varlen_problem(t, cu_seqlens_q, cu_seqlens_k, &scores)
     })
+}
+
+struct VarlenBackward<'a> {
+    p: VarlenProblem,
+    ins: [&'a Borrowed; 6],
+    grads: [&'a Borrowed; 3],
+    deterministic: bool,
+    stream: usize,
+}
+
+impl Job for VarlenBackward<'_> {
+    unsafe fn cpu<T: Element>(&self) -> PyResult<String> {
+        let [q, k, v, o, lse, d_o] = self.ins;
+        let [dq, dk, dv] = self.grads;
+        let opts = flashattn::cuda::backward::BackwardOptions {
+            deterministic: self.deterministic,
+            ..Default::default()
+        };
+        // SAFETY: the caller's contract; the gradients are distinct writable buffers.
+        unsafe {
+            let g = flashattn::varlen::backward(
+                flashattn::BackendChoice::Cpu,
+                &self.p,
+                q.slice::<T>()?,
+                k.slice::<T>()?,
+                v.slice::<T>()?,
+                o.slice::<T>()?,
+                lse.slice::<f32>()?,
+                d_o.slice::<T>()?,
+                opts,
+            )
+            .map_err(err)?;
+            dq.slice_mut::<T>()?.copy_from_slice(&g.dq);
+            dk.slice_mut::<T>()?.copy_from_slice(&g.dk);
+            dv.slice_mut::<T>()?.copy_from_slice(&g.dv);
+            Ok(g.ran)
+        }
+    }
+
+    unsafe fn cuda<T: GpuElement>(&self, id: i32) -> PyResult<String> {
+        let (p, det) = (&self.p, self.deterministic);
+        // SAFETY: the caller's contract.
+        unsafe {
+            gpu::on_device(id, self.stream, |g| {
+                gpu::varlen_backward::<T>(g, p, det, self.ins, self.grads)
+            })
+        }
+    }
+}
+
+/// Gradients of a packed variable-length batch: `q`, `k`, `v`, `out`, `lse`, `cu_seqlens_q`,
+/// `cu_seqlens_k` and the score arguments as [`varlen_forward`] took and wrote them, `dout`
+/// like `out`; writes `dq` (like q), `dk`, `dv` (like k; summed over the query heads of each
+/// kv head), every tensor compact `[total, heads, head_dim]`. Rows that see no key get dq = 0,
+/// keys no query sees dk = dv = 0. CPU tensors run sequence by sequence on the CPU backward,
+/// CUDA tensors in one launch per kernel over every sequence (`attn_bwd`; not inside a CUDA
+/// graph capture: the offsets are host arrays). `deterministic`: dq the same bytes run to run.
+#[pyfunction]
+#[pyo3(signature = (q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic, stream=None, current=false, torch=false))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn varlen_backward<'py>(
+    q: &Bound<'py, PyAny>,
+    k: &Bound<'py, PyAny>,
+    v: &Bound<'py, PyAny>,
+    out: &Bound<'py, PyAny>,
+    lse: &Bound<'py, PyAny>,
+    dout: &Bound<'py, PyAny>,
+    dq: &Bound<'py, PyAny>,
+    dk: &Bound<'py, PyAny>,
+    dv: &Bound<'py, PyAny>,
+    cu_seqlens_q: Vec<i32>,
+    cu_seqlens_k: Vec<i32>,
+    softmax_scale: Option<f32>,
+    causal: bool,
+    window_left: i64,
+    window_right: i64,
+    softcap: f32,
+    alibi_slopes: Option<Bound<'py, PyAny>>,
+    deterministic: bool,
+    stream: Option<usize>,
+    current: bool,
+    torch: bool,
+) -> PyResult<String> {
+    let named = [
+        (q, "q"),
+        (k, "k"),
+        (v, "v"),
+        (out, "out"),
+        (lse, "lse"),
+        (dout, "dout"),
+        (dq, "dq"),
+        (dk, "dk"),
+        (dv, "dv"),
+    ];
+    let [tq, tk, tv, to, tl, tdo, tdq, tdk, tdv] =
+        take_all(named, handshake(stream, current), torch)?;
+    let all = [&tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv];
+    let place = placement(&all)?;
+    let dtype = one_dtype(&all)?;
+    let (ins, grads) = ([&tq, &tk, &tv, &to, &tl, &tdo], [&tdq, &tdk, &tdv]);
+    check_disjoint(&grads, &ins)?;
+    let window = (window_left, window_right);
+    let scores = Scores::new(softmax_scale, causal, window, softcap, alibi_slopes);
+    let t = [&tq, &tk, &tv, &to, &tl];
+    let p = varlen_problem(t, cu_seqlens_q, cu_seqlens_k, &scores)?;
+    check_varlen_grads([&tq, &tk, &tdo], grads)?;
+    let job = VarlenBackward {
+        p,
+        ins,
+        grads,
+        deterministic,
+        stream: stream.unwrap_or(0),
+    };
+    // SAFETY: devices, dtypes, shapes and layouts checked above.
+    unsafe { run(place, dtype, &job) }
 }
 
 struct KvCache<'a, 'py> {

@@ -171,6 +171,41 @@ pub unsafe fn backward<T: GpuElement>(
     Ok((info.kernel.to_string(), info.why_not_wgmma))
 }
 
+/// The backward of a packed variable-length batch on CUDA tensors (checked by the caller:
+/// on `gpu`'s device, dtype `T`, every tensor compact and packed as
+/// [`flashattn::cuda::bwd::varlen::backward_device`] takes them). One launch per kernel over
+/// every sequence (`attn_bwd`); `cu_seqlens` are copied from the host, so not inside a CUDA
+/// graph capture.
+///
+/// # Safety
+/// As [`foreign`].
+pub unsafe fn varlen_backward<T: GpuElement>(
+    gpu: &Gpu,
+    p: &flashattn::varlen::VarlenProblem,
+    deterministic: bool,
+    [q, k, v, o, lse, d_o]: [&Borrowed; 6],
+    [dq, dk, dv]: [&Borrowed; 3],
+) -> PyResult<(String, String)> {
+    not_capturing(gpu, "the backward of flash_attn_varlen_func")?;
+    // SAFETY: forwarded to the caller.
+    let (([fq, fk, fv, fo], fl), [fdo, fdq, fdk, fdv]) = unsafe {
+        (
+            qkvo_lse::<T>(gpu, [q, k, v, o, lse])?,
+            [d_o, dq, dk, dv].map(|t| foreign::<T>(t, gpu)),
+        )
+    };
+    let (fdo, mut fdq, mut fdk, mut fdv) = (fdo?, fdq?, fdk?, fdv?);
+    let opts = BackwardOptions {
+        deterministic,
+        ..Default::default()
+    };
+    let info = flashattn::cuda::bwd::varlen::backward_device(
+        gpu, p, opts, &fq, &fk, &fv, &fo, &fl, &fdo, &mut fdq, &mut fdk, &mut fdv,
+    )
+    .map_err(err)?;
+    Ok((info.kernel.to_string(), info.why_not_wgmma))
+}
+
 /// Refuses, at the forward call of a problem whose gradients are wanted, what the GPU
 /// backward ([`backward`]) would refuse for it on `gpu`'s device: a head_dim above its limit,
 /// or one whose `attn_bwd` tile does not fit the device's shared memory per block (head dims

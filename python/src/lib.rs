@@ -38,6 +38,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api::nvrtc_version, m)?)?;
     m.add_function(wrap_pyfunction!(api::reference, m)?)?;
     m.add_function(wrap_pyfunction!(api::varlen_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(api::varlen_backward, m)?)?;
     m.add_function(wrap_pyfunction!(api::kvcache_forward, m)?)?;
     m.add_function(wrap_pyfunction!(fp8::fp8_forward, m)?)?;
     m.add("FlashAttnError", m.py().get_type::<FlashAttnError>())?;

@@ -362,6 +362,31 @@ pub(crate) fn varlen_problem(
     Ok(p)
 }
 
+/// The varlen backward's extra tensors: `dout` like out, `dq` like q, `dk` and `dv` like k,
+/// all compact `[total, heads, head_dim]` (the packed layout the kernels read).
+pub(crate) fn check_varlen_grads(
+    [tq, tk, tdo]: [&Borrowed; 3],
+    [tdq, tdk, tdv]: [&Borrowed; 3],
+) -> PyResult<()> {
+    let packed = "[total, heads, head_dim]";
+    let (qshape, kshape) = (tq.shape(), tk.shape());
+    for (t, want) in [
+        (tdo, &qshape),
+        (tdq, &qshape),
+        (tdk, &kshape),
+        (tdv, &kshape),
+    ] {
+        if compact(t, 3, packed)? != *want {
+            return Err(invalid(format!(
+                "{} has shape {:?}; expected {want:?}",
+                t.name,
+                t.shape()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// `cache_seqlens` as Python passes it: one length for every sequence (on the CPU), or an
 /// int32 tensor `[batch]`.
 #[derive(FromPyObject)]

@@ -1,6 +1,8 @@
 """The Python package on the CPU with NumPy inputs, against an independent float64 reference
 written here with FlashAttention-2's semantics, and against the library's own f64 oracle."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -665,8 +667,9 @@ def _has_torch():
 
 def test_torch_cpu_tensors_that_require_grad():
     """FA2 code calls every function on tensors that require grad: flash_attn_func gets
-    gradients; the varlen and KV-cache functions (no backward in this version) run, and only
-    a backward through them raises the documented type."""
+    gradients, as do the varlen functions (each sequence's gradients those of
+    flash_attn_func on it alone); the KV-cache function (no backward, as FA2) runs, and only a
+    backward through it raises the documented type."""
     torch = pytest.importorskip("torch")
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 20, 2, 16, generator=g, requires_grad=True) for _ in range(3))
@@ -683,13 +686,19 @@ def test_torch_cpu_tensors_that_require_grad():
         want = flashattn.flash_attn_varlen_func(qv, kv_, vv, cu, cu, 13, 13, causal=True)
     got = flashattn.flash_attn_varlen_func(qv, kv_, vv, cu, cu, 13, 13, causal=True)
     assert got.requires_grad and torch.equal(got.detach(), want)
-    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="no backward"):
-        got.sum().backward()
+    dout = torch.randn(got.shape, generator=g)
+    got.backward(dout)
+    for s0, s1 in ((0, 7), (7, 20)):
+        parts = [x[s0:s1].detach().unsqueeze(0).requires_grad_(True) for x in (qv, kv_, vv)]
+        flashattn.flash_attn_func(*parts, causal=True).backward(dout[s0:s1].unsqueeze(0))
+        for name, x, xs in zip(("dq", "dk", "dv"), (qv, kv_, vv), parts):
+            torch.testing.assert_close(x.grad[s0:s1], xs.grad[0], rtol=1e-5, atol=1e-5, msg=name)
     qkv = torch.stack([qv, kv_, vv], dim=1).detach().requires_grad_(True)
     got, lse, _ = flashattn.flash_attn_varlen_qkvpacked_func(qkv, cu, 13, causal=True, return_attn_probs=True)
     assert torch.equal(got.detach(), want) and lse.shape == (2, 20)
-    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="no backward"):
-        got.sum().backward()
+    got.backward(dout)
+    for i, x in enumerate((qv, kv_, vv)):  # the packed form's gradient, through the stack
+        torch.testing.assert_close(qkv.grad[:, i], x.grad, rtol=1e-6, atol=1e-6)
 
     kc, vc = torch.zeros(1, 32, 2, 16), torch.zeros(1, 32, 2, 16)
     kn, vn = (x[:, :4].detach().requires_grad_(True) for x in (k, v))
@@ -697,6 +706,75 @@ def test_torch_cpu_tensors_that_require_grad():
     assert torch.equal(kc[:, 3:7], kn.detach())
     with pytest.raises(flashattn.FlashAttnUnsupportedError, match="no backward"):
         out.sum().backward()
+
+
+def _torch_sequence_attention(q, k, v, causal, window, softcap, slopes):
+    """One sequence's attention in the inputs' dtype (float64 here), q [sq, hq, d], k, v [sk,
+    hkv, d], FA2 semantics: softcap, ALiBi -slope |i + sk - sq - j|, bottom-right causal and
+    window; rows that see no key give 0 with zero gradients."""
+    import torch
+
+    sq, hq, d = q.shape
+    sk, hkv = k.shape[0], k.shape[1]
+    k, v = (x.repeat_interleave(hq // hkv, dim=1).transpose(0, 1) for x in (k, v))
+    s = q.transpose(0, 1) @ k.transpose(-1, -2) / math.sqrt(d)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(sq)[:, None] + sk - sq
+    j = torch.arange(sk)[None, :]
+    if slopes is not None:
+        s = s - slopes.to(s.dtype)[:, None, None] * (i - j).abs()
+    left, right = window
+    mask = torch.ones(sq, sk, dtype=torch.bool)
+    if causal:
+        mask &= j <= i
+    if left >= 0:
+        mask &= j >= i - left
+    if right >= 0:
+        mask &= j <= i + right
+    p = torch.softmax(s.masked_fill(~mask, -1e30), dim=-1) * mask.any(dim=1, keepdim=True)
+    return (p @ v).transpose(0, 1)
+
+
+@pytest.mark.parametrize(
+    "causal, window, softcap, alibi",
+    [(False, (-1, -1), 0.0, False), (True, (-1, -1), 0.0, False), (False, (5, 3), 0.0, False),
+     (True, (-1, -1), 3.0, True)],
+)
+def test_varlen_gradients_against_torch_float64(causal, window, softcap, alibi):
+    """flash_attn_varlen_func's gradients (float32 on the CPU backend) against PyTorch's
+    autograd through a float64 reference, sequence by sequence: sequences without queries,
+    without keys, shorter and longer key sides, GQA, every score argument."""
+    torch = pytest.importorskip("torch")
+    lens_q, lens_k = [5, 0, 9, 1, 4], [7, 3, 9, 0, 12]
+    hq, hkv, d = 4, 2, 16
+    g = torch.Generator().manual_seed(5)
+    cq = torch.tensor([0] + list(np.cumsum(lens_q)), dtype=torch.int32)
+    ck = torch.tensor([0] + list(np.cumsum(lens_k)), dtype=torch.int32)
+    q = torch.randn(sum(lens_q), hq, d, generator=g, requires_grad=True)
+    k = torch.randn(sum(lens_k), hkv, d, generator=g, requires_grad=True)
+    v = torch.randn(sum(lens_k), hkv, d, generator=g, requires_grad=True)
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625]) if alibi else None
+    out = flashattn.flash_attn_varlen_func(
+        q, k, v, cq, ck, max(lens_q), max(lens_k), causal=causal, window_size=window,
+        softcap=softcap, alibi_slopes=slopes,
+    )
+    dout = torch.randn(out.shape, generator=g)
+    out.backward(dout)
+    q64, k64, v64 = (x.detach().double().requires_grad_(True) for x in (q, k, v))
+    want = torch.cat([
+        _torch_sequence_attention(q64[cq[b]:cq[b + 1]], k64[ck[b]:ck[b + 1]], v64[ck[b]:ck[b + 1]],
+                                  causal, window, softcap, slopes)
+        for b in range(len(lens_q))
+    ])
+    want.backward(dout.double())
+    for name, got, ref in (("out", out.detach(), want.detach()), ("dq", q.grad, q64.grad),
+                           ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad)):
+        err = (got.double() - ref).norm() / ref.norm().clamp_min(1e-30)
+        assert err < 1e-5, f"{name}: rel-L2 {err:.3e}"
+    # Keys no query sees (sequence 1 has no queries): dk = dv = 0 exactly.
+    assert torch.equal(k.grad[7:10], torch.zeros_like(k.grad[7:10]))
+    assert torch.equal(v.grad[7:10], torch.zeros_like(v.grad[7:10]))
 
 
 # ---- torch.compile (issue 40 item 3): the calls as torch.library custom ops ----
@@ -819,13 +897,16 @@ def test_torch_compile_varlen_and_kvcache():
     got = torch.compile(decode, fullgraph=True, backend="aot_eager")(q, kc2, vc2, kn, vn, lens, qs, cu)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert torch.equal(kc2, kc) and torch.equal(vc2, vc)  # the new rows, written in place
-    # No backward: the forward runs on tensors that require grad; running a backward raises.
-    qg, kg = q.clone().requires_grad_(True), qs.clone().requires_grad_(True)
+    # The varlen backward through the compiled graph: the eager gradients.
+    qg, kg, ke = q.clone().requires_grad_(True), qs.clone().requires_grad_(True), qs.clone().requires_grad_(True)
     varlen = torch.compile(lambda x: flashattn.flash_attn_varlen_func(x, x, x, cu, cu, 7, 7), fullgraph=True, backend="aot_eager")
     out = varlen(kg)
     assert out.requires_grad
-    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="no backward"):
-        out.sum().backward()
+    out.sum().backward()
+    flashattn.flash_attn_varlen_func(ke, ke, ke, cu, cu, 7, 7).sum().backward()
+    assert torch.equal(kg.grad, ke.grad)
+    # No backward through the KV cache: the forward runs on tensors that require grad;
+    # running a backward raises.
     cache = torch.compile(lambda x: flashattn.flash_attn_with_kvcache(x, kc, vc, cache_seqlens=4), fullgraph=True, backend="aot_eager")
     out = cache(qg)
     assert out.requires_grad

@@ -392,7 +392,8 @@ def test_kvcache_on_cuda_matches_the_cpu_path(paged, d):
 
 def test_varlen_and_kvcache_run_on_tensors_that_require_grad():
     """FA2 code calls them on tensors that require grad without taking gradients: the
-    forward runs; only a backward through them raises the documented type."""
+    forward runs (varlen: the same bytes as without grad); only a backward through the KV
+    cache raises the documented type."""
     from flashattn import flash_attn_varlen_func, flash_attn_with_kvcache
 
     q = rand(10, 2, 64).requires_grad_(True)
@@ -401,14 +402,74 @@ def test_varlen_and_kvcache_run_on_tensors_that_require_grad():
     with torch.no_grad():
         want = flash_attn_varlen_func(q, q, q, cu, cu, 6, 6)
     assert out.requires_grad and torch.equal(out.detach(), want)
-    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="no backward"):
-        out.sum().backward()
     qd = rand(2, 1, 8, 64, seed=2).requires_grad_(True)
     kc, vc = rand(2, 64, 2, 64, seed=3), rand(2, 64, 2, 64, seed=4)
     out = flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=40)
     assert out.requires_grad
     with pytest.raises(flashattn.FlashAttnUnsupportedError, match="no backward"):
         out.sum().backward()
+
+
+VARLEN_GRAD_CASES = [
+    # lens_q, lens_k, hq, hkv, d, causal, softcap, alibi: sequences without queries or keys,
+    # sq != sk, GQA/MQA, head dims attn_bwd takes as they are and padded ones (100, 200)
+    ([0, 1, 17, 128, 300], [5, 17, 1, 128, 300], 4, 2, 128, True, 0.0, False),
+    ([300, 64, 5], [200, 64, 700], 6, 1, 64, False, 0.0, False),
+    ([77, 0, 513], [77, 9, 513], 4, 4, 100, True, 0.0, False),
+    ([129, 40], [257, 40], 2, 1, 200, False, 0.0, False),
+    ([200, 33], [150, 90], 4, 2, 96, True, 4.0, True),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", VARLEN_GRAD_CASES)
+def test_varlen_backward_on_cuda(dtype, case):
+    """flash_attn_varlen_func's gradients (one attn_bwd launch over every sequence) against
+    PyTorch's autograd through float32 attention, sequence by sequence."""
+    from flashattn import flash_attn_varlen_func
+
+    lens_q, lens_k, hq, hkv, d, causal, softcap, alibi = case
+    cq = torch.tensor([0] + [sum(lens_q[: i + 1]) for i in range(len(lens_q))], dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0] + [sum(lens_k[: i + 1]) for i in range(len(lens_k))], dtype=torch.int32, device="cuda")
+    q = rand(sum(lens_q), hq, d, dtype=dtype, seed=1).requires_grad_(True)
+    k = rand(sum(lens_k), hkv, d, dtype=dtype, seed=2).requires_grad_(True)
+    v = rand(sum(lens_k), hkv, d, dtype=dtype, seed=3).requires_grad_(True)
+    slopes = torch.tensor([2.0 ** (-8 * (i + 1) / hq) for i in range(hq)], device="cuda") if alibi else None
+    out = flash_attn_varlen_func(q, k, v, cq, ck, max(lens_q), max(lens_k), causal=causal,
+                                 softcap=softcap, alibi_slopes=slopes)
+    do = rand(*out.shape, dtype=dtype, seed=9)
+    out.backward(do)
+    qr, kr, vr = (x.detach().float().requires_grad_(True) for x in (q, k, v))
+    parts = []
+    for b in range(len(lens_q)):
+        sq_, sk_ = slice(int(cq[b]), int(cq[b + 1])), slice(int(ck[b]), int(ck[b + 1]))
+        if lens_q[b] == 0:
+            continue
+        if lens_k[b] == 0:
+            parts.append(qr[sq_] * 0)  # no key: out 0, no gradient
+            continue
+        parts.append(reference_mods(qr[sq_][None], kr[sk_][None], vr[sk_][None], causal, softcap, slopes)[0])
+    want = torch.cat(parts)
+    close(out, want, "out")
+    want.backward(do.float())
+    for name, x, xr in (("dq", q, qr), ("dk", k, kr), ("dv", v, vr)):
+        close(x.grad, xr.grad, name)
+
+
+def test_varlen_backward_deterministic_on_cuda():
+    """deterministic=True: dq the same bytes over 5 runs (the varlen backward's fixed order)."""
+    from flashattn import flash_attn_varlen_func
+
+    lens = [300, 7, 1000]
+    cu = torch.tensor([0, 300, 307, 1307], dtype=torch.int32, device="cuda")
+    x = rand(sum(lens), 4, 128, seed=4)
+    do = rand(sum(lens), 4, 128, seed=5)
+    grads = []
+    for _ in range(5):
+        q = x.clone().requires_grad_(True)
+        flash_attn_varlen_func(q, x, x, cu, cu, 1000, 1000, causal=True, deterministic=True).backward(do)
+        grads.append(q.grad)
+    assert all(torch.equal(g, grads[0]) for g in grads[1:])
 
 
 def reference_lse(q, k, causal=False, window=(-1, -1)):
