@@ -268,10 +268,21 @@ def _dl(x):
     return x.detach() if _is_torch(x) and x.requires_grad else x
 
 
+_torch = None  # the torch module, once imported (see _register_torch_ops)
+
+
+def _torch_module():
+    """torch if the process imported it, else None. Read from a module global once torch is
+    imported: code that Dynamo traces must not read ``sys.modules``, which Dynamo guards on by
+    iterating it while inductor's compile threads import modules ("dictionary changed size
+    during iteration", seen on the first inductor compile of a CUDA process)."""
+    return _torch if _torch is not None else sys.modules.get("torch")
+
+
 def _wants_grad(*tensors):
     """Whether a call's output needs a backward: grad mode on and a PyTorch tensor among
     `tensors` (None entries skipped) that requires grad."""
-    torch = sys.modules.get("torch")  # imported by any caller that passes its tensors
+    torch = _torch_module()
     if torch is None or not torch.is_grad_enabled():
         return False
     return any(_is_torch(t) and t.requires_grad for t in tensors if t is not None)
@@ -421,7 +432,7 @@ def _function():
 def _plain_torch_cuda(q, k, v):
     """PyTorch when q, k, v are plain PyTorch CUDA tensors of 4 dimensions that need no
     gradient (the common inference call, which takes the short path), else None."""
-    torch = sys.modules.get("torch")  # imported by any caller that passes its tensors
+    torch = _torch_module()
     if torch is None:
         return None
     t = torch.Tensor
@@ -436,7 +447,7 @@ def _compiling():
     """Whether torch.compile (Dynamo) or torch.export is tracing this call: the calls then go
     through the custom ops of :mod:`flashattn._torch_ops` (Dynamo cannot trace the native
     extension)."""
-    torch = sys.modules.get("torch")  # imported by any caller that passes its tensors
+    torch = _torch_module()
     if torch is None:
         return False
     is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
@@ -446,7 +457,7 @@ def _compiling():
 def _ops():
     """:mod:`flashattn._torch_ops`, registered when torch was imported (a trace cannot
     import it: see :class:`_AfterTorch`)."""
-    ops = sys.modules.get(__name__ + "._torch_ops")
+    ops = _torch_ops_module or sys.modules.get(__name__ + "._torch_ops")
     if ops is None:
         raise FlashAttnUnsupportedError(
             "torch.compile: flashattn's custom ops are not registered "
@@ -618,11 +629,26 @@ class _Varlen:
         self.cu_seqlens_q, self.cu_seqlens_k = cu_seqlens_q, cu_seqlens_k
 
     def forward(self, q, k, v):
+        d = q.shape[-1]
+        if (len(q.shape) == 3 and d % 8 != 0 and d < 256 and _on_cuda(q)
+                and all(len(x.shape) == 3 and x.shape[-1] == d for x in (k, v))):
+            # The packed CUDA forward takes head dims that are multiples of 8: run on copies
+            # padded with zero channels, the default scale kept at the true head_dim's, out
+            # cut back (the backward pads its own copies).
+            width = d + (-d) % 8
+            scale, *rest = self.scores
+            scores = (_default_scale(d) if scale is None else scale, *rest)
+            padded = [_pad_channels(_dl(x), width) for x in (q, k, v)]
+            out, lse = self._run(*padded, scores)
+            return _contiguous(out[..., :d]), lse
+        return self._run(q, k, v, self.scores)
+
+    def _run(self, q, k, v, scores):
         out, lse = _outputs(q, 3, (1, 0))
         stream, current = _stream(q)
         _native.varlen_forward(
             _dl(q), _dl(k), _dl(v), out, lse, self.cu_seqlens_q, self.cu_seqlens_k,
-            *self.scores, stream, current, torch=_is_torch(q),
+            *scores, stream, current, torch=_is_torch(q),
         )
         return out, lse
 
@@ -1070,16 +1096,20 @@ class _AfterTorch:
 
 
 _torch_ops_error = None
+_torch_ops_module = None
 
 
 def _register_torch_ops():
     """Registers torch.compile's custom ops (:mod:`flashattn._torch_ops`); a failure (a torch
     without ``torch.library.custom_op``, before 2.4) is kept for :func:`_ops` to report
     and never fails an import."""
-    global _torch_ops_error
+    global _torch_ops_error, _torch_ops_module, _torch
+    _torch = sys.modules.get("torch")
     try:
-        from . import _torch_ops  # noqa: F401
+        from . import _torch_ops
         from . import _fp8_ops  # noqa: F401
+
+        _torch_ops_module = _torch_ops
     except Exception as e:  # reported where a compiled call needs the ops
         _torch_ops_error = e
 

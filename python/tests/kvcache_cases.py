@@ -50,10 +50,11 @@ def make_call(name, device, dtype, seed=0, b=3, sq=2, hq=8, hkv=2, d=32, cap=64)
         kw["cache_leftpad"] = ints(pads)
     if layout == "paged":
         page = 16
-        nblocks = b * cap // page + 2
+        per_seq = -(-cap // page)  # pages per sequence: capacity cap rounded up
+        nblocks = b * per_seq + 2
         kw["k_cache"], kw["v_cache"] = rand(nblocks, page, hkv, d), rand(nblocks, page, hkv, d)
-        perm = torch.randperm(nblocks, generator=g)[: b * cap // page]
-        kw["block_table"] = perm.view(b, -1).to(device=device, dtype=torch.int32)
+        perm = torch.randperm(nblocks, generator=g)[: b * per_seq]
+        kw["block_table"] = perm.view(b, per_seq).to(device=device, dtype=torch.int32)
     else:
         kw["k_cache"], kw["v_cache"] = rand(cache_batch, cap, hkv, d), rand(cache_batch, cap, hkv, d)
     if new:
