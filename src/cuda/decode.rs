@@ -12,8 +12,8 @@
 use crate::cuda::runtime::args::{check_aligned, check_contexts, device_ptrs};
 use crate::cuda::runtime::device::{Gpu, LoadedKernel, cuda_err};
 use crate::cuda::runtime::launch::{
-    FlashParams, GpuElement, KernelKind, Launch, LaunchInfo, launch_context, score_defines,
-    set_dynamic_smem, upload_slopes,
+    FlashParams, GpuElement, KernelKind, Launch, LaunchInfo, launch_context, push_sink,
+    score_defines, set_dynamic_smem, sink_defines, upload_sink, upload_slopes,
 };
 use crate::cuda::sources::KernelSource;
 use crate::dtype::DType;
@@ -415,6 +415,7 @@ pub struct DecodePlan {
     seqlens: CudaSlice<i32>,
     table: Option<CudaSlice<i32>>,
     slopes: Option<CudaSlice<f32>>,
+    sink: Option<CudaSlice<f32>>,
     partials: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
 }
 
@@ -530,6 +531,7 @@ impl DecodePlan {
             seqlens: up(&p.cache_seqlens, "cache_seqlens")?,
             table,
             slopes: upload_slopes(gpu, &p.scores)?,
+            sink: upload_sink(gpu, &p.scores)?,
             partials,
             problem: p.clone(),
         })
@@ -581,7 +583,7 @@ impl DecodePlan {
     /// like q, `lse` `[batch, heads_q, seqlen_q]` f32; all dense, 16-byte aligned, in `gpu`'s
     /// context. Asynchronous on `gpu.stream()`: kv_append (with new rows), attn_decode, and
     /// attn_combine (with more than one split). The same bytes run to run; rows that see no
-    /// key get o = 0 and lse = -inf.
+    /// key get o = 0 and lse = -inf (the sink's logit with a learnable sink).
     ///
     /// # Errors
     /// [`AttnError::BufferTooShort`]; [`AttnError::InvalidInput`] for new rows missing or
@@ -679,8 +681,10 @@ impl DecodePlan {
             ));
         }
         let alibi = self.slopes.as_ref().map(|d| d.device_ptr(stream));
+        let sink = self.sink.as_ref().map(|d| d.device_ptr(stream));
         let launch = Launch {
             alibi: alibi.as_ref().map_or(0, |(ptr, _)| *ptr),
+            sink: sink.as_ref().map_or(0, |(ptr, _)| *ptr),
             ..Launch::dense(&self.env, T::DTYPE, [qp, kcp, vcp, op, lp])
         };
         let acc = self
@@ -787,6 +791,7 @@ impl PlanKernels {
         let paged = matches!(p.layout, CacheLayout::Paged { .. });
         let mut defines = tile.defines(dtype, p.head_dim, p.mask.is_causal(), paged);
         defines.extend(score_defines(env));
+        defines.extend(sink_defines(env));
         let decode = gpu.kernel(KernelSource::AttnDecode, "attn_decode", &defines)?;
         set_dynamic_smem(&decode.function, smem, &launch_context("attn_decode", env))?;
         let head_dim = ("HEAD_DIM".to_string(), p.head_dim.to_string());
@@ -808,22 +813,26 @@ impl PlanKernels {
         })
     }
 
-    /// Compiles (or finds) attn_combine for a plan with more than one split.
+    /// Compiles (or finds) attn_combine for a plan with more than one split (with the sink's
+    /// define when the problem has one: the combine then adds it).
     fn add_combine(&mut self, gpu: &Gpu, p: &KvCacheProblem, dtype: DType) -> Result<()> {
-        let defines = [
+        let mut defines = vec![
             ("HEAD_DIM".to_string(), p.head_dim.to_string()),
             (
                 "IS_BF16".to_string(),
                 u8::from(dtype == DType::BF16).to_string(),
             ),
         ];
+        if p.scores.sink.is_some() {
+            defines.push(("HAS_SINK".to_string(), "1".to_string()));
+        }
         self.combine = Some(gpu.kernel(KernelSource::AttnCombine, "attn_combine", &defines)?);
         Ok(())
     }
 }
 
 /// Launches `k` on a 1-D grid of `items.div_ceil(per_block)` blocks of `threads` threads with
-/// one parameter block.
+/// one parameter block, then the sink's logits of `sink`'s launch ([`push_sink`]) when given.
 ///
 /// # Safety
 /// `params` must mirror the kernel's parameter struct, and every address in it must be valid
@@ -833,6 +842,7 @@ unsafe fn launch_1d<P: DeviceRepr>(
     k: &LoadedKernel,
     (items, per_block, threads): (usize, usize, u32),
     params: &P,
+    sink: Option<&Launch>,
     (kernel, ctx): (&'static str, String),
 ) -> Result<()> {
     let blocks = u32::try_from(items.div_ceil(per_block)).map_err(|_| AttnError::TooLarge {
@@ -846,6 +856,9 @@ unsafe fn launch_1d<P: DeviceRepr>(
     };
     let mut b = gpu.stream().launch_builder(&k.function);
     b.arg(params);
+    if let Some(l) = sink {
+        push_sink(&mut b, l)?;
+    }
     // SAFETY: the caller's contract.
     unsafe { b.launch(cfg) }.map_err(cuda_err(ctx))?;
     Ok(())
@@ -893,6 +906,7 @@ fn append(
             k,
             (chunks, 256, 256),
             &params,
+            None,
             ("kv_append", launch_context("kv_append", env)),
         )
     }
@@ -958,7 +972,9 @@ fn decode(
         b.arg(tk);
         b.arg(tv);
     }
-    // SAFETY: the parameters mirror the kernel's structs; the caller validated the problem
+    push_sink(&mut b, l)?;
+    // SAFETY: the parameters mirror the kernel's structs (the sink's logits last, with a
+    // sink: heads_q of them); the caller validated the problem
     // (lengths within capacity, page indices within the pool) and every buffer's length; the
     // tensor maps describe exactly the two caches, and the copy engine reads nothing outside.
     unsafe { b.launch(cfg) }.map_err(cuda_err(launch_context("attn_decode", l.problem)))?;
@@ -1009,14 +1025,16 @@ fn combine(
         seqlen_q: p.seqlen_q as i32,
         num_splits: splits as i32,
     };
-    // SAFETY: the parameters mirror the kernel's struct; the partials hold splits x rows
-    // entries (allocated by the plan) and o/lse were checked against the problem.
+    // SAFETY: the parameters mirror the kernel's struct (and, with a sink, its logits: the
+    // kernel is compiled with HAS_SINK exactly then); the partials hold splits x rows entries
+    // (allocated by the plan) and o/lse were checked against the problem.
     unsafe {
         launch_1d(
             gpu,
             k,
             (rows, 4, 128),
             &params,
+            Some(l),
             ("attn_combine", launch_context("attn_combine", l.problem)),
         )
     }

@@ -45,7 +45,7 @@ pub fn forward<T: Element>(
     let (hq, total, row) = (p.heads_q, p.total_q(), p.heads_q * p.head_dim);
     let mut out = VarlenOutput {
         o: vec![T::from_f32(0.0); total * row],
-        lse: vec![f32::NEG_INFINITY; hq * total],
+        lse: p.empty_lse_rows(),
         ran: format!("sequence by sequence, backend choice {choice:?} ({why})"),
     };
     per_sequence(

@@ -7,7 +7,7 @@
 //!   `cu_seqlens_k[b]..cu_seqlens_k[b+1]`;
 //! - sequences are independent: the mask (causal bottom-right), window and ALiBi distances
 //!   are those of each sequence's own lengths; zero-length sequences are legal (a query that
-//!   sees no key gives `o = 0`, `lse = -inf`);
+//!   sees no key gives `o = 0`, `lse = -inf`, or the sink's logit with a learnable sink);
 //! - `o` packed like q; `lse` `[heads_q, total_q]` (natural log).
 //!
 //! On the GPU the whole batch is one `attn_mma` launch ([`crate::cuda::varlen`]); the CPU
@@ -158,6 +158,24 @@ impl VarlenProblem {
         self.scores.validate(self.batch(), self.heads_q)
     }
 
+    /// The `lse` of a row of head `h` that sees no key: `-inf`, or the learnable sink's logit
+    /// ([`crate::scores`]).
+    pub fn empty_lse(&self, h: usize) -> f32 {
+        self.scores
+            .sink
+            .as_ref()
+            .map_or(f32::NEG_INFINITY, |s| s[h])
+    }
+
+    /// `lse` `[heads_q, total_q]` as every row that sees no key has it ([`Self::empty_lse`]):
+    /// what the sequence-by-sequence paths start from.
+    pub(crate) fn empty_lse_rows(&self) -> Vec<f32> {
+        let total = self.total_q();
+        (0..self.heads_q * total)
+            .map(|n| self.empty_lse(n / total.max(1)))
+            .collect()
+    }
+
     /// Sequence `b` as a dense batch-1 problem, with its offsets `(q0, k0)`; `None` when it
     /// has no query or no key (handled without a backend).
     pub(crate) fn sequence(&self, b: usize) -> Result<Option<(AttnProblem, usize, usize)>> {
@@ -273,7 +291,7 @@ pub(crate) fn per_sequence<T: Element, R>(
 ) -> Result<()> {
     let (row_q, row_k) = (p.heads_q * p.head_dim, p.heads_kv * p.head_dim);
     for b in 0..p.batch() {
-        // No query, or no key: the caller's initial o = 0, lse = -inf stand.
+        // No query, or no key: the caller's initial o = 0, lse = empty_lse stand.
         let Some((sp, q0, k0)) = p.sequence(b)? else {
             continue;
         };
@@ -305,7 +323,7 @@ pub fn reference<T: Element>(
     let (hq, total, row) = (p.heads_q, p.total_q(), p.heads_q * p.head_dim);
     let mut out = reference::Reference {
         o: vec![0.0; total * row],
-        lse: vec![f64::NEG_INFINITY; hq * total],
+        lse: p.empty_lse_rows().into_iter().map(f64::from).collect(),
         precision: vec![RowPrecision::default(); hq * total],
     };
     per_sequence(p, q, k, v, reference::attention, |at, r| {

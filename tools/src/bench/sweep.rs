@@ -158,6 +158,7 @@ impl Case {
             window,
             softcap: self.softcap,
             alibi: self.alibi.then(|| Alibi::geometric(self.heads)),
+            sink: None,
         })
     }
 

@@ -99,8 +99,28 @@ pub fn cases() -> Vec<KvCase> {
                 slopes: (0..16).map(|i| 0.5f32.powi(i % 8 + 1)).collect(),
                 per_batch: true,
             }),
+            sink: None,
         },
     ));
+    // A learnable sink: one split (attn_decode folds it in) and many (attn_combine does);
+    // a sequence with one key only, the new row (causal: its first query row sees none, and
+    // its lse is the sink).
+    for lens in [vec![200, 0], vec![3000, 700]] {
+        specs.push((
+            lens,
+            1,
+            3072,
+            2,
+            8,
+            2,
+            128,
+            Mask::Causal,
+            ScoreMods {
+                sink: Some(super::cases::sink_logits(8, "mild")),
+                ..ScoreMods::default()
+            },
+        ));
+    }
     let mut out = Vec::new();
     for dtype in [DType::F16, DType::BF16] {
         for (n, (lens, new, cap, sq, hq, hkv, d, mask, mods)) in specs.iter().enumerate() {
