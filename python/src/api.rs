@@ -311,13 +311,8 @@ pub(crate) fn backward<'py>(
         None => None,
     };
     let all = [&tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv];
-    let place = placement(
-        &[
-            &all[..],
-            tds.as_slice().iter().collect::<Vec<_>>().as_slice(),
-        ]
-        .concat(),
-    )?;
+    let placed: Vec<&Borrowed> = all.iter().copied().chain(tds.as_ref()).collect();
+    let place = placement(&placed)?;
     let dtype = one_dtype(&all)?;
     let (ins, grads) = ([&tq, &tk, &tv, &to, &tl, &tdo], [&tdq, &tdk, &tdv]);
     let written: Vec<&Borrowed> = grads.iter().copied().chain(tds.as_ref()).collect();
