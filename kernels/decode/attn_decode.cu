@@ -440,13 +440,17 @@ extern "C" __global__ void __launch_bounds__(NT_ALL) attn_decode(const Params p_
         // the combine propagates it instead of weighing it 0 (fmaxf skips a NaN max, which
         // would otherwise leave such a row looking empty).
         const float qnan = __int_as_float(0x7fc00000);
-        const int i = gr / p.group, h = hk * p.group + gr % p.group;
-        // HAS_SINK with one split: the sink joins the row here (every row then has l > 0);
-        // with more, attn_combine adds it once to the merged row.
+#if HAS_SINK
+        // With one split the sink joins the row here (softmax.cuh sink_fold: every row then
+        // has l > 0); with more, attn_combine adds it once to the merged row.
         float alpha = 1.f;
-        if (HAS_SINK && !partial) alpha = sink_fold(m, l, sink_log2(SINK_LOGITS, h));
-        const float inv = nan ? qnan : (HAS_SINK && !partial ? alpha / l : row_inv(l));
+        if (!partial) alpha = sink_fold(m, l, sink_log2(SINK_LOGITS, hk * p.group + gr % p.group));
+        const float inv = nan ? qnan : alpha * row_inv(l);
+#else
+        const float inv = nan ? qnan : row_inv(l);
+#endif
         const float lse = nan ? qnan : row_lse(m, l);
+        const int i = gr / p.group, h = hk * p.group + gr % p.group;
         const i64 lrow = ((i64)b * p.heads_q + h) * p.seqlen_q + i; // [batch, heads_q, seqlen_q]
         if (partial) {
             float *oa = dp.o_accum + ((i64)split * rows_all + lrow) * D + c;

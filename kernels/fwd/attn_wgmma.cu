@@ -652,18 +652,19 @@ FA_DEVICE void consumer(const WgmmaParams &w, const Smem &sm, int tid, int wg, c
 #pragma unroll
             for (int h = 0; h < 2; ++h) l[h] += shfl_xor(l[h], 2);
         }
-        float m[2] = {row_max[0], row_max[1]};
-        if (HAS_SINK) {
-            const float s = sink_log2(sink, bc.h);
+#if HAS_SINK
+        // The sink joins each row's sum (softmax.cuh sink_fold): row_max and l become the
+        // sink-aware ones (lse below follows), O scales by o_scale / l.
+        float o_scale[2];
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float alpha = sink_fold(m[h], l[h], s);
-                inv[h] = alpha / l[h];
-            }
-        } else {
+        for (int h = 0; h < 2; ++h) o_scale[h] = sink_fold(row_max[h], l[h], sink_log2(sink, bc.h));
+#endif
 #pragma unroll
-            for (int h = 0; h < 2; ++h) inv[h] = row_inv(l[h]);
-        }
+        for (int h = 0; h < 2; ++h) inv[h] = row_inv(l[h]);
+#if HAS_SINK
+#pragma unroll
+        for (int h = 0; h < 2; ++h) inv[h] *= o_scale[h];
+#endif
         if (O_OWN) {
             // The previous tile's store must have read the staging tile before it is rewritten.
             if (ctid == 0) bulk_wait_read0();
@@ -706,7 +707,7 @@ FA_DEVICE void consumer(const WgmmaParams &w, const Smem &sm, int tid, int wg, c
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int row = wrow + 8 * h;
-            if (t == 0 && row < p.seqlen_q) lse[row] = row_lse(m[h], l[h]);
+            if (t == 0 && row < p.seqlen_q) lse[row] = row_lse(row_max[h], l[h]);
         }
     }
     if (ctid == 0) bulk_wait_read0(); // the last store has read shared memory before exit
