@@ -777,7 +777,8 @@ fn sink_jobs() -> Vec<Job> {
             });
         }
         // Decoding: the launcher's tile, bf16 causal paged with the sink (and every modifier
-        // where the arch compiles them: sm_80, sm_90), and the combine with it.
+        // where the arch compiles them: sm_80, sm_90, and there every KV-cache feature too:
+        // the most registers a sink's decode asks for), and the combine with it.
         let limit = smem_limit(arch);
         for d in [64, 128, 256] {
             let tile = DecodeTile::for_head_dim(d, limit).with_bulk_where_it_fits(
@@ -791,8 +792,17 @@ fn sink_jobs() -> Vec<Job> {
             }
             let mut defines = tile.defines(DType::BF16, d, true, true);
             defines.push(("HAS_SINK".into(), "1".into()));
-            if matches!(cc, (8, 0) | (9, 0)) {
-                for m in ["IS_LOCAL", "HAS_SOFTCAP", "HAS_ALIBI"] {
+            let all = matches!(cc, (8, 0) | (9, 0));
+            if all {
+                for m in [
+                    "IS_LOCAL",
+                    "HAS_SOFTCAP",
+                    "HAS_ALIBI",
+                    "ROTARY",
+                    "ROTARY_INTERLEAVED",
+                    "HAS_BATCH_IDX",
+                    "HAS_LEFTPAD",
+                ] {
                     defines.push((m.into(), "1".into()));
                 }
             }
@@ -806,9 +816,10 @@ fn sink_jobs() -> Vec<Job> {
                 functions: &["attn_decode"],
                 smem: tile.smem_bytes(d),
                 tile: format!(
-                    "decode {} stages{} paged sink",
+                    "decode {} stages{} paged sink{}",
                     tile.stages,
-                    if tile.bulk { " copy-engine" } else { "" }
+                    if tile.bulk { " copy-engine" } else { "" },
+                    if all { " mods+rotary+batch_idx+leftpad" } else { "" }
                 ),
                 roles: None,
             });
