@@ -979,8 +979,11 @@ def test_learnable_sink_refusals():
             flashattn.flash_attn_func(q, k, v, learnable_sink=bad)
     with pytest.raises(flashattn.FlashAttnError, match="alias"):
         flashattn.flash_attn_func(q, k, v, learnable_sink=sink, s_aux=sink)
+    # Keyword only: after return_attn_probs and the three FP8 descales, no positional slot.
     with pytest.raises(TypeError):
-        flashattn.flash_attn_func(q, k, v, 0.0, None, False, (-1, -1), 0.0, None, False, False, sink)
+        flashattn.flash_attn_func(
+            q, k, v, 0.0, None, False, (-1, -1), 0.0, None, False, False, None, None, None, sink
+        )
     # The native calls: d_sink without a sink, and of the wrong size.
     out, lse = np.zeros_like(q), np.zeros((1, 4, 8), dtype=np.float32)
     flashattn._native.forward(q, k, v, out, lse, None, False, -1, -1, 0.0, None, learnable_sink=sink)
