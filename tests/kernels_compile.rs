@@ -819,7 +819,11 @@ fn sink_jobs() -> Vec<Job> {
                     "decode {} stages{} paged sink{}",
                     tile.stages,
                     if tile.bulk { " copy-engine" } else { "" },
-                    if all { " mods+rotary+batch_idx+leftpad" } else { "" }
+                    if all {
+                        " mods+rotary+batch_idx+leftpad"
+                    } else {
+                        ""
+                    }
                 ),
                 roles: None,
             });
