@@ -359,6 +359,43 @@ mod tests {
                 window: window.map_or(Window::default(), |(l, r)| Window::from_fa(l, r).unwrap()),
                 softcap,
                 alibi,
+                sink: None,
+            };
+            let mut p = problem(b, sq, sk, hq, hkv, d).with_scores(mods).unwrap();
+            if causal {
+                p = p.with_mask(Mask::Causal);
+            }
+            let label = format!("{} causal {causal} {:?}", p.shape, p.scores);
+            check::<f16>(&p, &label);
+            check::<bf16>(&p, &label);
+        }
+    }
+
+    /// A learnable sink changes nothing in the kernel: the forward's lse includes it, and P and
+    /// dS recomputed from that lse are the sink-aware ones. Sinks that take a little of each
+    /// row (0.5), most of it (8), and rows that see no key (causal, sq > sk).
+    #[test]
+    fn a_sink_needs_only_the_forwards_lse() {
+        for (b, sq, sk, hq, hkv, d, causal, softcap, sink) in [
+            (1, 70, 33, 2, 2, 8, true, None, vec![1.5, -0.5]),
+            (
+                2,
+                33,
+                65,
+                4,
+                1,
+                8,
+                false,
+                Some(5.0),
+                vec![3.0, 0.0, -2.0, 8.0],
+            ),
+            (1, 40, 40, 2, 1, 16, true, Some(30.0), vec![0.5, 0.5]),
+        ] {
+            let mods = ScoreMods {
+                softcap,
+                alibi: (hq == 4).then(|| crate::scores::Alibi::geometric(4)),
+                sink: Some(sink),
+                ..ScoreMods::default()
             };
             let mut p = problem(b, sq, sk, hq, hkv, d).with_scores(mods).unwrap();
             if causal {

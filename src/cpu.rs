@@ -11,7 +11,8 @@
 //!    accumulator rescaled by `e^(m - m')`;
 //! 3. `O += P V` with the `gemm` crate;
 //!
-//! and at the end writes `o = O / l` (through `o_strides`) and `lse = m + ln l`. Memory beyond
+//! and at the end writes `o = O / l` (through `o_strides`) and `lse = m + ln l` (a learnable
+//! sink first adds `e^(sink - m')` to `l`, re-based on `m' = max(m, sink)`). Memory beyond
 //! the inputs and outputs is one workspace of `O(BR*BC + (BR + 2 BC) * head_dim)` floats per
 //! rayon task, never `O(seqlen_q * seqlen_k)`. Key tiles that a causal mask hides from every
 //! row of the block are skipped; tiles that every row sees in full need no mask at all.
@@ -22,7 +23,7 @@
 //! affects only the query rows that see that key (masked keys never leak: when a V tile
 //! holds a non-finite value and part of it is masked, `P V` for that tile is done row by
 //! row over the visible keys only). Other rows are untouched and nothing panics.
-//! Rows that see no key get `o = 0`, `lse = -inf`.
+//! Rows that see no key get `o = 0`, `lse = -inf` (with a sink, `lse = sink_h`).
 
 use crate::dtype::Element;
 use crate::error::Result;
@@ -42,7 +43,8 @@ pub const BC: usize = 128;
 ///
 /// `q`, `k`, `v` are read and `o` is written through the problem's strides (`o` elements
 /// that no `(b, s, h, d)` addresses are left untouched); `lse` is dense
-/// `[batch, heads_q, seqlen_q]`, natural log, `-inf` for rows that see no key.
+/// `[batch, heads_q, seqlen_q]`, natural log, `-inf` for rows that see no key (the sink's
+/// logit with a learnable sink).
 ///
 /// # Errors
 /// Any error of [`AttnProblem::validate`] and [`AttnProblem::check_lengths`]; nothing is
@@ -341,6 +343,7 @@ impl Workspace {
     ) {
         let sh = p.shape;
         let d = self.d;
+        let sink = p.scores.sink.as_ref().map(|s| s[h]);
         for r in 0..br {
             let i = i0 + r;
             let dst = p.o_strides.offset(b, i, h);
@@ -351,15 +354,35 @@ impl Workspace {
                 let o = std::slice::from_raw_parts_mut(out.o.add(dst), d);
                 if self.lo[r] >= self.vis[r] {
                     o.fill(T::from_f32(0.0));
-                    *out.lse.add(lse_at) = f32::NEG_INFINITY;
+                    *out.lse.add(lse_at) = sink.unwrap_or(f32::NEG_INFINITY);
                 } else {
-                    let inv = 1.0 / self.l[r];
+                    let (m, l, alpha) = fold_sink(self.m[r], self.l[r], sink);
+                    let inv = alpha / l;
                     o.iter_mut()
                         .zip(acc)
                         .for_each(|(x, a)| *x = T::from_f32(a * inv));
-                    *out.lse.add(lse_at) = self.m[r] + self.l[r].ln();
+                    *out.lse.add(lse_at) = m + l.ln();
                 }
             }
+        }
+    }
+}
+
+/// A row's final max `m` and sum `l` (relative to `m`) with a learnable sink's term added:
+/// `(m', l', alpha)` with `m' = max(m, sink)`, `l' = l e^(m - m') + e^(sink - m')` and `alpha =
+/// e^(m - m')`, the factor of the row's accumulator; without a sink `(m, l, 1)`. A NaN `m`
+/// stays NaN in `l'` (`f32::max` would drop it from `m'`).
+pub(crate) fn fold_sink(m: f32, l: f32, sink: Option<f32>) -> (f32, f32, f32) {
+    match sink {
+        None => (m, l, 1.0),
+        Some(s) => {
+            let top = m.max(s);
+            let alpha = if m == f32::NEG_INFINITY {
+                0.0
+            } else {
+                (m - top).exp()
+            };
+            (top, l * alpha + (s - top).exp(), alpha)
         }
     }
 }

@@ -8,6 +8,10 @@
 //! order, so the result is the same bytes run to run and for any thread count. The visible
 //! keys, soft-capping and ALiBi follow [`AttnProblem::key_range`] and [`crate::scores`], the
 //! forward's rules (a softcap multiplies `ds` by `1 - tanh^2`).
+//!
+//! A learnable sink needs nothing here beyond the forward's `lse` (which includes it: the keys'
+//! `p_ij = exp(s_ij - lse_i)` and `D_i` are then exactly the sink-aware ones,
+//! [`crate::reference_grad`] derives it); its own gradient is [`sink_grad`].
 
 use crate::dtype::Element;
 use crate::error::{AttnError, Result};
@@ -158,5 +162,69 @@ pub fn backward<T: Element>(
             }
         }
     }
+    Ok(())
+}
+
+/// The gradient of a learnable sink ([`crate::scores::ScoreMods::sink`]), from the forward's
+/// `o` and `lse` and the output gradient `d_o`: `d_sink[h] = -sum_{b, i} exp(sink_h -
+/// lse_bhi) D_bhi` with `D_bhi = do_bhi . o_bhi` ([`crate::reference_grad`] derives it). `o` and
+/// `d_o` are read through `o_strides`, `lse` is dense `[batch, heads_q, seqlen_q]` (the forward's,
+/// which includes the sink). `D` in f32 per row, the sum over rows in f64, in row order: the
+/// same bytes run to run. `d_sink` is written (`heads_q` values), not added to.
+///
+/// # Errors
+/// [`AttnError::InvalidInput`] when the problem has no sink; the errors of
+/// [`AttnProblem::validate`] and [`AttnProblem::check_lengths`] (`do` named as such);
+/// [`AttnError::BufferTooShort`] for `d_sink` shorter than `heads_q`. Nothing is written when
+/// one is returned.
+pub fn sink_grad<T: Element>(
+    p: &AttnProblem,
+    o: &[T],
+    lse: &[f32],
+    d_o: &[T],
+    d_sink: &mut [f32],
+) -> Result<()> {
+    p.validate()?;
+    let Some(sink) = p.scores.sink.as_ref() else {
+        return Err(AttnError::InvalidInput {
+            what: "sink_grad: the problem has no learnable sink".into(),
+        });
+    };
+    let s = p.shape;
+    // q, k, v are not read: their lengths are not checked.
+    check_buffers(
+        p,
+        [
+            usize::MAX,
+            usize::MAX,
+            usize::MAX,
+            o.len(),
+            lse.len(),
+            d_o.len(),
+        ],
+        [usize::MAX; 3],
+    )?;
+    crate::error::check_len("d_sink", d_sink.len(), s.heads_q)?;
+    let d = s.head_dim;
+    let grads: Vec<f32> = (0..s.heads_q)
+        .into_par_iter()
+        .map(|h| {
+            let mut acc = 0.0f64;
+            for b in 0..s.batch {
+                for i in 0..s.seqlen_q {
+                    let at = p.o_strides.offset(b, i, h);
+                    let di: f32 = o[at..at + d]
+                        .iter()
+                        .zip(&d_o[at..at + d])
+                        .map(|(x, y)| x.to_f32() * y.to_f32())
+                        .sum();
+                    let l = lse[(b * s.heads_q + h) * s.seqlen_q + i];
+                    acc -= f64::from((sink[h] - l).exp() * di);
+                }
+            }
+            acc as f32
+        })
+        .collect();
+    d_sink[..s.heads_q].copy_from_slice(&grads);
     Ok(())
 }

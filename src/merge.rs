@@ -5,6 +5,7 @@
 //! `lse_s = ln l_s` (with `l_s = sum_{j in K_s} exp(score_j)`), then over all keys
 //! `lse = ln sum_s exp(lse_s)` and `o = sum_s exp(lse_s - lse) o_s`. A part that saw no key
 //! (`lse_s = -inf`) contributes nothing; when no part saw a key, `o = 0` and `lse = -inf`.
+//! A learnable sink ([`crate::scores`]) merges as one more part: `lse_s = sink_h`, `o_s = 0`.
 
 /// Merges the partial results of one query row: `parts` yields each part's `o` (`out.len()`
 /// values) and `lse`; writes the merged `o` into `out` and returns the merged `lse`. In f32,

@@ -8,7 +8,8 @@
 //! Semantics shared with every backend:
 //! - the keys each row sees: [`AttnProblem::key_range`] (bottom-right causal and the sliding
 //!   window); scores soft-capped and ALiBi-biased as [`crate::scores`] defines;
-//! - a row that sees no key outputs `o = 0` and `lse = -inf`, never NaN;
+//! - a row that sees no key outputs `o = 0` and `lse = -inf`, never NaN (with a learnable
+//!   sink, `lse = sink_h`: the sink joins every row's denominator, [`crate::scores`]);
 //! - GQA: query head `h` reads kv head `h / (heads_q / heads_kv)`;
 //! - NaN/Inf in the inputs propagate (IEEE arithmetic) into the rows that read them only.
 
@@ -25,8 +26,8 @@ pub type ExactRow = (Vec<f64>, f64, RowPrecision);
 pub struct Reference {
     /// Output, dense `[batch, seqlen_q, heads_q, head_dim]` (whatever `o_strides` say).
     pub o: Vec<f64>,
-    /// Natural-log logsumexp of the scaled scores, dense `[batch, heads_q, seqlen_q]`;
-    /// `-inf` for rows that see no key.
+    /// Natural-log logsumexp of the scaled scores (and the sink, if any), dense `[batch,
+    /// heads_q, seqlen_q]`; `-inf` for rows that see no key (the sink's logit with a sink).
     pub lse: Vec<f64>,
     /// What limits the precision of each row in f32, dense `[batch, heads_q, seqlen_q]`.
     pub precision: Vec<RowPrecision>,
@@ -38,8 +39,9 @@ pub struct Reference {
 /// ([`crate::compare::Tolerance`] turns these into per-row allowances).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct RowPrecision {
-    /// `max_j (sum_c |q_c k_jc| * scale + |alibi bias_j|)` over the keys the row sees (0 when
-    /// it sees none); non-finite products are skipped (NaN rows are judged by position).
+    /// `max_j (sum_c |q_c k_jc| * scale + |alibi bias_j|)` over the keys the row sees, and the
+    /// sink's `|sink_h|` (0 when it sees none); non-finite products are skipped (NaN rows are
+    /// judged by position).
     pub logits: f64,
     /// `max |v_jc|` over the keys the row sees (finite values; 0 when it sees none).
     pub v_max: f64,
@@ -49,8 +51,9 @@ pub struct RowPrecision {
     /// arithmetic can produce is (up to negligible weights) a convex combination of their v
     /// rows, so it lies within this of the exact `o` in every channel: the cap on the
     /// row's allowance where the logits are so large that the per-score bound says nothing
-    /// ([`crate::compare::allowances`]). +inf when the row's scores are not all finite; 0 for
-    /// a row that sees no key, or a row whose precision was not measured (no allowance).
+    /// ([`crate::compare::allowances`]). A sink among the candidates counts as a v row of zeros.
+    /// +inf when the row's scores are not all finite; 0 for a row that sees no key, or a row
+    /// whose precision was not measured (no allowance).
     pub candidate_spread: f64,
 }
 
@@ -79,7 +82,8 @@ pub fn candidate_margin(score_error: f64, keys: usize) -> f64 {
 /// Exact attention in f64 on `q`, `k`, `v` laid out by `p`'s strides.
 ///
 /// `s = (q . k) * softmax_scale` in f64 (the f32 scale widened exactly), then a stable
-/// softmax (row max subtracted) and `o = sum p_j v_j / sum p_j`, `lse = max + ln(sum)`.
+/// softmax (row max subtracted) and `o = sum p_j v_j / sum p_j`, `lse = max + ln(sum)`; a
+/// sink's `exp(sink_h - max)` joins `sum` ([`crate::scores`]).
 ///
 /// # Errors
 /// Any error of [`AttnProblem::validate`], and [`crate::AttnError::BufferTooShort`] when
@@ -215,6 +219,8 @@ pub(crate) struct RowRule<'a> {
     pub keys: std::ops::Range<usize>,
     scale: f64,
     slope: f64,
+    /// The learnable sink's logit of the row's head (`None` without a sink).
+    pub sink: Option<f64>,
     i: usize,
     sq: usize,
     sk: usize,
@@ -233,6 +239,7 @@ impl<'a> RowRule<'a> {
                 .alibi
                 .as_ref()
                 .map_or(0.0, |a| f64::from(a.slope(b, h, s.heads_q))),
+            sink: p.scores.sink_of(h),
             i,
             sq: s.seqlen_q,
             sk: s.seqlen_k,
@@ -255,10 +262,34 @@ impl<'a> RowRule<'a> {
     pub fn score_grad(&self, scaled: f64) -> f64 {
         self.mods.score_grad(scaled)
     }
+
+    /// The row's `lse` from the largest of its key scores `m` and `sum = sum_j exp(s_j - m)`,
+    /// with the sink's term added: `(max, sum)` re-based on `max(m, sink)`, and the factor
+    /// `exp(m - max)` that re-bases `o`'s numerator. Without a sink, `(m, sum, 1)`.
+    pub fn with_sink(&self, m: f64, sum: f64) -> (f64, f64, f64) {
+        match self.sink {
+            None => (m, sum, 1.0),
+            Some(sink) => {
+                // f64::max skips a NaN m; a NaN sum still propagates.
+                let top = m.max(sink);
+                let alpha = if m == f64::NEG_INFINITY {
+                    0.0
+                } else {
+                    (m - top).exp()
+                };
+                (top, sum * alpha + (sink - top).exp(), alpha)
+            }
+        }
+    }
+
+    /// The `lse` of a row that sees no key: the sink's logit, or `-inf` without one.
+    pub fn empty_lse(&self) -> f64 {
+        self.sink.unwrap_or(f64::NEG_INFINITY)
+    }
 }
 
 /// One query row against the keys its rule lets it see: writes `out` (`o`, zero when it sees
-/// none) and returns `lse` (`-inf` when it sees none) with the row's precision.
+/// none) and returns `lse` ([`RowRule::empty_lse`] when it sees none) with the row's precision.
 fn row(
     rule: &RowRule,
     qrow: &[f64],
@@ -270,7 +301,7 @@ fn row(
     let d = qrow.len();
     let keys = rule.keys.clone();
     if keys.is_empty() {
-        return (f64::NEG_INFINITY, RowPrecision::default()); // o stays 0
+        return (rule.empty_lse(), RowPrecision::default()); // o stays 0
     }
     scores.clear();
     scores.extend(keys.clone().map(|j| {
@@ -293,12 +324,12 @@ fn row(
             // Plus the ALiBi bias (score of 0): a kernel rounds their sum in f32.
             rule.scaled(a) + rule.score(0.0, j).abs()
         })
-        .fold(0.0, finite_max);
+        .fold(rule.sink.map_or(0.0, f64::abs), finite_max);
     let v_rows = &vf[keys.start * d..keys.end * d];
     let precision = RowPrecision {
         logits,
         v_max: v_rows.iter().map(|x| x.abs()).fold(0.0, finite_max),
-        candidate_spread: candidate_spread(scores, m, v_rows, d, logits),
+        candidate_spread: candidate_spread(scores, m, rule.sink, v_rows, d, logits),
     };
     let mut sum = 0.0f64;
     for sc in scores.iter_mut() {
@@ -308,19 +339,33 @@ fn row(
     for (&pj, vr) in scores.iter().zip(v_rows.chunks_exact(d)) {
         out.iter_mut().zip(vr).for_each(|(acc, x)| *acc += pj * x);
     }
-    out.iter_mut().for_each(|x| *x /= sum);
-    (m + sum.ln(), precision)
+    let (top, sum, alpha) = rule.with_sink(m, sum);
+    out.iter_mut().for_each(|x| *x = *x * alpha / sum);
+    (top + sum.ln(), precision)
 }
 
 /// [`RowPrecision::candidate_spread`] of a row: its `scores` (max `m`) against the keys' `v`
-/// rows (`d` values each), for the row's `logits` size.
-fn candidate_spread(scores: &[f64], m: f64, v: &[f64], d: usize, logits: f64) -> f64 {
+/// rows (`d` values each), for the row's `logits` size; a `sink` within the margin is a
+/// candidate whose v row is all zeros.
+fn candidate_spread(
+    scores: &[f64],
+    m: f64,
+    sink: Option<f64>,
+    v: &[f64],
+    d: usize,
+    logits: f64,
+) -> f64 {
     if !m.is_finite() || !scores.iter().all(|x| x.is_finite()) {
         return f64::INFINITY;
     }
-    let floor = m - candidate_margin(score_error(logits), scores.len());
-    let mut lo = vec![f64::INFINITY; d];
-    let mut hi = vec![f64::NEG_INFINITY; d];
+    let m = sink.map_or(m, |s| m.max(s));
+    let floor = m - candidate_margin(
+        score_error(logits),
+        scores.len() + usize::from(sink.is_some()),
+    );
+    let zero_in = sink.is_some_and(|s| s >= floor);
+    let mut lo = vec![if zero_in { 0.0 } else { f64::INFINITY }; d];
+    let mut hi = vec![if zero_in { 0.0 } else { f64::NEG_INFINITY }; d];
     for (&sc, vr) in scores.iter().zip(v.chunks_exact(d)) {
         if sc >= floor {
             for ((l, h), &x) in lo.iter_mut().zip(hi.iter_mut()).zip(vr) {

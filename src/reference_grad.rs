@@ -10,6 +10,15 @@
 //! - `ds_ij = p_ij (dp_ij - D_i) f'(x_ij)` (`f' = 1 - tanh^2(x / c)` with a softcap, else 1),
 //! - `dq_i = scale * sum_j ds_ij k_j`, `dk_j = scale * sum_i ds_ij q_i`.
 //!
+//! With a learnable sink ([`crate::scores`]) `lse_i` includes `exp(sink_h)`, so the sink's
+//! probability is `p_i,sink = exp(sink_h - lse_i)` and the keys' `p_ij` sum to `1 - p_i,sink`.
+//! The formulas above still hold: `ds_ij = p_ij (dp_ij - sum_k p_ik dp_ik)` differentiates the
+//! softmax over keys and sink alike (the sink has no value row, so `dp_i,sink = 0`), and
+//! `sum_k p_ik dp_ik = do_i . o_i = D_i` with the sink-normalised `o_i`. The sink's own
+//! gradient is `dsink_h = sum_{b, i} p_i,sink (dp_i,sink - D_i) = -sum_{b, i} exp(sink_h -
+//! lse_i) D_i` over every batch entry and row of head `h` (a row that sees no key has `o = 0`,
+//! so `D_i = 0`: it adds nothing).
+//!
 //! GQA/MQA: `dk` and `dv` of a kv head sum over the query heads that read it. A row that sees
 //! no key has `o = 0` whatever the inputs, so it contributes nothing. The gradients of the
 //! oracle are themselves checked against central finite differences of [`forward_f64`]
@@ -31,6 +40,9 @@ pub struct Gradients {
     pub dk: Vec<f64>,
     /// Gradient of v (summed over the query heads of each kv head).
     pub dv: Vec<f64>,
+    /// Gradient of the learnable sink, `[heads_q]` (summed over batch and rows); `None` without
+    /// a sink.
+    pub d_sink: Option<Vec<f64>>,
 }
 
 /// Exact gradients of attention on `q`, `k`, `v` laid out by `p`'s strides, for the output
@@ -71,7 +83,8 @@ pub fn backward<T: Element>(
 }
 
 /// One (batch, query head, row) of the dense forward: `(j, p_j, x_j)` over the keys its rule
-/// lets it see (`x_j` the scaled dot product), and `lse` (`-inf` when it sees none).
+/// lets it see (`x_j` the scaled dot product), and `lse` (with the sink's term;
+/// [`RowRule::empty_lse`] when it sees none).
 fn probabilities(
     rule: &RowRule,
     qi: &[f64],
@@ -80,7 +93,7 @@ fn probabilities(
 ) -> (Vec<(usize, f64, f64)>, f64) {
     let d = qi.len();
     if rule.keys.is_empty() {
-        return (Vec::new(), f64::NEG_INFINITY);
+        return (Vec::new(), rule.empty_lse());
     }
     let x: Vec<(usize, f64)> = rule
         .keys
@@ -90,7 +103,8 @@ fn probabilities(
     let s: Vec<f64> = x.iter().map(|&(j, xj)| rule.score(xj, j)).collect();
     let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let sum: f64 = s.iter().map(|v| (v - m).exp()).sum();
-    let lse = m + sum.ln();
+    let (top, sum, _) = rule.with_sink(m, sum);
+    let lse = top + sum.ln();
     let pr = x
         .iter()
         .zip(&s)
@@ -145,8 +159,10 @@ pub fn backward_f64(p: &AttnProblem, q: &[f64], k: &[f64], v: &[f64], d_o: &[f64
     let (d, sq, sk, hq, hkv) = (s.head_dim, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv);
     let group = s.group_size();
     let scale = f64::from(p.softmax_scale);
-    // One task per (batch, kv head): its dk and dv rows, and dq of its query heads.
-    let parts: Vec<(Vec<f64>, Vec<f64>, Vec<f64>)> = (0..s.batch * hkv)
+    // One task per (batch, kv head): its dk and dv rows, dq of its query heads, and their
+    // sink gradients.
+    type Part = (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>);
+    let parts: Vec<Part> = (0..s.batch * hkv)
         .into_par_iter()
         .map(|bk| {
             let (b, kvh) = (bk / hkv, bk % hkv);
@@ -156,13 +172,14 @@ pub fn backward_f64(p: &AttnProblem, q: &[f64], k: &[f64], v: &[f64], d_o: &[f64
             let mut dk = vec![0.0; sk * d];
             let mut dv = vec![0.0; sk * d];
             let mut dq = vec![0.0; group * sq * d];
+            let mut dsink = vec![0.0; group];
             for g in 0..group {
                 let h = kvh * group + g;
                 for i in 0..sq {
                     let at = ((b * sq + i) * hq + h) * d;
                     let (qi, doi) = (&q[at..at + d], &d_o[at..at + d]);
                     let rule = RowRule::new(p, b, h, i);
-                    let (pr, _) = probabilities(&rule, qi, kh, hkv * d);
+                    let (pr, lse) = probabilities(&rule, qi, kh, hkv * d);
                     // o_i, then D_i = do_i . o_i.
                     let mut oi = vec![0.0; d];
                     for &(j, pj, _) in &pr {
@@ -171,6 +188,9 @@ pub fn backward_f64(p: &AttnProblem, q: &[f64], k: &[f64], v: &[f64], d_o: &[f64
                             .for_each(|(a, x)| *a += pj * x);
                     }
                     let di = dot(doi, &oi);
+                    if let Some(sink) = rule.sink {
+                        dsink[g] -= (sink - lse).exp() * di;
+                    }
                     let dqi = &mut dq[(g * sq + i) * d..(g * sq + i + 1) * d];
                     for &(j, pj, xj) in &pr {
                         let (kj, vj) = (&kh[row(j)..row(j) + d], &vh[row(j)..row(j) + d]);
@@ -183,16 +203,22 @@ pub fn backward_f64(p: &AttnProblem, q: &[f64], k: &[f64], v: &[f64], d_o: &[f64
                     }
                 }
             }
-            (dq, dk, dv)
+            (dq, dk, dv, dsink)
         })
         .collect();
     let mut out = Gradients {
         dq: vec![0.0; s.batch * sq * hq * d],
         dk: vec![0.0; s.batch * sk * hkv * d],
         dv: vec![0.0; s.batch * sk * hkv * d],
+        d_sink: p.scores.sink.as_ref().map(|_| vec![0.0; hq]),
     };
-    for (bk, (dq, dk, dv)) in parts.into_iter().enumerate() {
+    for (bk, (dq, dk, dv, dsink)) in parts.into_iter().enumerate() {
         let (b, kvh) = (bk / hkv, bk % hkv);
+        if let Some(ds) = out.d_sink.as_mut() {
+            for (g, x) in dsink.iter().enumerate() {
+                ds[kvh * group + g] += x;
+            }
+        }
         for j in 0..sk {
             let at = ((b * sk + j) * hkv + kvh) * d;
             out.dk[at..at + d].copy_from_slice(&dk[j * d..(j + 1) * d]);

@@ -10,6 +10,11 @@
 //! - **softcap** `c > 0`: the scaled score `s = q.k * softmax_scale` becomes `c * tanh(s / c)`.
 //! - **ALiBi**: `-slope * |i + diag - j|` is added after soft-capping; slopes per query head,
 //!   or per (batch, query head).
+//! - **learnable sink** (gpt-oss; FlashAttention's `learnable_sink`, vLLM's `s_aux`): one logit
+//!   `sink_h` per query head joins every row's softmax denominator, with no value row:
+//!   `o_i = sum_j exp(s_ij - m) v_j / (sum_j exp(s_ij - m) + exp(sink_h - m))` and
+//!   `lse_i = ln(sum_j exp(s_ij) + exp(sink_h))`. A row that sees no key then gives `o = 0` and
+//!   `lse = sink_h` (not `-inf`). Its gradient: [`crate::cpu_backward::sink_grad`].
 
 use crate::error::{AttnError, Result};
 use crate::mask::Mask;
@@ -107,19 +112,34 @@ pub struct ScoreMods {
     pub softcap: Option<f32>,
     /// ALiBi slopes (`None`: off).
     pub alibi: Option<Alibi>,
+    /// Learnable attention sink: one logit per query head (`[heads_q]`, f32, natural-log units
+    /// of the scaled score; `None`: off). See the module docs.
+    pub sink: Option<Vec<f32>>,
 }
 
 impl ScoreMods {
     /// `true` when nothing is modified (a plain, possibly causal, attention).
     pub fn is_plain(&self) -> bool {
+        self.scores_unmodified() && self.sink.is_none()
+    }
+
+    /// `true` when no (query, key) score is modified or hidden beyond the mask: no window,
+    /// softcap or ALiBi. A sink may be set: it changes only each row's denominator (the
+    /// kernels' epilogue), so the tile choices of plain problems hold.
+    pub fn scores_unmodified(&self) -> bool {
         self.window.is_unbounded() && self.softcap.is_none() && self.alibi.is_none()
+    }
+
+    /// The sink logit of query head `h` in f64 (`None` without a sink).
+    pub fn sink_of(&self, h: usize) -> Option<f64> {
+        self.sink.as_ref().map(|s| f64::from(s[h]))
     }
 
     /// Checks the values against the problem's batch and heads.
     ///
     /// # Errors
     /// [`AttnError::InvalidInput`]: softcap not finite or `<= 0`; slopes not `heads_q` (or
-    /// `batch * heads_q`) long, or not finite.
+    /// `batch * heads_q`) long, or not finite; a sink not `heads_q` long, or not finite.
     pub fn validate(&self, batch: usize, heads_q: usize) -> Result<()> {
         if let Some(c) = self.softcap
             && !(c.is_finite() && c > 0.0)
@@ -150,6 +170,23 @@ impl ScoreMods {
             if let Some(x) = a.slopes.iter().find(|x| !x.is_finite()) {
                 return Err(AttnError::InvalidInput {
                     what: format!("alibi_slopes holds {x}: every slope must be finite"),
+                });
+            }
+        }
+        if let Some(sink) = &self.sink {
+            if sink.len() != heads_q {
+                return Err(AttnError::InvalidInput {
+                    what: format!(
+                        "learnable_sink has {} values; expected {heads_q} (one per query head)",
+                        sink.len()
+                    ),
+                });
+            }
+            if let Some((h, x)) = sink.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+                return Err(AttnError::InvalidInput {
+                    what: format!(
+                        "learnable_sink[{h}] = {x}: every sink logit must be finite (a sink of -inf is no sink: pass none)"
+                    ),
                 });
             }
         }
@@ -288,5 +325,18 @@ mod tests {
         assert!(al(8, true).validate(2, 4).is_ok());
         assert!(al(3, false).validate(2, 4).is_err());
         assert!(al(4, true).validate(2, 4).is_err());
+        let sink = |v: Vec<f32>| ScoreMods {
+            sink: Some(v),
+            ..ScoreMods::default()
+        };
+        assert!(sink(vec![0.5, -1.0, 3.0, 0.0]).validate(2, 4).is_ok());
+        assert!(!sink(vec![0.5; 4]).is_plain());
+        assert_eq!(sink(vec![0.5, -1.0, 3.0, 0.0]).sink_of(1), Some(-1.0));
+        let e = sink(vec![0.5; 3]).validate(2, 4).unwrap_err().to_string();
+        assert!(e.contains("3 values") && e.contains("expected 4"), "{e}");
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let e = sink(vec![0.5, bad, 0.0, 0.0]).validate(2, 4).unwrap_err();
+            assert!(e.to_string().contains("learnable_sink[1]"), "{e}");
+        }
     }
 }

@@ -565,9 +565,15 @@ fn jobs() -> Vec<Job> {
                 .with_mask(mask)
                 .with_scores(mods)
                 .unwrap();
-            let mt = MmaTile::default_for((9, 0), d).with_headroom(d, p.scores.alibi.is_some());
+            let mt = MmaTile::default_for((9, 0), d);
+            let mt = if p.scores.scores_unmodified() {
+                mt
+            } else {
+                mt.with_headroom(d, p.scores.alibi.is_some())
+            };
             let mut defines = mt.defines(DType::F16, d, causal);
             defines.extend(flashattn::cuda::score_defines(&p));
+            defines.extend(flashattn::cuda::sink_defines(&p));
             out.push(Job {
                 source: KernelSource::AttnMma,
                 arch: "sm_90",
@@ -641,6 +647,7 @@ fn jobs() -> Vec<Job> {
             });
         }
     }
+    out.extend(sink_jobs());
     out
 }
 
@@ -684,9 +691,185 @@ fn score_mod_variants() -> Vec<(&'static str, flashattn::scores::ScoreMods)> {
                 window,
                 softcap: Some(30.0),
                 alibi: Some(Alibi::geometric(2)),
+                sink: None,
+            },
+        ),
+        (
+            "window+softcap+alibi+sink",
+            ScoreMods {
+                window,
+                softcap: Some(30.0),
+                alibi: Some(Alibi::geometric(2)),
+                sink: Some(vec![0.5, -1.0]),
             },
         ),
     ]
+}
+
+/// A problem of `d` with a learnable sink (two heads), causal or not.
+fn sink_problem(d: usize, causal: bool) -> flashattn::AttnProblem {
+    let mask = if causal {
+        flashattn::Mask::Causal
+    } else {
+        flashattn::Mask::None
+    };
+    flashattn::AttnProblem::new(flashattn::AttnShape::new(1, 4096, 2, d))
+        .unwrap()
+        .with_mask(mask)
+        .with_scores(flashattn::scores::ScoreMods {
+            sink: Some(vec![0.5, -1.0]),
+            ..Default::default()
+        })
+        .unwrap()
+}
+
+/// The learnable sink's specialisations (HAS_SINK), with the tiles the launchers pick for a
+/// problem with a sink alone (the plain problem's: the sink is epilogue work): attn_mma on
+/// every arch, attn_wgmma's default tiles, the packed (varlen) attn_mma, attn_decode and
+/// attn_combine, and the gradient's sink_grad.
+fn sink_jobs() -> Vec<Job> {
+    let mut out = Vec::new();
+    for &arch in CI_ARCHS.iter() {
+        let cc = parse_cc(arch);
+        for (d, dtype) in [
+            (40, DType::F16),
+            (64, DType::F16),
+            (64, DType::BF16),
+            (128, DType::BF16),
+            (256, DType::F16),
+        ] {
+            for causal in [false, true] {
+                let p = sink_problem(d, causal);
+                let mt = MmaTile::default_for(cc, d);
+                let mut defines = mt.defines(dtype, d, causal);
+                defines.extend(flashattn::cuda::sink_defines(&p));
+                out.push(Job {
+                    source: KernelSource::AttnMma,
+                    arch,
+                    d,
+                    dtype,
+                    causal,
+                    defines,
+                    functions: &["attn_mma"],
+                    smem: mt.smem_bytes(d),
+                    tile: format!("{mt} sink"),
+                    roles: None,
+                });
+            }
+        }
+        // A packed batch with a sink, with the varlen launcher's tile.
+        for d in [64, 128] {
+            let mt = MmaTile::default_for(cc, d).with_headroom(d, false);
+            let mut defines = mt.defines(DType::BF16, d, true);
+            defines.push(("IS_VARLEN".into(), "1".into()));
+            defines.push(("HAS_SINK".into(), "1".into()));
+            out.push(Job {
+                source: KernelSource::AttnMma,
+                arch,
+                d,
+                dtype: DType::BF16,
+                causal: true,
+                defines,
+                functions: &["attn_mma"],
+                smem: mt.smem_bytes(d),
+                tile: format!("{mt} varlen sink"),
+                roles: None,
+            });
+        }
+        // Decoding: the launcher's tile, bf16 causal paged with the sink (and every modifier
+        // where the arch compiles them: sm_80, sm_90, and there every KV-cache feature too:
+        // the most registers a sink's decode asks for), and the combine with it.
+        let limit = smem_limit(arch);
+        for d in [64, 128, 256] {
+            let tile = DecodeTile::for_head_dim(d, limit).with_bulk_where_it_fits(
+                cc,
+                d,
+                CacheRows::Contiguous { seqlen_cache: 1 },
+                limit,
+            );
+            if tile.smem_bytes(d) > limit {
+                continue;
+            }
+            let mut defines = tile.defines(DType::BF16, d, true, true);
+            defines.push(("HAS_SINK".into(), "1".into()));
+            let all = matches!(cc, (8, 0) | (9, 0));
+            if all {
+                for m in [
+                    "IS_LOCAL",
+                    "HAS_SOFTCAP",
+                    "HAS_ALIBI",
+                    "ROTARY",
+                    "ROTARY_INTERLEAVED",
+                    "HAS_BATCH_IDX",
+                    "HAS_LEFTPAD",
+                ] {
+                    defines.push((m.into(), "1".into()));
+                }
+            }
+            out.push(Job {
+                source: KernelSource::AttnDecode,
+                arch,
+                d,
+                dtype: DType::BF16,
+                causal: true,
+                defines,
+                functions: &["attn_decode"],
+                smem: tile.smem_bytes(d),
+                tile: format!(
+                    "decode {} stages{} paged sink{}",
+                    tile.stages,
+                    if tile.bulk { " copy-engine" } else { "" },
+                    if all {
+                        " mods+rotary+batch_idx+leftpad"
+                    } else {
+                        ""
+                    }
+                ),
+                roles: None,
+            });
+        }
+        out.push(Job {
+            source: KernelSource::AttnCombine,
+            arch,
+            d: 128,
+            dtype: DType::F16,
+            causal: false,
+            defines: vec![
+                ("HEAD_DIM".into(), "128".into()),
+                ("IS_BF16".into(), "0".into()),
+                ("HAS_SINK".into(), "1".into()),
+            ],
+            functions: &["attn_combine"],
+            smem: 0,
+            tile: "combine sink".into(),
+            roles: None,
+        });
+        out.push(Job {
+            source: KernelSource::SinkGrad,
+            arch,
+            d: 0,
+            dtype: DType::F16,
+            causal: false,
+            defines: Vec::new(),
+            functions: &["sink_grad"],
+            smem: 0,
+            tile: "sink grad".into(),
+            roles: None,
+        });
+    }
+    for d in [64, 96, 128, 192, 256] {
+        for dtype in DTYPES {
+            for causal in [false, true] {
+                let p = sink_problem(d, causal);
+                let t = flashattn::cuda::wgmma::tile_for(&p, dtype)
+                    .unwrap()
+                    .unwrap();
+                let defines = t.problem_defines(dtype, &p);
+                out.push(wgmma_job(&t, d, dtype, causal, defines, "sink"));
+            }
+        }
+    }
+    out
 }
 
 /// What one compile gave: per-function stats, or the error.
@@ -711,12 +894,15 @@ fn every_kernel_compiles_for_every_arch_without_spills() {
         println!("skipped: NVRTC not found");
         return;
     }
-    // FLASHATTN_COMPILE_ONLY=attn_bwd_wgmma (a substring of the source's name) compiles a
-    // part only: a kernel's edit-compile loop, not CI's.
+    // FLASHATTN_COMPILE_ONLY=attn_bwd_wgmma (a substring of the source's name, or of the
+    // tile's description: `sink`) compiles a part only: a kernel's edit-compile loop, not CI's.
     let only = std::env::var("FLASHATTN_COMPILE_ONLY").ok();
     let jobs: Vec<Job> = jobs()
         .into_iter()
-        .filter(|j| only.as_deref().is_none_or(|o| j.source.name().contains(o)))
+        .filter(|j| {
+            only.as_deref()
+                .is_none_or(|o| j.source.name().contains(o) || j.tile.contains(o))
+        })
         .collect();
     // The sources are expanded once; each job compiles its own program.
     let texts: Vec<(KernelSource, String)> = [
@@ -733,6 +919,7 @@ fn every_kernel_compiles_for_every_arch_without_spills() {
         KernelSource::ReadPass,
         KernelSource::AttnBwd,
         KernelSource::AttnBwdWgmma,
+        KernelSource::SinkGrad,
     ]
     .into_iter()
     .map(|s| (s, s.text()))

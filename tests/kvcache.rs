@@ -234,8 +234,16 @@ fn modifiers_with_a_cache() {
             slopes: (0..8).map(|i| 0.5f32.powi(i + 1)).collect(),
             per_batch: true,
         }),
+        sink: None,
     };
     check_call::<f16>(&c, Mask::Causal, &mods, "window+softcap+alibi");
+    // A learnable sink joins the splits' merge as one more part (o = 0, lse = sink_h).
+    let with_sink = ScoreMods {
+        sink: Some(vec![1.0, -2.0, 0.5, 6.0]),
+        ..mods
+    };
+    check_call::<f16>(&c, Mask::Causal, &with_sink, "window+softcap+alibi+sink");
+    check_call::<bf16>(&c, Mask::None, &with_sink, "window+softcap+alibi+sink");
 }
 
 #[test]

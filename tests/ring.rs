@@ -1,5 +1,5 @@
 //! Ring attention simulated on the CPU (issue 17): 2, 3 and 4 ranks, causal and not, GQA and
-//! MQA, lengths that do not divide evenly, with a window, softcap and ALiBi too, against the
+//! MQA, lengths that do not divide evenly, with a window, softcap, ALiBi and a sink too, against the
 //! single-device CPU backend and the f64 oracle; the zigzag sharding balances causal work.
 
 use flashattn::compare::{Tolerance, diff_reference, random_seed, random_vec};
@@ -85,6 +85,7 @@ fn rings_with_score_modifiers() {
         window: Window::from_fa(20, 0).unwrap(),
         softcap: Some(30.0),
         alibi: Some(Alibi::geometric(4)),
+        sink: None,
     };
     for ranks in [2, 3] {
         let p = problem(1, 77, 4, 2, 16, Mask::Causal)
@@ -98,6 +99,14 @@ fn rings_with_score_modifiers() {
             })
             .unwrap();
         check::<bf16>(&p, ranks, "window (10, 10)");
+        // A learnable sink is merged once, after every shard (rows that see few keys lean on it).
+        let p = problem(1, 77, 4, 2, 16, Mask::Causal)
+            .with_scores(ScoreMods {
+                sink: Some(vec![0.5, -3.0, 2.0, 5.0]),
+                ..mods.clone()
+            })
+            .unwrap();
+        check::<f16>(&p, ranks, "window+softcap+alibi+sink");
     }
 }
 

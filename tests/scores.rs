@@ -20,6 +20,7 @@ fn mods(left: i64, right: i64, softcap: Option<f32>, alibi: Option<Alibi>) -> Sc
         window: Window::from_fa(left, right).unwrap(),
         softcap,
         alibi,
+        sink: None,
     }
 }
 

@@ -94,6 +94,7 @@ fn ragged_batches_match_the_oracle() {
                         slopes,
                         per_batch: true,
                     }),
+                    sink: None,
                 })
                 .unwrap();
             run::<f16>(&modded, &format!("{label} window+softcap+alibi"));
@@ -173,6 +174,7 @@ fn each_sequence_is_its_own_problem() {
         window: Window::from_fa(2, -1).unwrap(),
         softcap: None,
         alibi: Some(Alibi { slopes, per_batch }),
+        sink: None,
     };
     let p = VarlenProblem::new(cu(&lq), cu(&lk), hq, hq, d)
         .unwrap()

@@ -1,8 +1,8 @@
 //! The backward of packed variable-length batches (issue 38) on the CPU: ragged batches
 //! (lengths 0, 1, 17, 128 and 300 in one batch, seqlen_q != seqlen_k per sequence, sequences
 //! without queries or without keys, GQA, causal and not, a window, softcap and per-sequence
-//! ALiBi) against the exact f64 gradients per sequence; equal lengths packed give the dense
-//! batch's bytes; bad calls get typed errors.
+//! ALiBi, a learnable sink and its gradient) against the exact f64 gradients per sequence;
+//! equal lengths packed give the dense batch's bytes; bad calls get typed errors.
 
 use flashattn::compare::{Tolerance, diff, random_seed, random_vec, widen};
 use flashattn::cuda::backward::BackwardOptions;
@@ -69,6 +69,17 @@ fn check<T: Element>(p: &VarlenProblem, label: &str) {
             T::DTYPE
         );
     }
+    // A learnable sink's gradient: exactly when the problem has a sink, within the same bound.
+    assert_eq!(g.d_sink.is_some(), p.scores.sink.is_some(), "{label}");
+    assert_eq!(exact.d_sink.is_some(), p.scores.sink.is_some(), "{label}");
+    if let (Some(got), Some(want)) = (&g.d_sink, &exact.d_sink) {
+        let d = diff(widen(got), want);
+        assert!(
+            d.is_clean() && d.rel_l2 <= tol,
+            "{label} {} d_sink seed={seed}: {d} (bound {tol:e})",
+            T::DTYPE
+        );
+    }
     // Exact zeros where the gradient is zero by definition: rows of sequences without keys
     // (dq) and keys of sequences without queries (dk, dv).
     let lens = |cu: &[i32]| cu.windows(2).map(|w| w[1] - w[0]).collect::<Vec<_>>();
@@ -127,10 +138,62 @@ fn score_modifiers_per_sequence() {
                 slopes: (0..16).map(|i| 0.05 * (i + 1) as f32).collect(),
                 per_batch: true,
             }),
+            sink: None,
         })
         .unwrap();
     check::<f16>(&p, "window softcap alibi per sequence");
     check::<bf16>(&p, "window softcap alibi per sequence");
+}
+
+/// A learnable sink: dq, dk, dv through the sink-aware lse, and d_sink summed over every
+/// packed row, against the exact gradients (sequences without keys or queries, causal rows
+/// that see no key: their lse is the sink and they add nothing); with the modifiers too.
+#[test]
+fn a_learnable_sink_and_its_gradient() {
+    let sink = |hq: usize| ScoreMods {
+        sink: Some((0..hq).map(|h| 0.7 * h as f32 - 1.0).collect()),
+        ..ScoreMods::default()
+    };
+    let (lq, lk) = (vec![300, 128, 17, 1, 3], vec![0, 200, 17, 300, 0]);
+    for (hq, hkv, d) in [(4, 2, 64), (4, 1, 36)] {
+        for mask in [Mask::None, Mask::Causal] {
+            let p = batch(&lq, &lk, hq, hkv, d)
+                .with_mask(mask)
+                .with_scores(sink(hq))
+                .unwrap();
+            let label = format!("sink q{lq:?} k{lk:?} hq={hq} hkv={hkv} d={d} {mask:?}");
+            check::<f16>(&p, &label);
+            check::<bf16>(&p, &label);
+        }
+    }
+    let p = batch(&[65, 0, 130, 1], &[130, 7, 65, 40], 4, 2, 32)
+        .with_mask(Mask::Causal)
+        .with_scores(ScoreMods {
+            window: Window::from_fa(30, 0).unwrap(),
+            softcap: Some(5.0),
+            ..sink(4)
+        })
+        .unwrap();
+    check::<f16>(&p, "sink window softcap");
+    // No key anywhere: o = 0, lse = sink, d_sink = 0 exactly.
+    let p = batch(&[3, 5], &[0, 0], 2, 1, 8)
+        .with_scores(sink(2))
+        .unwrap();
+    check::<f16>(&p, "sink without keys");
+    let x = inputs::<f16>(&p, 5);
+    let g = backward(
+        BackendChoice::Cpu,
+        &p,
+        &x.q,
+        &x.k,
+        &x.v,
+        &x.o,
+        &x.lse,
+        &x.d_o,
+        BackwardOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(g.d_sink, Some(vec![0.0; 2]));
 }
 
 /// Equal lengths packed are a dense batch: the same gradient bytes (same layouts).
@@ -184,6 +247,42 @@ fn equal_lengths_are_a_dense_batch() {
         assert_eq!(packed.dq, dq, "{mask:?}");
         assert_eq!(packed.dk, dk, "{mask:?}");
         assert_eq!(packed.dv, dv, "{mask:?}");
+        // With a sink: the dense sink_grad's bytes too (the same rows in the same order).
+        let logits = vec![0.5, -1.0, 2.0, 0.0];
+        let sunk = |mods: ScoreMods| ScoreMods {
+            sink: Some(logits.clone()),
+            ..mods
+        };
+        let vps = vp.clone().with_scores(sunk(ScoreMods::default())).unwrap();
+        let xs = inputs::<f16>(&vps, 8);
+        let packed = backward(
+            BackendChoice::Cpu,
+            &vps,
+            &xs.q,
+            &xs.k,
+            &xs.v,
+            &xs.o,
+            &xs.lse,
+            &xs.d_o,
+            BackwardOptions::default(),
+        )
+        .unwrap();
+        let dense_sunk = dense
+            .clone()
+            .with_scores(sunk(ScoreMods::default()))
+            .unwrap();
+        let mut lse_s = vec![0.0f32; b * hq * sq];
+        for bb in 0..b {
+            for h in 0..hq {
+                for i in 0..sq {
+                    lse_s[(bb * hq + h) * sq + i] = xs.lse[h * b * sq + bb * sq + i];
+                }
+            }
+        }
+        let mut d_sink = vec![0.0f32; hq];
+        flashattn::cpu_backward::sink_grad(&dense_sunk, &xs.o, &lse_s, &xs.d_o, &mut d_sink)
+            .unwrap();
+        assert_eq!(packed.d_sink, Some(d_sink), "{mask:?}");
         // The oracle agrees with the dense oracle too.
         let exact = reference_backward(&vp, &x.q, &x.k, &x.v, &x.d_o).unwrap();
         let dense_exact =

@@ -29,6 +29,29 @@
 #ifndef HAS_ALIBI
 #define HAS_ALIBI 0
 #endif
+// A learnable attention sink (HAS_SINK; gpt-oss, src/scores.rs): one logit per query head joins
+// every row's softmax denominator with no value row (softmax.cuh sink_fold). The forward kernels
+// that serve it take the logits, f32 [heads_q], as one more kernel parameter after their own
+// (SINK_PARAM; the host pushes it exactly when it sets HAS_SINK), so that the kernels compiled
+// without it keep their parameters, and their machine code, as they were.
+#ifndef HAS_SINK
+#define HAS_SINK 0
+#endif
+#if HAS_SINK
+#define SINK_PARAM , const float *__restrict__ sink_logits
+#define SINK_LOGITS sink_logits
+#else
+#define SINK_PARAM
+#define SINK_LOGITS nullptr
+#endif
+// The sink's logit of query head h (natural-log units), 0 without HAS_SINK.
+FA_DEVICE float sink_logit(const float *sink, int h) {
+#if HAS_SINK
+    return sink[h];
+#else
+    return 0.f;
+#endif
+}
 // Packed variable-length batches (FlashAttention-2's varlen; src/varlen.rs): batch entry b is
 // the sequence of rows cu_seqlens_q[b].. of q and o and cu_seqlens_k[b].. of k and v, with its
 // own lengths; lse is [heads_q, total_q].

@@ -1,8 +1,8 @@
 // softmax.cuh: the online softmax of one query row, shared by the forward kernels (FA2's
 // softmax.h plays this role). Everything is in log2 units: a score s counts as s * scale_log2,
 // so that exp(s * scale) = 2^(s * scale_log2); the row keeps its running max m and a running
-// sum l of 2^(s * scale_log2 - m), and after the last key o = O / l, lse = (m + log2 l) ln 2.
-// Included after attn_common.cuh.
+// sum l of 2^(s * scale_log2 - m), and after the last key o = O / l, lse = (m + log2 l) ln 2
+// (with a learnable sink, after sink_fold). Included after attn_common.cuh.
 #pragma once
 
 // The exponent offset of a row whose running max is m: m, or 0 for a row that has seen only
@@ -47,3 +47,20 @@ FA_DEVICE float row_max_step(float &row_max, float mx, float scale_log2, float &
 // (natural log). A row that saw no key gets o = 0 and lse = -inf, never NaN.
 FA_DEVICE float row_inv(float l) { return l > 0.f ? 1.f / l : 0.f; }
 FA_DEVICE float row_lse(float m, float l) { return l > 0.f ? (m + lg2(l)) * LN2 : neg_inf(); }
+
+// HAS_SINK: the sink's logit of the row's head, in log2 units (sink_h log2(e): the kernels' m
+// counts every score s as s log2(e), softcap and ALiBi included); 0 without a sink.
+FA_DEVICE float sink_log2(const float *sink, int h) { return sink_logit(sink, h) * LOG2E; }
+
+// HAS_SINK: folds the sink's term into a row's end state, from its max m (log2 units, -inf for
+// a row that saw no key) and whole sum l (relative to m; 0 for such a row): m' = max(m, s),
+// l' = l 2^(m - m') + 2^(s - m') with s = sink_log2. Returns O's factor 2^(m - m') (0 when m is
+// -inf: ex2(-inf) = +0), so that o = O 2^(m - m') / l' and lse = row_lse(m', l'). l' > 0: a
+// row that saw no key gets o = 0 and lse = sink_h; a NaN in m or l stays NaN in l'.
+FA_DEVICE float sink_fold(float &m, float &l, float s) {
+    const float top = fmaxf(m, s);
+    const float alpha = ex2(m - top);
+    l = l * alpha + ex2(s - top);
+    m = top;
+    return alpha;
+}

@@ -2,7 +2,9 @@
 // for each query row, lse = ln sum_s exp(lse_s) and o = sum_s exp(lse_s - lse) o_s, in f32,
 // in split order (the same bytes run to run). A split that saw no key (lse_s = -inf) adds
 // nothing; a row whose splits all saw none gets o = 0 and lse = -inf; a NaN propagates.
-// One warp per row (b, h, i); lanes hold 4 channels each. Specialised by HEAD_DIM and IS_BF16.
+// One warp per row (b, h, i); lanes hold 4 channels each. Specialised by HEAD_DIM, IS_BF16 and
+// HAS_SINK: a learnable sink merges as one more split with lse_s = sink_h and o_s = 0 (its
+// logits, f32 [heads_q], the kernel's second parameter), so every row then has a finite lse.
 #include "ptx.cuh"
 #include "attn_common.cuh"
 
@@ -15,7 +17,7 @@ struct CombineParams {
     int batch, heads_q, seqlen_q, num_splits;
 };
 
-extern "C" __global__ void __launch_bounds__(128) attn_combine(const CombineParams p) {
+extern "C" __global__ void __launch_bounds__(128) attn_combine(const CombineParams p SINK_PARAM) {
     const int lane = threadIdx.x % 32;
     const i64 rows = (i64)p.batch * p.heads_q * p.seqlen_q;
     const i64 row = (i64)blockIdx.x * 4 + threadIdx.x / 32; // (b, h, i), i fastest
@@ -33,6 +35,8 @@ extern "C" __global__ void __launch_bounds__(128) attn_combine(const CombinePara
     }
     for (int x = 16; x >= 1; x /= 2) m = fmaxf(m, shfl_xor(m, x));
     nan = vote_any(nan);
+    const float sink = sink_logit(SINK_LOGITS, h);
+    if (HAS_SINK) m = fmaxf(m, sink);
     u16 *orow = p.o + b * p.o_sb + i * p.o_ss + h * p.o_sh;
     float *lse = p.lse + row; // [batch, heads_q, seqlen_q] is the row order
     if (nan || m == neg_inf() || m == -neg_inf()) {
@@ -47,6 +51,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_combine(const CombinePara
     float sum = 0.f;
     for (int s = lane; s < p.num_splits; s += 32) sum += ex2((p.lse_accum[s * rows + row] - m) * LOG2E);
     for (int x = 16; x >= 1; x /= 2) sum += shfl_xor(sum, x);
+    if (HAS_SINK) sum += ex2((sink - m) * LOG2E); // the sink's share, with no o of its own
     const float inv = 1.f / sum;
     for (int c = lane * 4; c < HEAD_DIM; c += 128) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};

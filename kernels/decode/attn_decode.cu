@@ -28,8 +28,9 @@
 //   an empty mbarrier instead of meeting at a block barrier every tile.
 // Specialised by HEAD_DIM (multiple of 8, <= 256), IS_BF16, IS_CAUSAL, IS_PAGED, NWARPS (4 or
 // 8), NSTAGES, Q_IN_REGS, BULK, the score modifiers of attn_common.cuh (IS_LOCAL,
-// HAS_SOFTCAP, HAS_ALIBI), HAS_BATCH_IDX, HAS_LEFTPAD, ROTARY and ROTARY_INTERLEAVED; each
-// feature off compiles none of its code.
+// HAS_SOFTCAP, HAS_ALIBI), HAS_BATCH_IDX, HAS_LEFTPAD, ROTARY, ROTARY_INTERLEAVED and HAS_SINK
+// (a learnable sink, its logits the last kernel parameter: folded into each row here with one
+// split, by attn_combine with more); each feature off compiles none of its code.
 #include "ptx.cuh"
 #include "attn_common.cuh"
 #include "kv_cache.cuh"
@@ -146,9 +147,9 @@ FA_DEVICE u32 kv_at(u32 base, int row, int c) { return base + (u32)(row * RS + c
 
 #if BULK
 extern "C" __global__ void __launch_bounds__(NT_ALL)
-    attn_decode(const Params p_in, const DecodeParams dp, const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv) {
+    attn_decode(const Params p_in, const DecodeParams dp, const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv SINK_PARAM) {
 #else
-extern "C" __global__ void __launch_bounds__(NT_ALL) attn_decode(const Params p_in, const DecodeParams dp) {
+extern "C" __global__ void __launch_bounds__(NT_ALL) attn_decode(const Params p_in, const DecodeParams dp SINK_PARAM) {
 #endif
     extern __shared__ __align__(16) u16 smem[];
     const u32 sQ = smem_u32(smem);
@@ -479,7 +480,15 @@ extern "C" __global__ void __launch_bounds__(NT_ALL) attn_decode(const Params p_
         // the combine propagates it instead of weighing it 0 (fmaxf skips a NaN max, which
         // would otherwise leave such a row looking empty).
         const float qnan = __int_as_float(0x7fc00000);
+#if HAS_SINK
+        // With one split the sink joins the row here (softmax.cuh sink_fold: every row then
+        // has l > 0); with more, attn_combine adds it once to the merged row.
+        float alpha = 1.f;
+        if (!partial) alpha = sink_fold(m, l, sink_log2(SINK_LOGITS, hk * p.group + gr % p.group));
+        const float inv = nan ? qnan : alpha * row_inv(l);
+#else
         const float inv = nan ? qnan : row_inv(l);
+#endif
         const float lse = nan ? qnan : row_lse(m, l);
         const int i = gr / p.group, h = hk * p.group + gr % p.group;
         const i64 lrow = ((i64)b * p.heads_q + h) * p.seqlen_q + i; // [batch, heads_q, seqlen_q]

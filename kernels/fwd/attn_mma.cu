@@ -10,7 +10,8 @@
 //   RESCALE_SLACK (how far a row max may rise before O is rescaled; 0 = always),
 //   HEAD_MAJOR (block order, see tile_scheduler.cuh), SMEM_EPILOGUE (write O through shared
 //   memory in 16-byte pieces), MIN_BLOCKS (blocks per SM that the register allocation must
-//   allow); and the score modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP, HAS_ALIBI).
+//   allow); the score modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP, HAS_ALIBI); and
+//   HAS_SINK (a learnable sink: its logits are the kernel's second parameter).
 #include "ptx.cuh"
 #include "attn_common.cuh"
 #include "tile_scheduler.cuh"
@@ -75,7 +76,7 @@ template <bool B> struct Bool {
     static constexpr bool value = B;
 };
 
-extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Params p_in) {
+extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Params p_in SINK_PARAM) {
     extern __shared__ __align__(16) u16 smem[];
     const u32 sQ = smem_u32(smem);
     const u32 sK = sQ + BR * RS * 2;          // two stages of BC rows
@@ -325,7 +326,8 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
     for (; j < n_blocks; ++j) tile_step(j, Bool<true>());
     cp_async_wait<0>();
 
-    // ---- epilogue: O / row_sum as 16-bit pairs, lse = ln(sum exp) in f32 ----
+    // ---- epilogue: O / row_sum as 16-bit pairs, lse = ln(sum exp) in f32 (a sink's term
+    // folded in first) ----
     // Coordinates recomputed from fresh reads of %tid and %ctaid rather than kept live
     // through the loop: that frees the registers for the loop (zero spills at d64 with three
     // blocks per SM).
@@ -337,6 +339,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
     const SeqOffsets eo = sequence_offsets(pe, ec.b);
     u16 *ob = p.o + eo.o + ec.h * p.o_sh;
     float *lse = p.lse + lse_offset(p_in, ec.b, ec.h, eo.q0);
+    const float sink = sink_log2(SINK_LOGITS, ec.h);
 #if SMEM_EPILOGUE
     // Stage this warp's rows of O in shared memory (its own slice of the Q tile, free once
     // every warp is past the loop), then write whole 16-byte pieces of each row: coalesced
@@ -348,9 +351,10 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            const float l = quad_sum(row_sum[mt][r]);
+            float l = quad_sum(row_sum[mt][r]), m = row_max[mt][r];
             const int row = ewrow0 + mt * 16 + eg + 8 * r;
-            const float inv = row_inv(l);
+            const float alpha = HAS_SINK ? sink_fold(m, l, sink) : 1.f;
+            const float inv = HAS_SINK ? alpha / l : row_inv(l);
 #if SMEM_EPILOGUE
             const int rl = mt * 16 + eg + 8 * r;
 #pragma unroll
@@ -369,7 +373,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
             }
 #endif
             if (et == 0)
-                lse[row] = row_lse(row_max[mt][r], l);
+                lse[row] = row_lse(m, l);
         }
 #if SMEM_EPILOGUE
     __syncwarp();

@@ -42,8 +42,9 @@
 // tile, a multiple of 16), STAGES (K/V ring depth), PINGPONG, RESCALE_SLACK (as attn_mma),
 // IS_BF16, IS_CAUSAL, HEAD_MAJOR, DYNAMIC, SMEM_LIMIT (decides where O is staged), CONSUMERS
 // (consumer warpgroups), CONSUMER_REGS / PRODUCER_REGS (setmaxnreg targets), ROWSUM_V,
-// SPEC_MAX (below), and the score modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP,
-// HAS_ALIBI).
+// SPEC_MAX (below), the score modifiers of attn_common.cuh (IS_LOCAL, HAS_SOFTCAP,
+// HAS_ALIBI), and HAS_SINK (a learnable sink: its logits are the kernel's second parameter,
+// folded into each row's sum in the epilogue).
 #include "ptx.cuh"
 #include "attn_common.cuh"
 #include "tile_scheduler.cuh"
@@ -320,8 +321,8 @@ FA_DEVICE void producer(const WgmmaParams &w, const Smem &sm, int tiles) {
 
 // ================================ consumers ================================================
 // A consumer warpgroup (64 query rows of each tile): S = Q K^T, the softmax, O += P V over the
-// key tiles its rows see, then O and lse out.
-FA_DEVICE void consumer(const WgmmaParams &w, const Smem &sm, int tid, int wg) {
+// key tiles its rows see, then O and lse out. `sink`: HAS_SINK's logits (null without).
+FA_DEVICE void consumer(const WgmmaParams &w, const Smem &sm, int tid, int wg, const float *sink) {
     const Params &p = w.p;
     // Rows 64*cons .. 64*cons+63 of the block. Broadcast from lane 0, so that ptxas knows it
     // is warp-uniform (as CUTLASS's canonical_warp_group_idx): without it, the d64
@@ -651,8 +652,19 @@ FA_DEVICE void consumer(const WgmmaParams &w, const Smem &sm, int tid, int wg) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) l[h] += shfl_xor(l[h], 2);
         }
+#if HAS_SINK
+        // The sink joins each row's sum (softmax.cuh sink_fold): row_max and l become the
+        // sink-aware ones (lse below follows), O scales by o_scale / l.
+        float o_scale[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) o_scale[h] = sink_fold(row_max[h], l[h], sink_log2(sink, bc.h));
+#endif
 #pragma unroll
         for (int h = 0; h < 2; ++h) inv[h] = row_inv(l[h]);
+#if HAS_SINK
+#pragma unroll
+        for (int h = 0; h < 2; ++h) inv[h] *= o_scale[h];
+#endif
         if (O_OWN) {
             // The previous tile's store must have read the staging tile before it is rewritten.
             if (ctid == 0) bulk_wait_read0();
@@ -706,7 +718,7 @@ FA_DEVICE void consumer(const WgmmaParams &w, const Smem &sm, int tid, int wg) {
 // (with DYNAMIC from an atomic counter), in block_coords' order (causal: longest first;
 // non-causal head-major: the resident blocks share K/V in L2). The launcher sizes the grid to
 // the SMs (or to the tile count for a one-tile-per-block launch).
-extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_constant__ WgmmaParams w) {
+extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_constant__ WgmmaParams w SINK_PARAM) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     Smem sm;
     sm.q = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -751,5 +763,5 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_wgmma(const __grid_cons
         return;
     }
     setmaxnreg_inc<CONSUMER_REGS>();
-    consumer(w, sm, tid, wg);
+    consumer(w, sm, tid, wg, SINK_LOGITS);
 }

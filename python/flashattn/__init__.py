@@ -32,6 +32,16 @@ synchronises); GQA/MQA when k and v have fewer heads than q; head dims that are 
 multiple of 8 run padded with zero channels on the GPU. ``softmax_scale`` must be finite and
 above 0.
 
+Attention sinks (gpt-oss): ``flash_attn_func``, its packed forms and the variable-length
+functions take ``learnable_sink`` (keyword only; ``s_aux``, vLLM's name for it, is accepted as
+an alias), one logit per query head ``[heads_q]`` (float32, bfloat16 or float16; a PyTorch
+tensor on q's device, or a host array) that joins every row's softmax denominator with no
+value row: ``o = sum_j exp(s_j - m) v_j / (sum_j exp(s_j - m) + exp(sink_h - m))``, and
+``softmax_lse`` includes it (a row that sees no key gets ``o = 0``, ``lse = sink_h``). A sink
+that requires grad gets its gradient through autograd (``flash_attn_func`` and the packed
+forms): ``d sink_h = -sum_{b,i} exp(sink_h - lse_bhi) (dout_bhi . out_bhi)``. The logits are
+copied to the host for the call (on CUDA a synchronisation, and not inside a graph capture).
+
 ``return_attn_probs=True`` returns ``(out, softmax_lse, S_dmask)`` as FlashAttention-2 does:
 ``softmax_lse`` float32 ``[batch, heads, seqlen_q]`` (``[heads, total_q]`` for the
 variable-length functions), and ``S_dmask`` an empty tensor (shape ``(0,)``, q's dtype and
@@ -205,6 +215,76 @@ def _slopes(alibi_slopes):
     return numpy.ascontiguousarray(alibi_slopes, dtype=numpy.float32)
 
 
+def _sink_arg(learnable_sink, s_aux):
+    """``learnable_sink``, or ``s_aux`` (vLLM's name for the same argument); not both."""
+    if s_aux is None:
+        return learnable_sink
+    if learnable_sink is not None:
+        raise FlashAttnError(
+            "learnable_sink and s_aux were both given: s_aux is an alias of learnable_sink "
+            "(vLLM's name for it); pass one"
+        )
+    return s_aux
+
+
+_SINK_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _sink(learnable_sink, q):
+    """A learnable sink as the native calls read it: a host float32 NumPy array (copied from
+    the device: on CUDA the call synchronises), after the checks only Python can make: a
+    PyTorch sink lives on q's device (and q is a PyTorch tensor), its dtype is float32,
+    bfloat16 or float16 (NumPy: float32 or float16; a list or tuple of numbers too). Its shape
+    (``[heads_q]``) and values (finite) are the native call's to judge."""
+    if learnable_sink is None:
+        return None
+    import numpy
+
+    if _is_torch(learnable_sink):
+        if not _is_torch(q):
+            raise FlashAttnError(
+                "learnable_sink is a PyTorch tensor but q is not: pass the sink in q's framework, "
+                "or as a NumPy array"
+            )
+        if learnable_sink.device != q.device:
+            raise FlashAttnError(
+                f"learnable_sink is on {learnable_sink.device} but q is on {q.device}: pass the "
+                "sink on q's device"
+            )
+        if learnable_sink.is_cuda:
+            import torch
+
+            if torch.cuda.is_current_stream_capturing():
+                raise FlashAttnError(
+                    "learnable_sink is copied to the host for the call, which a CUDA graph "
+                    "capture cannot record: call with a sink outside the capture"
+                )
+        name = str(learnable_sink.dtype).replace("torch.", "")
+        if name not in _SINK_DTYPES:
+            raise FlashAttnError(
+                f"learnable_sink is {name}: pass float32 (or bfloat16, float16) logits, one per "
+                "query head"
+            )
+        return numpy.ascontiguousarray(
+            learnable_sink.detach().float().cpu().numpy(), dtype=numpy.float32
+        )
+    if isinstance(learnable_sink, (list, tuple)):
+        learnable_sink = numpy.asarray(learnable_sink, dtype=numpy.float32)
+    if type(learnable_sink).__module__.split(".")[0] == "cupy":
+        learnable_sink = learnable_sink.get()
+    if not isinstance(learnable_sink, numpy.ndarray):
+        raise FlashAttnError(
+            f"learnable_sink: a {type(learnable_sink).__name__} is not a tensor of logits; pass "
+            "a PyTorch tensor on q's device, a NumPy array or a list of floats"
+        )
+    if learnable_sink.dtype.name not in _SINK_DTYPES:
+        raise FlashAttnError(
+            f"learnable_sink is {learnable_sink.dtype.name}: pass float32 (or float16) logits, "
+            "one per query head"
+        )
+    return numpy.ascontiguousarray(learnable_sink, dtype=numpy.float32)
+
+
 def _is_torch(x):
     return type(x).__module__.split(".")[0] == "torch"
 
@@ -358,17 +438,21 @@ def _outputs(q, rank, lse_axes):
     return _empty_like(q, shape), _empty_like(q, lse, float32=True)
 
 
-def _run_forward(q, k, v, scores, check_backward=False):
+def _run_forward(q, k, v, scores, check_backward=False, sink=None):
+    """out, lse of a dense call; `sink` the host float32 logits of :func:`_sink` (or None)."""
     out, lse = _outputs(q, 4, (0, 2, 1))
     stream, current = _stream(q)
     _native.forward(
         _dl(q), _dl(k), _dl(v), out, lse, *scores, stream, current, torch=_is_torch(q),
-        check_backward=check_backward,
+        check_backward=check_backward, learnable_sink=sink,
     )
     return out, lse
 
 
-def _run_backward(saved, dout, scores, deterministic):
+def _run_backward(saved, dout, scores, deterministic, sink=None, sink_grad=False):
+    """dq, dk, dv and d_sink (float32 ``[heads_q]`` on q's device when `sink_grad`, else
+    None) of the dense call that wrote out and lse (`saved`: q, k, v, out, lse); `sink` the host
+    float32 logits the forward took."""
     q, k, v, out, lse = saved
     import torch
 
@@ -377,26 +461,43 @@ def _run_backward(saved, dout, scores, deterministic):
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    d_sink = None
+    if sink_grad:
+        d_sink = torch.empty((q.shape[2],), dtype=torch.float32, device=q.device)
     stream, current = _stream(q)
     _native.backward(
         _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(dout), dq, dk, dv,
-        *scores, deterministic, stream, current, torch=True,
+        *scores, deterministic, stream, current, torch=True, learnable_sink=sink, d_sink=d_sink,
     )
-    return dq, dk, dv
+    return dq, dk, dv, d_sink
 
 
 class _Dense:
     """A dense call (``flash_attn_func`` and the packed forms) for autograd: its forward
-    refuses on CUDA what the GPU backward would refuse, so that no refusal waits for it."""
+    refuses on CUDA what the GPU backward would refuse, so that no refusal waits for it. With a
+    learnable sink, `sink` holds its host logits and `sink_tensor` the PyTorch tensor the
+    caller passed (the fourth tensor of the autograd call, whose gradient is d_sink), if any."""
 
-    def __init__(self, scores, deterministic):
+    def __init__(self, scores, deterministic, sink=None, sink_tensor=None):
         self.scores, self.deterministic = scores, bool(deterministic)
+        self.sink, self.sink_tensor = sink, sink_tensor
 
-    def forward(self, q, k, v):
-        return _run_forward(q, k, v, self.scores, check_backward=True)
+    def tensors(self, q, k, v):
+        """The tensors autograd differentiates: q, k, v and the sink when it is a tensor."""
+        return (q, k, v) if self.sink_tensor is None else (q, k, v, self.sink_tensor)
+
+    def forward(self, q, k, v, *_sink):
+        return _run_forward(q, k, v, self.scores, check_backward=True, sink=self.sink)
 
     def backward(self, saved, dout):
-        return _run_backward(saved, dout, self.scores, self.deterministic)
+        if self.sink_tensor is None:
+            return _run_backward(saved, dout, self.scores, self.deterministic)[:3]
+        q, k, v, sink, out, lse = saved
+        dq, dk, dv, d_sink = _run_backward(
+            (q, k, v, out, lse), dout, self.scores, self.deterministic, self.sink,
+            sink_grad=sink.requires_grad,
+        )
+        return dq, dk, dv, None if d_sink is None else d_sink.to(sink.dtype)
 
 
 _autograd = None
@@ -468,14 +569,15 @@ def _ops():
 
 
 def _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
-             deterministic=False):
+             deterministic=False, learnable_sink=None):
     if _compiling():
         return _ops().dense(
-            q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
+            q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+            learnable_sink,
         )
     scores = _scores(softmax_scale, causal, window_size, softcap, alibi_slopes)
     torch = _plain_torch_cuda(q, k, v)
-    if torch is not None:
+    if torch is not None and learnable_sink is None:
         # The short path: what the general one does for these tensors, with fewer steps
         # (checks of shapes, dtypes and devices are the native call's, as there).
         b, sq, hq, _ = q.shape
@@ -487,9 +589,12 @@ def _forward(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
         )
         return out, lse
     _tensors(q=q, k=k, v=v)
-    if _wants_grad(q, k, v):
-        return _function().apply(_Dense(scores, deterministic), q, k, v)
-    return _run_forward(q, k, v, scores)
+    sink = _sink(learnable_sink, q)
+    if _wants_grad(q, k, v, learnable_sink):
+        sink_tensor = learnable_sink if _is_torch(learnable_sink) else None
+        call = _Dense(scores, deterministic, sink, sink_tensor)
+        return _function().apply(call, *call.tensors(q, k, v))
+    return _run_forward(q, k, v, scores, sink=sink)
 
 
 def flash_attn_func(
@@ -507,6 +612,9 @@ def flash_attn_func(
     q_descale=None,
     k_descale=None,
     v_descale=None,
+    *,
+    learnable_sink=None,
+    s_aux=None,
 ):
     """Attention of q ``[batch, seqlen_q, heads_q, head_dim]`` to k, v ``[batch, seqlen_k,
     heads_kv, head_dim]``; returns out like q, or with ``return_attn_probs``
@@ -516,6 +624,9 @@ def flash_attn_func(
     (else :class:`FlashAttnUnsupportedError`). With PyTorch tensors that require grad,
     gradients flow to q, k, v; ``deterministic=True`` then makes the GPU backward's dq the
     same bytes run to run (the forward and the CPU backward always are).
+    ``learnable_sink`` (keyword only; alias ``s_aux``): gpt-oss's attention sink, one logit
+    per query head ``[heads_q]`` joining every row's softmax denominator (see the package's
+    docstring); a PyTorch sink that requires grad gets its gradient.
 
     FP8 (FlashAttention-3's): q, k, v all ``torch.float8_e4m3fn`` with ``q_descale``,
     ``k_descale``, ``v_descale`` (pass them by keyword): float32 tensors of shape
@@ -523,18 +634,26 @@ def flash_attn_func(
     float); None is 1. The value of an element x of q is ``x * q_descale`` (likewise k, v);
     out is bfloat16, accumulation f32. CPU tensors run on the FP8 CPU backend (every
     modifier); CUDA tensors need sm_90 (Hopper), head_dim 64 or 128, no window, softcap or
-    ALiBi (else :class:`FlashAttnUnsupportedError`). No backward: a backward through an FP8
-    output raises :class:`FlashAttnUnsupportedError`. See :mod:`flashattn._fp8`."""
+    ALiBi (else :class:`FlashAttnUnsupportedError`); no learnable sink (refused with
+    :class:`FlashAttnUnsupportedError`). No backward: a backward through an FP8 output raises
+    :class:`FlashAttnUnsupportedError`. See :mod:`flashattn._fp8`."""
     _check_dropout(dropout_p)
+    sink = _sink_arg(learnable_sink, s_aux)
     if (q_descale is not None or k_descale is not None or v_descale is not None
             or _fp8.one_byte(q, k, v)):
+        if sink is not None:
+            raise FlashAttnUnsupportedError(
+                "learnable_sink with FP8 inputs (float8_e4m3fn q, k, v or descale factors) is "
+                "not supported: call with bfloat16/float16 inputs for a sink, or without the sink"
+            )
         out, lse = _fp8.forward(
             q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, q_descale,
             k_descale, v_descale,
         )
     else:
         out, lse = _forward(
-            q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
+            q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+            sink,
         )
     return _with_probs(q, out, lse, return_attn_probs)
 
@@ -622,13 +741,21 @@ def _varlen_backward(saved, dout, call):
 
 class _Varlen:
     """A packed variable-length call (offsets and score arguments checked) for
-    :func:`_function` or for a direct run."""
+    :func:`_function` or for a direct run; `sink` the host logits of a learnable sink (or None),
+    `sink_tensor` the PyTorch tensor the caller passed for it, if any (autograd's fourth
+    tensor)."""
 
-    def __init__(self, scores, cu_seqlens_q, cu_seqlens_k, deterministic):
+    def __init__(self, scores, cu_seqlens_q, cu_seqlens_k, deterministic, sink=None,
+                 sink_tensor=None):
         self.scores, self.deterministic = scores, bool(deterministic)
         self.cu_seqlens_q, self.cu_seqlens_k = cu_seqlens_q, cu_seqlens_k
+        self.sink, self.sink_tensor = sink, sink_tensor
 
-    def forward(self, q, k, v):
+    def tensors(self, q, k, v):
+        """The tensors autograd differentiates: q, k, v and the sink when it is a tensor."""
+        return (q, k, v) if self.sink_tensor is None else (q, k, v, self.sink_tensor)
+
+    def forward(self, q, k, v, *_sink):
         d = q.shape[-1]
         if (len(q.shape) == 3 and d % 8 != 0 and d < 256 and _on_cuda(q)
                 and all(len(x.shape) == 3 and x.shape[-1] == d for x in (k, v))):
@@ -648,19 +775,34 @@ class _Varlen:
         stream, current = _stream(q)
         _native.varlen_forward(
             _dl(q), _dl(k), _dl(v), out, lse, self.cu_seqlens_q, self.cu_seqlens_k,
-            *scores, stream, current, torch=_is_torch(q),
+            *scores, stream, current, torch=_is_torch(q), learnable_sink=self.sink,
         )
         return out, lse
 
     def backward(self, saved, dout):
-        return _varlen_backward(saved, dout, self)
+        if self.sink_tensor is None:
+            return _varlen_backward(saved, dout, self)
+        # dq, dk, dv need only the sink-aware lse; the sink's own gradient through a packed
+        # batch is not written yet: refused by name rather than left at None (a silent zero).
+        q, k, v, sink, out, lse = saved
+        grads = _varlen_backward((q, k, v, out, lse), dout, self)
+        if sink.requires_grad:
+            raise FlashAttnUnsupportedError(
+                "the gradient of learnable_sink through flash_attn_varlen_func is not "
+                "supported yet: detach the sink for this call (its forward ran), or use "
+                "flash_attn_func, whose backward gives it"
+            )
+        return (*grads, None)
 
 
 def _varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scores,
-                 deterministic):
+                 deterministic, learnable_sink=None):
     """A checked variable-length call: the offsets copied to the host and checked against
-    ``max_seqlen_*``, q, k, v made compact. Returns (call, q, k, v)."""
+    ``max_seqlen_*``, q, k, v made compact, a learnable sink checked and copied to the host.
+    Returns (call, q, k, v)."""
     _tensors(q=q, k=k, v=v)
+    sink = _sink(learnable_sink, q)
+    sink_tensor = learnable_sink if _is_torch(learnable_sink) else None
     # The varlen kernels read compact tensors; FlashAttention-2 takes row strides (views of
     # packed qkv): those are copied here (with PyTorch the copy passes gradients back).
     q, k, v = (_contiguous(x) for x in (q, k, v))
@@ -677,12 +819,12 @@ def _varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
             raise FlashAttnError(
                 f"max_seqlen_{name} = {bound} but the longest sequence has {longest} rows"
             )
-    return _Varlen(scores, cq, ck, deterministic), q, k, v
+    return _Varlen(scores, cq, ck, deterministic, sink, sink_tensor), q, k, v
 
 
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
             softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-            block_table=None):
+            block_table=None, learnable_sink=None):
     """flash_attn_varlen_func's work: (out, lse)."""
     _check_dropout(dropout_p)
     if block_table is not None:
@@ -694,14 +836,15 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
     if _compiling():
         return _ops().varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-            causal, window_size, softcap, alibi_slopes, deterministic,
+            causal, window_size, softcap, alibi_slopes, deterministic, learnable_sink,
         )
     scores = _scores(softmax_scale, causal, window_size, softcap, alibi_slopes)
     call, q, k, v = _varlen_call(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scores, deterministic
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scores, deterministic,
+        learnable_sink,
     )
-    if _wants_grad(q, k, v):
-        return _function().apply(call, q, k, v)
+    if _wants_grad(q, k, v, learnable_sink):
+        return _function().apply(call, *call.tensors(q, k, v))
     return call.forward(q, k, v)
 
 
@@ -722,6 +865,9 @@ def flash_attn_varlen_func(
     deterministic=False,
     return_attn_probs=False,
     block_table=None,
+    *,
+    learnable_sink=None,
+    s_aux=None,
 ):
     """Packed variable-length batch: q ``[total_q, heads_q, head_dim]``, k, v ``[total_k,
     heads_kv, head_dim]`` (any strides; the kernels read compact tensors, so a tensor that is
@@ -731,13 +877,15 @@ def flash_attn_varlen_func(
     ``[heads_q, total_q]``, S_dmask an empty tensor (as FlashAttention-2 at ``dropout_p=0``).
     ``max_seqlen_q``/``max_seqlen_k`` must be at least the longest sequence (FA2 sizes its
     grid with them; here they are checked). ``block_table`` (paged K/V) must be None, else
-    :class:`FlashAttnUnsupportedError`. Differentiable in q, k, v (PyTorch autograd): the
-    backward runs on the same backend as the forward (on CUDA one launch per kernel over
-    every sequence, ``attn_bwd``; every score argument; ``deterministic=True`` gives dq the
-    same bytes run to run)."""
+    :class:`FlashAttnUnsupportedError`. ``learnable_sink`` (keyword only; alias ``s_aux``) as
+    :func:`flash_attn_func`'s. Differentiable in q, k, v (PyTorch autograd): the backward runs
+    on the same backend as the forward (on CUDA one launch per kernel over every sequence,
+    ``attn_bwd``; every score argument; ``deterministic=True`` gives dq the same bytes run to
+    run); a gradient through a learnable sink raises :class:`FlashAttnUnsupportedError`."""
     out, lse = _varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
         softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, block_table,
+        _sink_arg(learnable_sink, s_aux),
     )
     return _with_probs(q, out, lse, return_attn_probs)
 
@@ -763,6 +911,9 @@ def flash_attn_varlen_qkvpacked_func(
     alibi_slopes=None,
     deterministic=False,
     return_attn_probs=False,
+    *,
+    learnable_sink=None,
+    s_aux=None,
 ):
     """As :func:`flash_attn_varlen_func` (the same returns) with ``qkv`` ``[total, 3, heads,
     head_dim]``, one ``cu_seqlens`` int32 ``[batch + 1]`` and one ``max_seqlen`` for queries
@@ -772,6 +923,7 @@ def flash_attn_varlen_qkvpacked_func(
     out, lse = _varlen(
         q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
         causal, window_size, softcap, alibi_slopes, deterministic,
+        learnable_sink=_sink_arg(learnable_sink, s_aux),
     )
     return _with_probs(qkv, out, lse, return_attn_probs)
 
@@ -791,6 +943,9 @@ def flash_attn_varlen_kvpacked_func(
     alibi_slopes=None,
     deterministic=False,
     return_attn_probs=False,
+    *,
+    learnable_sink=None,
+    s_aux=None,
 ):
     """As :func:`flash_attn_varlen_func` (the same returns) with ``kv`` ``[total_k, 2,
     heads_kv, head_dim]``. k and v are copied out of kv compact (a copy of kv in all)."""
@@ -799,6 +954,7 @@ def flash_attn_varlen_kvpacked_func(
     out, lse = _varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
         softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+        learnable_sink=_sink_arg(learnable_sink, s_aux),
     )
     return _with_probs(q, out, lse, return_attn_probs)
 

@@ -7,7 +7,8 @@ formulas, so that a model calling ``flash_attn_func`` (packed forms, varlen, KV 
 compiles with ``fullgraph=True``. Each op's real implementation is the eager path's own
 code, so compiled and eager calls run the same native calls on the same bytes.
 
-- ``flashattn::fwd`` / ``flashattn::bwd``: the dense forward (out, lse) and its gradients.
+- ``flashattn::fwd`` / ``flashattn::bwd``: the dense forward (out, lse) and its gradients
+  (a learnable sink's too: ``bwd`` returns it as a fourth tensor, empty without a sink).
 - ``flashattn::varlen_fwd`` / ``flashattn::varlen_bwd``: the packed variable-length forward,
   and its backward (``flashattn._varlen_backward``, the eager path's: one launch per kernel
   over every sequence on CUDA).
@@ -77,17 +78,20 @@ def fwd(
     alibi_slopes: Optional[Tensor],
     deterministic: bool,
     check_backward: bool,
+    learnable_sink: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """out ``[batch, seqlen_q, heads_q, head_dim]`` and lse float32 ``[batch, heads_q,
     seqlen_q]``, both compact (``flash_attn_func``'s forward; `deterministic` is the
-    backward's, `check_backward` refuses on CUDA now what the GPU backward would refuse)."""
+    backward's, `check_backward` refuses on CUDA now what the GPU backward would refuse;
+    `learnable_sink` ``[heads_q]`` on q's device, or None)."""
     scores = _scores(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes)
-    return _fa._run_forward(q, k, v, scores, check_backward=check_backward)
+    sink = _fa._sink(learnable_sink, q)
+    return _fa._run_forward(q, k, v, scores, check_backward=check_backward, sink=sink)
 
 
 @fwd.register_fake
 def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-      deterministic, check_backward):
+      deterministic, check_backward, learnable_sink=None):
     return _fake_out_lse(q)
 
 
@@ -106,31 +110,42 @@ def bwd(
     softcap: float,
     alibi_slopes: Optional[Tensor],
     deterministic: bool,
-) -> Tuple[Tensor, Tensor, Tensor]:
-    """dq (q's shape), dk, dv (k's shape), compact, of ``flashattn::fwd``'s out."""
+    learnable_sink: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """dq (q's shape), dk, dv (k's shape), compact, of ``flashattn::fwd``'s out, and the
+    learnable sink's gradient, float32 ``[heads_q]`` (an empty tensor without a sink)."""
     scores = _scores(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes)
-    return _fa._run_backward((q, k, v, out, lse), dout, scores, deterministic)
+    sink = _fa._sink(learnable_sink, q)
+    dq, dk, dv, d_sink = _fa._run_backward(
+        (q, k, v, out, lse), dout, scores, deterministic, sink, sink_grad=sink is not None
+    )
+    if d_sink is None:
+        d_sink = q.new_empty((0,), dtype=torch.float32)
+    return dq, dk, dv, d_sink
 
 
 @bwd.register_fake
 def _(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
-      alibi_slopes, deterministic):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+      alibi_slopes, deterministic, learnable_sink=None):
+    sinks = 0 if learnable_sink is None else q.shape[2]
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            q.new_empty((sinks,), dtype=torch.float32))
 
 
 def _fwd_setup(ctx, inputs, output):
-    q, k, v, scale, causal, left, right, softcap, slopes, deterministic, _ = inputs
+    q, k, v, scale, causal, left, right, softcap, slopes, deterministic, _, sink = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, slopes)
+    ctx.save_for_backward(q, k, v, out, lse, slopes, sink)
     ctx.args = (scale, causal, left, right, softcap)
     ctx.deterministic = deterministic
     ctx.mark_non_differentiable(lse)
 
 
 def _fwd_backward(ctx, dout, _dlse):
-    q, k, v, out, lse, slopes = ctx.saved_tensors
-    dq, dk, dv = bwd(dout, q, k, v, out, lse, *ctx.args, slopes, ctx.deterministic)
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    q, k, v, out, lse, slopes, sink = ctx.saved_tensors
+    dq, dk, dv, d_sink = bwd(dout, q, k, v, out, lse, *ctx.args, slopes, ctx.deterministic, sink)
+    d_sink = None if sink is None else d_sink.to(sink.dtype)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, d_sink
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup)
@@ -141,13 +156,13 @@ fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup)
 
 def _varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                  softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-                 deterministic):
+                 deterministic, learnable_sink=None):
     """The eager path's checked call (offsets copied to the host and checked, inputs made
     compact): (call, q, k, v)."""
     return _fa._varlen_call(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         (softmax_scale, causal, window_left, window_right, softcap, _fa._slopes(alibi_slopes)),
-        deterministic,
+        deterministic, learnable_sink,
     )
 
 
@@ -167,19 +182,20 @@ def varlen_fwd(
     softcap: float,
     alibi_slopes: Optional[Tensor],
     deterministic: bool,
+    learnable_sink: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """out ``[total_q, heads_q, head_dim]`` and lse float32 ``[heads_q, total_q]``
     (``flash_attn_varlen_func``'s forward)."""
     call, q, k, v = _varlen_call(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-        causal, window_left, window_right, softcap, alibi_slopes, deterministic,
+        causal, window_left, window_right, softcap, alibi_slopes, deterministic, learnable_sink,
     )
     return call.forward(q, k, v)
 
 
 @varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-      window_left, window_right, softcap, alibi_slopes, deterministic):
+      window_left, window_right, softcap, alibi_slopes, deterministic, learnable_sink=None):
     if q.dim() != 3:
         raise _fa.FlashAttnError(
             f"q has {q.dim()} dimensions {tuple(q.shape)}; expected 3: [total_q, heads_q, head_dim]"
@@ -224,10 +240,11 @@ def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 
 
 def _varlen_setup(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, *rest = inputs
+    q, k, v, cu_q, cu_k, *rest, sink = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, rest[-2])
     ctx.args = rest  # max_seqlen_q, max_seqlen_k, scale, causal, left, right, softcap, slopes, deterministic
+    ctx.sink_grad = sink is not None and sink.requires_grad
     ctx.mark_non_differentiable(lse)
 
 
@@ -238,7 +255,12 @@ def _varlen_backward(ctx, dout, _dlse):
         dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, left, right,
         softcap, slopes, deterministic,
     )
-    return (dq, dk, dv) + (None,) * 11
+    if ctx.sink_grad:  # as the eager path (flashattn._Varlen.backward): refused by name
+        raise _fa.FlashAttnUnsupportedError(
+            "the gradient of learnable_sink through flash_attn_varlen_func is not supported "
+            "yet: detach the sink for this call, or use flash_attn_func"
+        )
+    return (dq, dk, dv) + (None,) * 12
 
 
 varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup)
@@ -348,23 +370,35 @@ def _args(softmax_scale, causal, window_size):
     return scale, bool(causal), left, right
 
 
-def dense(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic):
+def _sink_tensor(learnable_sink, q):
+    """A learnable sink as the ops take it: a tensor (lists and NumPy arrays as float32 on
+    q's device; a tensor as it is, its dtype and device the op's to judge)."""
+    if learnable_sink is None or isinstance(learnable_sink, Tensor):
+        return learnable_sink
+    return torch.as_tensor(learnable_sink, dtype=torch.float32, device=q.device)
+
+
+def dense(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+          learnable_sink=None):
     """``flash_attn_func``'s (out, lse) through ``flashattn::fwd``."""
     scale, causal, left, right = _args(softmax_scale, causal, window_size)
     slopes = _tensor(alibi_slopes, torch.float32)
-    check = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    sink = _sink_tensor(learnable_sink, q)
+    wants = [x for x in (q, k, v, sink) if x is not None]
+    check = torch.is_grad_enabled() and any(x.requires_grad for x in wants)
     return fwd(q, k, v, scale, causal, left, right, float(softcap), slopes, bool(deterministic),
-               check)
+               check, sink)
 
 
 def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-           causal, window_size, softcap, alibi_slopes, deterministic):
+           causal, window_size, softcap, alibi_slopes, deterministic, learnable_sink=None):
     """``flash_attn_varlen_func``'s (out, lse) through ``flashattn::varlen_fwd``."""
     scale, causal, left, right = _args(softmax_scale, causal, window_size)
     return varlen_fwd(
         q, k, v, _tensor(cu_seqlens_q, torch.int32), _tensor(cu_seqlens_k, torch.int32),
         int(max_seqlen_q), int(max_seqlen_k), scale, causal, left, right, float(softcap),
         _tensor(alibi_slopes, torch.float32), bool(deterministic),
+        _sink_tensor(learnable_sink, q),
     )
 
 

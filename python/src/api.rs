@@ -7,9 +7,9 @@ use crate::error::err;
 use crate::gpu;
 use crate::gpu::Qkv;
 use crate::rules::{
-    CacheIndex, CacheSeqlens, Scores, Seqlens, bshd, bshd_problem, check_disjoint, check_grads,
-    check_varlen_grads, cuda_dtype, host_index, kvcache_shape, new_rows, one_dtype, problem,
-    rotary_tables, varlen_problem,
+    CacheIndex, CacheSeqlens, Scores, Seqlens, bshd, bshd_problem, check_d_sink, check_disjoint,
+    check_grads, check_varlen_grads, cuda_dtype, host_index, kvcache_shape, new_rows, one_dtype,
+    problem, rotary_tables, varlen_problem,
 };
 use flashattn::Element;
 use flashattn::cuda::{GpuElement, KernelKind, forward_device};
@@ -173,9 +173,10 @@ where
 /// `1/sqrt(head_dim)`; `softcap` 0: off; `alibi_slopes` a host float32 array `[heads_q]` or
 /// `[batch, heads_q]`. `check_backward`: the gradients of this call will be wanted, so on
 /// CUDA what the GPU backward would refuse is refused now, before the launch
-/// ([`gpu::backward_check`]). Returns where it ran.
+/// ([`gpu::backward_check`]). `learnable_sink`: a host float32 array `[heads_q]`, one logit
+/// per query head joining every row's softmax denominator (gpt-oss). Returns where it ran.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, stream=None, current=false, torch=false, check_backward=false))]
+#[pyo3(signature = (q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, stream=None, current=false, torch=false, check_backward=false, learnable_sink=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward<'py>(
     q: &Bound<'py, PyAny>,
@@ -193,9 +194,11 @@ pub(crate) fn forward<'py>(
     current: bool,
     torch: bool,
     check_backward: bool,
+    learnable_sink: Option<Bound<'py, PyAny>>,
 ) -> PyResult<String> {
     let window = (window_left, window_right);
-    let scores = Scores::new(softmax_scale, causal, window, softcap, alibi_slopes);
+    let scores =
+        Scores::new(softmax_scale, causal, window, softcap, alibi_slopes).with_sink(learnable_sink);
     let named = [(q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse")];
     forward_call(named, (stream, current, torch, check_backward), |t| {
         bshd_problem(t, &scores)
@@ -206,6 +209,8 @@ struct Backward<'a> {
     p: AttnProblem,
     ins: [&'a Borrowed; 6],
     grads: [&'a Borrowed; 3],
+    /// The learnable sink's gradient, float32 `[heads_q]`, when wanted.
+    d_sink: Option<&'a Borrowed>,
     deterministic: bool,
     stream: usize,
 }
@@ -229,6 +234,16 @@ impl Job for Backward<'_> {
                 dv.slice_mut::<T>()?,
             )
             .map_err(err)?;
+            if let Some(ds) = self.d_sink {
+                flashattn::cpu_backward::sink_grad(
+                    &self.p,
+                    o.slice::<T>()?,
+                    lse.slice::<f32>()?,
+                    d_o.slice::<T>()?,
+                    ds.slice_mut::<f32>()?,
+                )
+                .map_err(err)?;
+            }
         }
         Ok(cpu_threads())
     }
@@ -238,7 +253,7 @@ impl Job for Backward<'_> {
         // SAFETY: the caller's contract.
         unsafe {
             gpu::on_device(id, self.stream, |g| {
-                gpu::backward::<T>(g, p, det, self.ins, self.grads)
+                gpu::backward::<T>(g, p, det, self.ins, self.grads, self.d_sink)
             })
         }
     }
@@ -249,8 +264,10 @@ impl Job for Backward<'_> {
 /// three contiguous (dk, dv summed over the query heads of each kv head). CPU tensors run on
 /// the CPU backward, CUDA tensors on the GPU backward (every score modifier), enqueued on
 /// `stream`. `deterministic`: dq the same bytes run to run (GPU; the CPU always is).
+/// `learnable_sink` as [`forward`] took it; `d_sink` (float32 `[heads_q]`, on the tensors'
+/// device) receives its gradient, `-sum_{b,i} exp(sink_h - lse) (dout . out)`.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic, stream=None, current=false, torch=false))]
+#[pyo3(signature = (q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic, stream=None, current=false, torch=false, learnable_sink=None, d_sink=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward<'py>(
     q: &Bound<'py, PyAny>,
@@ -272,6 +289,8 @@ pub(crate) fn backward<'py>(
     stream: Option<usize>,
     current: bool,
     torch: bool,
+    learnable_sink: Option<Bound<'py, PyAny>>,
+    d_sink: Option<Bound<'py, PyAny>>,
 ) -> PyResult<String> {
     let named = [
         (q, "q"),
@@ -286,20 +305,34 @@ pub(crate) fn backward<'py>(
     ];
     let [tq, tk, tv, to, tl, tdo, tdq, tdk, tdv] =
         take_all(named, handshake(stream, current), torch)?;
+    let tds = match &d_sink {
+        Some(x) => {
+            let [t] = take_all([(x, "d_sink")], handshake(stream, current), torch)?;
+            Some(t)
+        }
+        None => None,
+    };
     let all = [&tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv];
-    let place = placement(&all)?;
+    let placed: Vec<&Borrowed> = all.iter().copied().chain(tds.as_ref()).collect();
+    let place = placement(&placed)?;
     let dtype = one_dtype(&all)?;
     let (ins, grads) = ([&tq, &tk, &tv, &to, &tl, &tdo], [&tdq, &tdk, &tdv]);
-    check_disjoint(&grads, &ins)?;
+    let written: Vec<&Borrowed> = grads.iter().copied().chain(tds.as_ref()).collect();
+    check_disjoint(&written, &ins)?;
     let window = (window_left, window_right);
-    let scores = Scores::new(softmax_scale, causal, window, softcap, alibi_slopes);
+    let scores =
+        Scores::new(softmax_scale, causal, window, softcap, alibi_slopes).with_sink(learnable_sink);
     let p = bshd_problem([&tq, &tk, &tv, &to, &tl], &scores)?;
     check_grads([&tq, &tk, &to, &tdo], grads)?;
+    if let Some(t) = &tds {
+        check_d_sink(t, &p)?;
+    }
     let (stream, deterministic) = (stream.unwrap_or(0), deterministic);
     let job = Backward {
         p,
         ins,
         grads,
+        d_sink: tds.as_ref(),
         deterministic,
         stream,
     };
@@ -354,9 +387,10 @@ pub(crate) fn reference(
 
 /// Runs a packed variable-length batch (FlashAttention-2's varlen layout): `q` `[total_q,
 /// heads_q, head_dim]`, `k`/`v` `[total_k, heads_kv, head_dim]`, all contiguous, written into
-/// `out` (like q) and `lse` (f32 `[heads_q, total_q]`); the other arguments as [`forward`]'s.
+/// `out` (like q) and `lse` (f32 `[heads_q, total_q]`); the other arguments (`learnable_sink`
+/// too) as [`forward`]'s.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, stream=None, current=false, torch=false))]
+#[pyo3(signature = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, stream=None, current=false, torch=false, learnable_sink=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn varlen_forward<'py>(
     q: &Bound<'py, PyAny>,
@@ -375,9 +409,11 @@ pub(crate) fn varlen_forward<'py>(
     stream: Option<usize>,
     current: bool,
     torch: bool,
+    learnable_sink: Option<Bound<'py, PyAny>>,
 ) -> PyResult<String> {
     let window = (window_left, window_right);
-    let scores = Scores::new(softmax_scale, causal, window, softcap, alibi_slopes);
+    let scores =
+        Scores::new(softmax_scale, causal, window, softcap, alibi_slopes).with_sink(learnable_sink);
     let named = [(q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse")];
     forward_call(named, (stream, current, torch, false), |t| {
         varlen_problem(t, cu_seqlens_q, cu_seqlens_k, &scores)

@@ -141,7 +141,8 @@ pub unsafe fn forward<T: GpuElement>(
 }
 
 /// Backward on CUDA tensors (checked by the caller as for [`forward`]; `d_o` with `o`'s
-/// strides; `dq`, `dk`, `dv` dense).
+/// strides; `dq`, `dk`, `dv` dense; `d_sink`, when given, float32 `[heads_q]`: the learnable
+/// sink's gradient).
 ///
 /// # Safety
 /// As [`foreign`].
@@ -151,6 +152,7 @@ pub unsafe fn backward<T: GpuElement>(
     deterministic: bool,
     [q, k, v, o, lse, d_o]: [&Borrowed; 6],
     [dq, dk, dv]: [&Borrowed; 3],
+    d_sink: Option<&Borrowed>,
 ) -> PyResult<(String, String)> {
     // SAFETY: forwarded to the caller.
     let (([fq, fk, fv, fo], fl), [fdo, fdq, fdk, fdv]) = unsafe {
@@ -160,12 +162,29 @@ pub unsafe fn backward<T: GpuElement>(
         )
     };
     let (fdo, mut fdq, mut fdk, mut fdv) = (fdo?, fdq?, fdk?, fdv?);
+    // SAFETY: forwarded to the caller (a float32 CUDA tensor on this device).
+    let mut fds = d_sink
+        .map(|t| unsafe { foreign::<f32>(t, gpu) })
+        .transpose()?;
     let opts = BackwardOptions {
         deterministic,
         ..Default::default()
     };
     let info = backward_device(
-        gpu, p, opts, &fq, &fk, &fv, &fo, &fl, &fdo, &mut fdq, &mut fdk, &mut fdv,
+        gpu,
+        p,
+        opts,
+        &fq,
+        &fk,
+        &fv,
+        &fo,
+        &fl,
+        &fdo,
+        &mut fdq,
+        &mut fdk,
+        &mut fdv,
+        fds.as_mut()
+            .map(|x| x as &mut dyn flashattn::cuda::DevicePtrMut<f32>),
     )
     .map_err(err)?;
     Ok((info.kernel.to_string(), info.why_not_wgmma))
@@ -199,8 +218,10 @@ pub unsafe fn varlen_backward<T: GpuElement>(
         deterministic,
         ..Default::default()
     };
+    // dq, dk, dv need only the sink-aware lse; the sink's own gradient through a packed
+    // batch is refused by the Python layer (no d_sink buffer here).
     let info = flashattn::cuda::bwd::varlen::backward_device(
-        gpu, p, opts, &fq, &fk, &fv, &fo, &fl, &fdo, &mut fdq, &mut fdk, &mut fdv,
+        gpu, p, opts, &fq, &fk, &fv, &fo, &fl, &fdo, &mut fdq, &mut fdk, &mut fdv, None,
     )
     .map_err(err)?;
     Ok((info.kernel.to_string(), info.why_not_wgmma))

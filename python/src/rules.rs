@@ -1,7 +1,7 @@
 //! The argument rules of the native calls, each written once: tensor ranks, layouts and the
 //! shapes that must agree, element types, memory that a call writes, and FlashAttention-2's
-//! score arguments (`softmax_scale`, `causal`, `window_size`, `softcap`, `alibi_slopes`) as the
-//! library's problem options.
+//! score arguments (`softmax_scale`, `causal`, `window_size`, `softcap`, `alibi_slopes`) and a
+//! learnable sink (`learnable_sink`) as the library's problem options.
 //!
 //! What the library checks with a typed error is not checked here: sizes (zero, GQA,
 //! `head_dim` <= 256, overflow), the scale (finite, above 0; its `1/sqrt(head_dim)` default
@@ -139,6 +139,8 @@ pub(crate) struct Scores<'py> {
     pub softcap: f32,
     /// A host float32 array `[heads_q]` or `[batch, heads_q]` (Python copies it there).
     pub alibi_slopes: Option<Bound<'py, PyAny>>,
+    /// A host float32 array `[heads_q]`: the learnable sink's logits (Python copies it there).
+    pub learnable_sink: Option<Bound<'py, PyAny>>,
 }
 
 impl<'py> Scores<'py> {
@@ -156,7 +158,14 @@ impl<'py> Scores<'py> {
             window,
             softcap,
             alibi_slopes,
+            learnable_sink: None,
         }
+    }
+
+    /// These options with a learnable sink (`None`: none).
+    pub(crate) fn with_sink(mut self, learnable_sink: Option<Bound<'py, PyAny>>) -> Self {
+        self.learnable_sink = learnable_sink;
+        self
     }
 
     /// Causal or not, with the default scale or `softmax_scale`, and nothing else.
@@ -170,6 +179,7 @@ impl<'py> Scores<'py> {
             window: Window::from_fa(self.window.0, self.window.1).map_err(err)?,
             softcap: (self.softcap != 0.0).then_some(self.softcap),
             alibi: alibi(self.alibi_slopes.as_ref(), batch, heads_q)?,
+            sink: sink(self.learnable_sink.as_ref(), heads_q)?,
         };
         let p = p.mask(if self.causal {
             Mask::Causal
@@ -253,6 +263,50 @@ fn alibi(
         slopes,
         per_batch: shape.len() == 2 && batch > 1,
     }))
+}
+
+/// `learnable_sink` `[heads_q]` as the library's sink logits (their values are the library's
+/// to judge: finite).
+fn sink(logits: Option<&Bound<'_, PyAny>>, heads_q: usize) -> PyResult<Option<Vec<f32>>> {
+    let Some(x) = logits else {
+        return Ok(None);
+    };
+    let t = Borrowed::take(x, "learnable_sink")?;
+    let shape = t.shape();
+    if shape != [heads_q] {
+        return Err(invalid(format!(
+            "learnable_sink has shape {}; expected ({heads_q},): one logit per query head",
+            tuple(&shape)
+        )));
+    }
+    if t.place()?.is_some() || t.dtype()? != "float32" {
+        return Err(invalid(
+            "learnable_sink: pass a host float32 array (flashattn's functions copy it there)"
+                .into(),
+        ));
+    }
+    compact(&t, 1, "[heads_q]")?;
+    // SAFETY: a compact float32 tensor on the host.
+    Ok(Some(unsafe { t.slice::<f32>()? }.to_vec()))
+}
+
+/// The gradient buffer of a learnable sink, `d_sink`: float32, compact `[heads_q]`, on the
+/// call's device (checked with the others), and the problem must have a sink.
+pub(crate) fn check_d_sink(t: &Borrowed, p: &AttnProblem) -> PyResult<()> {
+    let hq = p.shape.heads_q;
+    if p.scores.sink.is_none() {
+        return Err(invalid(
+            "d_sink was given without learnable_sink: pass both, or neither".into(),
+        ));
+    }
+    if t.dtype()? != "float32" || compact(t, 1, "[heads_q]")? != [hq] {
+        return Err(invalid(format!(
+            "d_sink has shape {} and dtype {}; expected a contiguous float32 ({hq},)",
+            tuple(&t.shape()),
+            t.dtype()?
+        )));
+    }
+    Ok(())
 }
 
 /// The problem of a dense call: sizes `[batch, seqlen_q, seqlen_k, heads_q, heads_kv,

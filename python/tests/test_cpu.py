@@ -380,15 +380,26 @@ FA2_SIGNATURES = {
 }
 
 
+# flashattn's own arguments after FA2's: keyword only, so that no FA2 call changes meaning.
+EXTENSIONS = {
+    name: [("learnable_sink", None), ("s_aux", None)]
+    for name in FA2_SIGNATURES
+    if name != "flash_attn_with_kvcache"
+}
+
+
 def test_signatures_are_flash_attn_2s():
     import inspect
 
     for name, want in FA2_SIGNATURES.items():
         assert name in flashattn.__all__, name
-        params = inspect.signature(getattr(flashattn, name)).parameters.values()
+        params = list(inspect.signature(getattr(flashattn, name)).parameters.values())
         got = [(p.name, None if p.default is inspect.Parameter.empty else p.default) for p in params]
-        assert got == want, name
-        assert all(p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params), name
+        extra = EXTENSIONS.get(name, [])
+        assert got == want + extra, name
+        fa2, ours = params[: len(want)], params[len(want):]
+        assert all(p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD for p in fa2), name
+        assert all(p.kind == inspect.Parameter.KEYWORD_ONLY for p in ours), name
 
 
 def varlen_inputs(lens_q, lens_k, hq=4, hkv=2, d=16, seed=11, dtype=np.float16):
@@ -933,3 +944,278 @@ def test_torch_is_optional_and_either_import_order_compiles():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+# ---- learnable attention sinks (gpt-oss; issue 40 item 2) ----
+
+
+def reference_sink(q, k, v, sink, scale=None, causal=False, window=(-1, -1)):
+    """gpt-oss's attention in float64 (NumPy): each row's visible logits and its head's sink
+    logit in one softmax, the sink's column dropped (it has no value row). Returns (out, lse),
+    lse [batch, heads, seqlen_q] including the sink (a row that sees no key: out 0, lse sink)."""
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    g = hq // hkv
+    i = np.arange(sq)[:, None]
+    j = np.arange(sk)[None, :]
+    center = i + sk - sq
+    visible = np.ones((sq, sk), dtype=bool)
+    if causal:
+        visible &= j <= center
+    if window[0] >= 0:
+        visible &= j >= center - window[0]
+    if window[1] >= 0:
+        visible &= j <= center + window[1]
+    out = np.zeros_like(q)
+    lse = np.zeros((b, hq, sq))
+    for bb in range(b):
+        for h in range(hq):
+            s = np.where(visible, q[bb, :, h] @ k[bb, :, h // g].T * scale, -np.inf)
+            logits = np.concatenate([s, np.full((sq, 1), float(sink[h]))], axis=1)
+            m = logits.max(axis=1, keepdims=True)
+            p = np.exp(logits - m)
+            z = p.sum(axis=1, keepdims=True)
+            out[bb, :, h] = (p[:, :-1] / z) @ v[bb, :, h // g]
+            lse[bb, h] = m[:, 0] + np.log(z[:, 0])
+    return out, lse
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize(
+    "shape, causal, window",
+    [
+        ((2, 33, 47, 4, 2, 16), False, (-1, -1)),
+        ((1, 40, 25, 4, 1, 32), True, (-1, -1)),  # sq > sk: rows that see no key
+        ((2, 64, 64, 2, 2, 24), True, (8, -1)),
+    ],
+)
+def test_learnable_sink_forward(dtype, shape, causal, window):
+    """flash_attn_func and its packed forms with a sink (NumPy, the CPU backend) against
+    gpt-oss's definition; s_aux is the same argument; lse includes the sink."""
+    q, k, v = inputs(*shape, dtype=dtype, seed=31)
+    hq = shape[3]
+    sink = np.linspace(-1.0, 3.0, hq).astype(np.float32)
+    want, want_lse = reference_sink(q, k, v, sink, causal=causal, window=window)
+    out, lse, _ = flashattn.flash_attn_func(
+        q, k, v, causal=causal, window_size=window, learnable_sink=sink, return_attn_probs=True
+    )
+    close(out, want, dtype)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-4, atol=1e-4)
+    alias = flashattn.flash_attn_func(q, k, v, causal=causal, window_size=window, s_aux=sink)
+    np.testing.assert_array_equal(alias, out)
+    as_list = flashattn.flash_attn_func(
+        q, k, v, causal=causal, window_size=window, learnable_sink=sink.tolist()
+    )
+    np.testing.assert_array_equal(as_list, out)
+    kv = np.stack([k, v], axis=2)
+    packed = flashattn.flash_attn_kvpacked_func(
+        q, kv, causal=causal, window_size=window, learnable_sink=sink
+    )
+    np.testing.assert_array_equal(packed, out)
+    if causal and shape[1] > shape[2]:
+        # Rows that see no key: out 0, lse the sink's logit.
+        empty = shape[1] - shape[2]
+        assert not out[:, :empty].any()
+        np.testing.assert_allclose(lse[:, :, :empty], np.broadcast_to(sink[None, :, None], lse[:, :, :empty].shape), rtol=0, atol=0)
+    # Without the sink the answer differs (the check can fail).
+    plain = flashattn.flash_attn_func(q, k, v, causal=causal, window_size=window)
+    assert np.abs(plain.astype(np.float64) - want).max() > 1e-2
+
+
+def test_learnable_sink_varlen_and_qkvpacked():
+    q, k, v, cq, ck = varlen_inputs([5, 30, 9], [7, 40, 0], hq=4, hkv=2, d=16, seed=5)
+    sink = np.array([0.5, -1.0, 2.0, 4.0], dtype=np.float32)
+    out, lse, _ = flashattn.flash_attn_varlen_func(
+        q, k, v, cq, ck, 30, 40, causal=True, learnable_sink=sink, return_attn_probs=True
+    )
+    for n in range(3):
+        qs, ks, vs = q[cq[n]:cq[n + 1]][None], k[ck[n]:ck[n + 1]][None], v[ck[n]:ck[n + 1]][None]
+        want, want_lse = reference_sink(qs, ks, vs, sink, causal=True)
+        close(out[cq[n]:cq[n + 1]][None], want, np.float16)
+        np.testing.assert_allclose(lse[:, cq[n]:cq[n + 1]], want_lse[0], rtol=1e-4, atol=1e-4)
+    # The last sequence has no key: every row's lse is its head's sink.
+    np.testing.assert_array_equal(lse[:, cq[2]:], np.repeat(sink[:, None], 9, axis=1))
+    qkv = np.stack([q[:12], q[:12], q[:12]], axis=1)
+    cu = np.array([0, 5, 12], dtype=np.int32)
+    got = flashattn.flash_attn_varlen_qkvpacked_func(qkv, cu, 7, s_aux=sink)
+    want = flashattn.flash_attn_varlen_func(q[:12], q[:12], q[:12], cu, cu, 7, 7, learnable_sink=sink)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_learnable_sink_refusals():
+    q, k, v = inputs(1, 8, 8, 4, 2, 16)
+    sink = np.zeros(4, dtype=np.float32)
+    for bad, says in [
+        (np.zeros(3, dtype=np.float32), r"shape \(3,\); expected \(4,\)"),
+        (np.zeros((1, 4), dtype=np.float32), r"shape \(1, 4\)"),
+        (np.array([0.0, np.nan, 0.0, 0.0], dtype=np.float32), r"learnable_sink\[1\]"),
+        (np.array([0.0, 0.0, np.inf, 0.0], dtype=np.float32), r"learnable_sink\[2\]"),
+        (np.zeros(4, dtype=np.int32), "int32"),
+        (np.zeros(4, dtype=np.float64), "float64"),
+        ("sink", "not a tensor of logits"),
+    ]:
+        with pytest.raises(flashattn.FlashAttnError, match=says):
+            flashattn.flash_attn_func(q, k, v, learnable_sink=bad)
+    with pytest.raises(flashattn.FlashAttnError, match="alias"):
+        flashattn.flash_attn_func(q, k, v, learnable_sink=sink, s_aux=sink)
+    # Keyword only: after return_attn_probs and the three FP8 descales, no positional slot.
+    with pytest.raises(TypeError):
+        flashattn.flash_attn_func(
+            q, k, v, 0.0, None, False, (-1, -1), 0.0, None, False, False, None, None, None, sink
+        )
+    # The native calls: d_sink without a sink, and of the wrong size.
+    out, lse = np.zeros_like(q), np.zeros((1, 4, 8), dtype=np.float32)
+    flashattn._native.forward(q, k, v, out, lse, None, False, -1, -1, 0.0, None, learnable_sink=sink)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for ls, ds, says in [
+        (None, np.zeros(4, dtype=np.float32), "d_sink was given without learnable_sink"),
+        (sink, np.zeros(3, dtype=np.float32), r"d_sink has shape \(3,\)"),
+        (sink, np.zeros(4, dtype=np.float16), "d_sink has shape"),
+    ]:
+        with pytest.raises(flashattn.FlashAttnError, match=says):
+            flashattn._native.backward(
+                q, k, v, out, lse, out.copy(), dq, dk, dv, None, False, -1, -1, 0.0, None, False,
+                learnable_sink=ls, d_sink=ds,
+            )
+
+
+def torch_reference_sink(q, k, v, sink, causal=False, window=(-1, -1), softcap=0.0):
+    """gpt-oss's attention in PyTorch float64, differentiable in q, k, v and the sink."""
+    import torch
+
+    q, k, v = (x.double().transpose(1, 2) for x in (q, k, v))
+    b, h, sq, d = q.shape
+    sk = k.shape[2]
+    g = h // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    s = q @ k.transpose(-1, -2) / d ** 0.5
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(sq)[:, None]
+    j = torch.arange(sk)[None, :]
+    center = i + sk - sq
+    mask = torch.ones(sq, sk, dtype=torch.bool)
+    if causal:
+        mask &= j <= center
+    if window[0] >= 0:
+        mask &= j >= center - window[0]
+    if window[1] >= 0:
+        mask &= j <= center + window[1]
+    s = s.masked_fill(~mask, float("-inf"))
+    logits = torch.cat([s, sink.double().reshape(1, h, 1, 1).expand(b, h, sq, 1)], dim=-1)
+    p = torch.softmax(logits, dim=-1)[..., :-1]
+    return (p @ v).transpose(1, 2), torch.logsumexp(logits, dim=-1)
+
+
+@pytest.mark.parametrize("sink_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    "shape, causal, window, softcap",
+    [
+        ((2, 33, 47, 4, 2, 16), False, (-1, -1), 0.0),
+        ((1, 40, 25, 4, 1, 32), True, (-1, -1), 0.0),  # rows that see no key
+        ((2, 30, 30, 2, 2, 8), True, (6, -1), 5.0),
+    ],
+)
+def test_learnable_sink_gradients_against_pytorch(sink_dtype, shape, causal, window, softcap):
+    """Forward, lse and the gradients of q, k, v and the sink (a parameter in float32 or
+    bfloat16: its gradient comes back in its dtype) against PyTorch's autograd in float64."""
+    torch = pytest.importorskip("torch")
+    b, sq, sk, hq, hkv, d = shape
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(b, sq, hq, d, generator=g, requires_grad=True)
+    k = torch.randn(b, sk, hkv, d, generator=g, requires_grad=True)
+    v = torch.randn(b, sk, hkv, d, generator=g, requires_grad=True)
+    dtype = getattr(torch, sink_dtype)
+    sink = torch.linspace(-1.0, 2.5, hq).to(dtype).requires_grad_(True)
+    out, lse, _ = flashattn.flash_attn_func(
+        q, k, v, causal=causal, window_size=window, softcap=softcap, learnable_sink=sink,
+        return_attn_probs=True,
+    )
+    refs = [x.detach().requires_grad_(True) for x in (q, k, v, sink)]
+    want, want_lse = torch_reference_sink(*refs[:3], refs[3], causal, window, softcap)
+    assert torch.allclose(out.double(), want, rtol=1e-4, atol=1e-5)
+    assert torch.allclose(lse.double(), want_lse, rtol=1e-4, atol=1e-4)
+    do = torch.randn(out.shape, generator=g)
+    out.backward(do)
+    want.backward(do.double())
+    for name, x, r in zip(("dq", "dk", "dv", "d_sink"), (q, k, v, sink), refs):
+        assert x.grad is not None and x.grad.dtype == x.dtype, name
+        err = (x.grad.double() - r.grad).norm() / r.grad.norm()
+        assert err < 1e-4, f"{name}: rel-L2 {err:.2e}"
+    assert sink.grad.abs().sum() > 0  # a check that can fail
+
+
+def test_learnable_sink_gradient_alone_and_the_varlen_refusal():
+    """Only the sink requires grad: it alone gets a gradient. Through varlen (no backward yet)
+    the forward runs and a backward raises the documented type."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 20, 2, 16, generator=g) for _ in range(3))
+    sink = torch.tensor([0.3, -0.4], requires_grad=True)
+    out = flashattn.flash_attn_func(q, k, v, causal=True, learnable_sink=sink)
+    assert out.requires_grad
+    out.sum().backward()
+    ref = sink.detach().clone().requires_grad_(True)
+    torch_reference_sink(q, k, v, ref, causal=True)[0].sum().backward()
+    assert torch.allclose(sink.grad.double(), ref.grad.double(), rtol=1e-4, atol=1e-6)
+    with pytest.raises(flashattn.FlashAttnError, match="is on meta but q is on cpu"):
+        flashattn.flash_attn_func(q, k, v, learnable_sink=torch.zeros(2, device="meta"))
+    with pytest.raises(flashattn.FlashAttnError, match="int64"):
+        flashattn.flash_attn_func(q, k, v, learnable_sink=torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(flashattn.FlashAttnError, match="PyTorch tensor but q is not"):
+        flashattn.flash_attn_func(q.numpy(), k.numpy(), v.numpy(), learnable_sink=torch.zeros(2))
+    cu = torch.tensor([0, 7, 20], dtype=torch.int32)
+    got = flashattn.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 13, 13, learnable_sink=sink)
+    assert got.requires_grad
+    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="no backward"):
+        got.sum().backward()
+
+
+def test_learnable_sink_custom_ops_and_torch_compile():
+    """The ops carry the sink (opcheck), and a compiled module with a sink parameter gives
+    eager's outputs and gradients (the sink's included)."""
+    torch = _torch_compile()
+    from flashattn import _torch_ops as ops
+
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 9, 4, 16, generator=g, requires_grad=True)
+    k = torch.randn(2, 11, 2, 16, generator=g, requires_grad=True)
+    v = torch.randn(2, 11, 2, 16, generator=g, requires_grad=True)
+    sink = torch.tensor([0.5, -1.0, 2.0, 0.0], requires_grad=True)
+    args = (q, k, v, None, True, -1, -1, 0.0, None, False, True, sink)
+    torch.library.opcheck(ops.fwd, args)
+    out, lse = ops.fwd(*args)
+    do = torch.randn(out.shape, generator=g)
+    plain = [x.detach() for x in (q, k, v, out)]
+    torch.library.opcheck(ops.bwd, (do, *plain, lse, None, True, -1, -1, 0.0, None, False, sink.detach()))
+    qs, cu = torch.randn(12, 4, 16, generator=g), torch.tensor([0, 5, 12], dtype=torch.int32)
+    torch.library.opcheck(ops.varlen_fwd, (qs, qs, qs, cu, cu, 7, 7, None, True, -1, -1, 0.0, None, False, sink.detach()))
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(32, 3 * 32)
+            self.sinks = torch.nn.Parameter(torch.tensor([0.25, 1.5]))
+
+        def forward(self, x):
+            b, n, _ = x.shape
+            qkv = self.lin(x).view(b, n, 3, 2, 16)
+            o = flashattn.flash_attn_qkvpacked_func(qkv, causal=True, learnable_sink=self.sinks)
+            o2 = flashattn.flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], s_aux=self.sinks)
+            return (o + o2).sum(-1)
+
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(2, 20, 32)
+    want = model(x)
+    want.square().sum().backward()
+    want_grads = [p.grad.clone() for p in model.parameters()]
+    assert model.sinks.grad.abs().sum() > 0
+    model.zero_grad()
+    torch._dynamo.reset()
+    got = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+    got.square().sum().backward()
+    assert torch.equal(got, want)
+    for p, w in zip(model.parameters(), want_grads):
+        assert torch.equal(p.grad, w)

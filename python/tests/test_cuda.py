@@ -678,3 +678,103 @@ def test_torch_compile_reduce_overhead_captures_the_forward():
     for seed in range(4):
         q, k, v = (rand(2, 512, 8, 64, seed=seed * 3 + i) for i in range(3))
         assert torch.equal(f(q, k, v), flash_attn_func(q, k, v, causal=True)), seed
+
+
+# ---- learnable attention sinks (gpt-oss; issue 40 item 2) ----
+
+
+def reference_sink(q, k, v, sink, causal=False, window=(-1, -1), softcap=0.0):
+    """gpt-oss's attention in float32, bshd in and out: each row's visible logits and its
+    head's sink in one softmax, the sink's column dropped; also the lse (sink included)."""
+    q, k, v = (x.float().transpose(1, 2) for x in (q, k, v))
+    b, h, sq, d = q.shape
+    sk = k.shape[2]
+    g = h // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(d)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(sq, device=q.device)[:, None]
+    j = torch.arange(sk, device=q.device)[None, :]
+    center = i + sk - sq
+    mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if causal:
+        mask &= j <= center
+    if window[0] >= 0:
+        mask &= j >= center - window[0]
+    if window[1] >= 0:
+        mask &= j <= center + window[1]
+    s = s.masked_fill(~mask, float("-inf"))
+    logits = torch.cat([s, sink.float().reshape(1, h, 1, 1).expand(b, h, sq, 1)], dim=-1)
+    p = torch.softmax(logits, dim=-1)[..., :-1]
+    return (p @ v).transpose(1, 2), torch.logsumexp(logits, dim=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    "shape, causal, window, softcap",
+    [
+        ((2, 137, 251, 8, 2, 128), False, (-1, -1), 0.0),  # attn_wgmma / attn_bwd_wgmma
+        ((2, 300, 200, 4, 1, 64), True, (-1, -1), 0.0),  # rows that see no key, MQA
+        ((1, 200, 333, 6, 2, 96), True, (-1, -1), 0.0),
+        ((1, 97, 97, 2, 2, 77), True, (20, -1), 0.0),  # odd head_dim (padded), a window
+        ((1, 150, 150, 4, 2, 64), False, (-1, -1), 5.0),  # with softcap (attn_bwd)
+    ],
+)
+def test_learnable_sink_forward_and_backward(dtype, shape, causal, window, softcap):
+    """out, lse and the gradients of q, k, v and the sink (a float32 parameter, and a bf16 one
+    on bf16 inputs) against PyTorch's autograd in float32."""
+    b, sq, sk, hq, hkv, d = shape
+    q, k, v = (rand(b, s, h, d, dtype=dtype, seed=i) for i, (s, h) in enumerate([(sq, hq), (sk, hkv), (sk, hkv)]))
+    q, k, v = (x.requires_grad_(True) for x in (q, k, v))
+    sink_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+    sink = torch.linspace(-1.0, 3.0, hq, device="cuda").to(sink_dtype).requires_grad_(True)
+    out, lse, _ = flash_attn_func(
+        q, k, v, causal=causal, window_size=window, softcap=softcap, learnable_sink=sink,
+        return_attn_probs=True,
+    )
+    refs = [x.detach().float().requires_grad_(True) for x in (q, k, v, sink)]
+    want, want_lse = reference_sink(*refs, causal=causal, window=window, softcap=softcap)
+    close(out, want, "out")
+    assert (lse - want_lse).abs().max() < 2e-3, "lse"
+    do = rand(*out.shape, dtype=dtype, seed=9)
+    out.backward(do)
+    want.backward(do.float())
+    for name, x, xr in zip(("dq", "dk", "dv", "d_sink"), (q, k, v, sink), refs):
+        assert x.grad.dtype == x.dtype, name
+        close(x.grad, xr.grad, name)
+
+
+def test_learnable_sink_varlen_and_capture():
+    """A packed batch with a sink (a sequence without keys: its lse is the sink) against the
+    dense calls; a sink inside a CUDA graph capture is refused with the package's error."""
+    hq, d = 4, 64
+    lq, lk = [65, 40, 200], [300, 0, 70]
+    cq = torch.tensor([0, 65, 105, 305], dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0, 300, 300, 370], dtype=torch.int32, device="cuda")
+    q, k, v = rand(305, hq, d, seed=1), rand(370, 2, d, seed=2), rand(370, 2, d, seed=3)
+    sink = torch.tensor([0.5, -1.0, 2.0, 4.0], device="cuda")
+    out, lse, _ = flashattn.flash_attn_varlen_func(
+        q, k, v, cq, ck, 200, 300, causal=True, learnable_sink=sink, return_attn_probs=True
+    )
+    for n in (0, 2):
+        a, e = int(cq[n]), int(cq[n + 1])
+        ka, ke = int(ck[n]), int(ck[n + 1])
+        want, want_lse = reference_sink(q[None, a:e], k[None, ka:ke], v[None, ka:ke], sink, causal=True)
+        close(out[None, a:e], want, f"sequence {n}")
+        assert (lse[:, a:e] - want_lse[0]).abs().max() < 2e-3
+    assert torch.equal(lse[:, 65:105], sink[:, None].expand(hq, 40))
+    assert not out[65:105].any()
+    x = rand(1, 256, 4, 64, seed=4)
+    flash_attn_func(x, x, x, learnable_sink=sink)  # warm-up outside the capture
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(Exception) as e:
+        with torch.cuda.graph(g):
+            flash_attn_func(x, x, x, learnable_sink=sink)
+    chain, err = [], e.value
+    while err is not None:
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    assert any(isinstance(x, flashattn.FlashAttnError) and "capture" in str(x) for x in chain), chain
+    with pytest.raises(flashattn.FlashAttnError, match="on cpu but q is on cuda"):
+        flash_attn_func(x, x, x, learnable_sink=sink.cpu())

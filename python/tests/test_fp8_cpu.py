@@ -159,6 +159,9 @@ def test_errors():
         (lambda: flash_attn_func(q, k.to(torch.float8_e5m2), v), "float8_e5m2"),
         (lambda: flash_attn_func(q.to(torch.float8_e5m2), k.to(torch.float8_e5m2), v.to(torch.float8_e5m2)), "float8_e4m3fn only"),
         (lambda: flash_attn_func(q, k, v, dropout_p=0.1), "dropout"),
+        # A learnable sink is refused by name (the FP8 kernels and CPU backend take none).
+        (lambda: flash_attn_func(q, k, v, learnable_sink=torch.zeros(4)), "learnable_sink with FP8"),
+        (lambda: flash_attn_func(q, k, v, s_aux=[0.0] * 4), "learnable_sink with FP8"),
     ]
     for call, match in unsupported:
         with pytest.raises(flashattn.FlashAttnUnsupportedError, match=match):
@@ -205,7 +208,11 @@ def test_signature_adds_fa3s_descales_after_fa2s_arguments():
     import inspect
 
     for fn in (flash_attn_func, flashattn.flash_attn_qkvpacked_func, flashattn.flash_attn_kvpacked_func):
-        names = list(inspect.signature(fn).parameters)
+        # The positional ones (flashattn's keyword-only extensions, learnable_sink, follow).
+        names = [
+            p.name for p in inspect.signature(fn).parameters.values()
+            if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD
+        ]
         assert names[-4:] == ["return_attn_probs", "q_descale", "k_descale", "v_descale"], fn
 
 

@@ -35,7 +35,7 @@ pub use runtime::device::{
     COUNTER_SLOTS, ContextGuard, DeviceInfo, Gpu, LoadedKernel, shared_gpu, stream_capturing,
 };
 pub use runtime::foreign::ForeignSlice;
-pub use runtime::launch::{GpuElement, KernelKind, LaunchInfo, score_defines};
+pub use runtime::launch::{GpuElement, KernelKind, LaunchInfo, score_defines, sink_defines};
 pub use runtime::nvrtc::{Cubin, PtxasStats, compile_cubin};
 pub use sources::KernelSource;
 

@@ -74,11 +74,13 @@ pub enum KernelSource {
     AttnBwd,
     /// The Hopper backward: wgmma + TMA + a producer warp (sm_90a only).
     AttnBwdWgmma,
+    /// The gradient of a learnable sink, from the backward's D and the forward's lse.
+    SinkGrad,
 }
 
 impl KernelSource {
     /// Every source, for compile tests.
-    pub const ALL: [KernelSource; 14] = [
+    pub const ALL: [KernelSource; 15] = [
         KernelSource::AttnWgmmaFp8,
         KernelSource::LayoutProbe,
         KernelSource::AttnNaive,
@@ -93,6 +95,7 @@ impl KernelSource {
         KernelSource::ReadPass,
         KernelSource::AttnBwd,
         KernelSource::AttnBwdWgmma,
+        KernelSource::SinkGrad,
     ];
 
     /// File stem, also the NVRTC program name.
@@ -112,6 +115,7 @@ impl KernelSource {
             KernelSource::ReadPass => "read_pass",
             KernelSource::AttnBwd => "attn_bwd",
             KernelSource::AttnBwdWgmma => "attn_bwd_wgmma",
+            KernelSource::SinkGrad => "sink_grad",
         }
     }
 
@@ -147,6 +151,7 @@ impl KernelSource {
             KernelSource::ReadPass => include_str!("../../kernels/probe/read_pass.cu"),
             KernelSource::AttnBwd => include_str!("../../kernels/bwd/attn_bwd.cu"),
             KernelSource::AttnBwdWgmma => include_str!("../../kernels/bwd/attn_bwd_wgmma.cu"),
+            KernelSource::SinkGrad => include_str!("../../kernels/bwd/sink_grad.cu"),
         }
     }
 

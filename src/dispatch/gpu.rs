@@ -218,6 +218,7 @@ pub fn try_host_varlen_backward<T: Element>(
                     dq: back(g.dq),
                     dk: back(g.dk),
                     dv: back(g.dv),
+                    d_sink: g.d_sink,
                     ran,
                 };
                 return Ok((grads, backend(g.info.kernel)));

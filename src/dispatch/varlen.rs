@@ -49,7 +49,7 @@ pub fn forward<T: Element>(
     let (hq, total, row) = (p.heads_q, p.total_q(), p.heads_q * p.head_dim);
     let mut out = VarlenOutput {
         o: vec![T::from_f32(0.0); total * row],
-        lse: vec![f32::NEG_INFINITY; hq * total],
+        lse: p.empty_lse_rows(),
         ran: format!("sequence by sequence, backend choice {choice:?} ({why})"),
     };
     per_sequence(
@@ -75,7 +75,8 @@ pub fn forward<T: Element>(
 /// (`Auto` falls back to it where the GPU cannot take the call, and says why in `ran`).
 /// `opts.deterministic`: dq the same bytes run to run (the CPU always is); `opts.kernel` picks
 /// the GPU kernel (attn_bwd_wgmma does not take packed batches: asking for it by name is an
-/// error).
+/// error). With a learnable sink, `d_sink` holds its gradient (both backends: the same sum
+/// over every packed row as the dense backward's).
 ///
 /// # Errors
 /// Validation errors before any work ([`VarlenProblem::validate`]: offsets not starting at 0,
@@ -120,6 +121,7 @@ pub fn backward<T: Element>(
         dq: vec![zero; nq],
         dk: vec![zero; nk],
         dv: vec![zero; nk],
+        d_sink: None,
         ran: format!(
             "cpu ({} threads), sequence by sequence ({why})",
             rayon::current_num_threads()
@@ -135,5 +137,40 @@ pub fn backward<T: Element>(
             crate::cpu_backward::backward(&s.p, q, k, v, o, &s.lse, d_o, dq, dk, dv)
         },
     )?;
+    g.d_sink = cpu_sink_grad(p, o, lse, d_o)?;
     Ok(g)
+}
+
+/// The learnable sink's gradient of a packed batch on the CPU (`None` without a sink):
+/// [`crate::cpu_backward::sink_grad`] on the packed rows seen as one dense batch entry of
+/// `total_q` rows (o and do `[1, total_q, heads_q, head_dim]`, lse `[1, heads_q, total_q]`:
+/// the packed layouts). Every row counts, each sequence's alike; rows that see no key have
+/// o = 0 and add nothing. The caller checked the lengths.
+fn cpu_sink_grad<T: Element>(
+    p: &VarlenProblem,
+    o: &[T],
+    lse: &[f32],
+    d_o: &[T],
+) -> Result<Option<Vec<f32>>> {
+    let Some(sink) = &p.scores.sink else {
+        return Ok(None);
+    };
+    let mut d_sink = vec![0.0f32; p.heads_q];
+    if p.total_q() == 0 {
+        return Ok(Some(d_sink));
+    }
+    let rows = crate::shape::AttnProblem::new(crate::shape::AttnShape {
+        batch: 1,
+        seqlen_q: p.total_q(),
+        seqlen_k: 1,
+        heads_q: p.heads_q,
+        heads_kv: p.heads_kv,
+        head_dim: p.head_dim,
+    })?
+    .with_scores(crate::scores::ScoreMods {
+        sink: Some(sink.clone()),
+        ..Default::default()
+    })?;
+    crate::cpu_backward::sink_grad(&rows, o, lse, d_o, &mut d_sink)?;
+    Ok(Some(d_sink))
 }

@@ -115,7 +115,9 @@ fn gather<T: Copy>(x: &[T], batch: usize, len: usize, row: usize, pos: &[usize])
 /// Ring attention over `ranks` simulated ranks on the CPU (self-attention: `seqlen_q ==
 /// seqlen_k`; q, k, v dense). Rank `r` holds the rows of [`Sharding::zigzag`] (causal) or
 /// [`Sharding::contiguous`] (otherwise); at step `t` it attends its queries to the key/value
-/// shard of rank `(r - t) mod ranks` and merges the partial result into its running one.
+/// shard of rank `(r - t) mod ranks` and merges the partial result into its running one; a
+/// learnable sink is merged in once at the end (the partial results of [`partial_cpu`] have
+/// none).
 ///
 /// # Errors
 /// The problem's validation errors; [`AttnError::InvalidInput`] for `seqlen_q != seqlen_k`
@@ -197,6 +199,21 @@ pub fn ring_forward_cpu<T: Element>(
         }
         // Send to the next rank: rank r + 1 now holds what rank r held.
         in_hand.rotate_right(1);
+    }
+    // A learnable sink joins each row's denominator once, after every shard's keys: one more
+    // merged part with the sink's logit and o = 0 ([`crate::merge`]).
+    if let Some(sink) = &p.scores.sink {
+        let (d, hq) = (s.head_dim, s.heads_q);
+        for (ro, rl) in run.iter_mut() {
+            ro.par_chunks_mut(d.max(1))
+                .zip(rl.par_iter_mut())
+                .enumerate()
+                .for_each(|(r, (o, l))| {
+                    let old = o.to_vec();
+                    let zero = vec![0.0f32; d];
+                    *l = merge_row([(&old[..], *l), (&zero[..], sink[r % hq])].into_iter(), o);
+                });
+        }
     }
     // Every rank's rows back to their global places.
     let mut o = vec![T::from_f32(0.0); s.batch * len * rq];

@@ -30,9 +30,17 @@ use crate::shape::{AttnProblem, Strides};
 ///
 /// # Errors
 /// Those of [`AttnProblem::validate`], [`Fp8Descales::validate`] and
-/// [`AttnProblem::check_lengths`].
+/// [`AttnProblem::check_lengths`]; [`crate::AttnError::UnsupportedFeature`] for a learnable
+/// sink (neither the FP8 kernel nor its oracle and tolerance have one).
 pub fn check_call(p: &AttnProblem, descales: &Fp8Descales, lens: [usize; 5]) -> Result<()> {
     p.validate()?;
+    if p.scores.sink.is_some() {
+        return Err(crate::AttnError::UnsupportedFeature {
+            feature: "a learnable sink".into(),
+            backend: "FP8 attention (every backend)".into(),
+            hint: "run it with 16-bit inputs (flashattn::forward), which take a sink".into(),
+        });
+    }
     descales.validate(&p.shape)?;
     let [q, k, v, o, lse] = lens;
     p.check_lengths(q, k, v, o, lse)

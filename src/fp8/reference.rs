@@ -79,7 +79,7 @@ type Row = (Vec<f64>, Vec<f64>, Vec<f64>, f64, f64);
 /// Exact FP8 attention of `q`, `k`, `v` (laid out by `p`'s strides) dequantised by `descales`.
 ///
 /// # Errors
-/// Those of [`AttnProblem::validate`], [`Fp8Descales::validate`], and buffer lengths.
+/// Those of [`crate::fp8::check_call`] (a learnable sink among them).
 pub fn attention(
     p: &AttnProblem,
     q: &[E4m3],
@@ -87,9 +87,11 @@ pub fn attention(
     v: &[E4m3],
     descales: &Fp8Descales,
 ) -> Result<Fp8Reference> {
-    p.validate()?;
-    descales.validate(&p.shape)?;
-    p.check_lengths(q.len(), k.len(), v.len(), usize::MAX, usize::MAX)?;
+    crate::fp8::check_call(
+        p,
+        descales,
+        [q.len(), k.len(), v.len(), usize::MAX, usize::MAX],
+    )?;
     let s = p.shape;
     let (d, sq, hq, hkv) = (s.head_dim, s.seqlen_q, s.heads_q, s.heads_kv);
     let group = s.group_size();

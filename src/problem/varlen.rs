@@ -7,7 +7,7 @@
 //!   `cu_seqlens_k[b]..cu_seqlens_k[b+1]`;
 //! - sequences are independent: the mask (causal bottom-right), window and ALiBi distances
 //!   are those of each sequence's own lengths; zero-length sequences are legal (a query that
-//!   sees no key gives `o = 0`, `lse = -inf`);
+//!   sees no key gives `o = 0`, `lse = -inf`, or the sink's logit with a learnable sink);
 //! - `o` packed like q; `lse` `[heads_q, total_q]` (natural log);
 //! - the backward ([`crate::dispatch::varlen::backward`]) takes `do` packed like q and gives
 //!   `dq` packed like q, `dk` and `dv` like k.
@@ -59,7 +59,8 @@ pub struct VarlenOutput<T> {
 
 /// The gradients of a varlen backward call ([`crate::dispatch::varlen::backward`]): `dq`
 /// packed like q `[total_q, heads_q, head_dim]`, `dk` and `dv` like k `[total_k, heads_kv,
-/// head_dim]` (summed over the query heads of each kv head), and where it ran.
+/// head_dim]` (summed over the query heads of each kv head), the learnable sink's gradient
+/// when the problem has one, and where it ran.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VarlenGrads<T> {
     /// Gradient of q, packed like q.
@@ -68,6 +69,9 @@ pub struct VarlenGrads<T> {
     pub dk: Vec<T>,
     /// Gradient of v, packed like v.
     pub dv: Vec<T>,
+    /// Gradient of the learnable sink, `[heads_q]` f32 (summed over every packed row), when
+    /// the problem has one ([`crate::cpu_backward::sink_grad`] states it).
+    pub d_sink: Option<Vec<f32>>,
     /// The backend and kernel that ran, and why.
     pub ran: String,
 }
@@ -174,6 +178,24 @@ impl VarlenProblem {
         .validate()?;
         check_scale(self.softmax_scale)?;
         self.scores.validate(self.batch(), self.heads_q)
+    }
+
+    /// The `lse` of a row of head `h` that sees no key: `-inf`, or the learnable sink's logit
+    /// ([`crate::scores`]).
+    pub fn empty_lse(&self, h: usize) -> f32 {
+        self.scores
+            .sink
+            .as_ref()
+            .map_or(f32::NEG_INFINITY, |s| s[h])
+    }
+
+    /// `lse` `[heads_q, total_q]` as every row that sees no key has it ([`Self::empty_lse`]):
+    /// what the sequence-by-sequence paths start from.
+    pub(crate) fn empty_lse_rows(&self) -> Vec<f32> {
+        let total = self.total_q();
+        (0..self.heads_q * total)
+            .map(|n| self.empty_lse(n / total.max(1)))
+            .collect()
     }
 
     /// Sequence `b` as a dense batch-1 problem, with its offsets `(q0, k0)`; `None` when it
@@ -347,7 +369,8 @@ pub(crate) fn backward_per_sequence<T: Element>(
 
 /// The exact gradients of a packed batch in f64 ([`crate::reference_grad`] per sequence):
 /// `dq` packed like q, `dk` and `dv` like k (zero for keys no query sees, and for the rows of
-/// sequences without keys). `d_o` is packed like q.
+/// sequences without keys), and a learnable sink's gradient summed over the sequences (rows
+/// that see no key add nothing: their o is 0). `d_o` is packed like q.
 ///
 /// # Errors
 /// Validation errors of `p`; [`AttnError::BufferTooShort`] for q, k, v or do shorter than
@@ -374,6 +397,7 @@ pub fn reference_backward<T: Element>(
         dq: vec![0.0; nq],
         dk: vec![0.0; nk],
         dv: vec![0.0; nk],
+        d_sink: p.scores.sink.as_ref().map(|_| vec![0.0; p.heads_q]),
     };
     for b in 0..p.batch() {
         let Some((sp, q0, k0)) = p.sequence(b)? else {
@@ -391,6 +415,9 @@ pub fn reference_backward<T: Element>(
         out.dq[rq].copy_from_slice(&g.dq);
         out.dk[rk.clone()].copy_from_slice(&g.dk);
         out.dv[rk].copy_from_slice(&g.dv);
+        if let (Some(total), Some(part)) = (&mut out.d_sink, &g.d_sink) {
+            total.iter_mut().zip(part).for_each(|(t, x)| *t += x);
+        }
     }
     Ok(out)
 }
@@ -443,7 +470,7 @@ pub(crate) fn per_sequence<T: Element, R>(
 ) -> Result<()> {
     let (row_q, row_k) = (p.heads_q * p.head_dim, p.heads_kv * p.head_dim);
     for b in 0..p.batch() {
-        // No query, or no key: the caller's initial o = 0, lse = -inf stand.
+        // No query, or no key: the caller's initial o = 0, lse = empty_lse stand.
         let Some((sp, q0, k0)) = p.sequence(b)? else {
             continue;
         };
@@ -475,7 +502,7 @@ pub fn reference<T: Element>(
     let (hq, total, row) = (p.heads_q, p.total_q(), p.heads_q * p.head_dim);
     let mut out = reference::Reference {
         o: vec![0.0; total * row],
-        lse: vec![f64::NEG_INFINITY; hq * total],
+        lse: p.empty_lse_rows().into_iter().map(f64::from).collect(),
         precision: vec![RowPrecision::default(); hq * total],
     };
     per_sequence(p, q, k, v, reference::attention, |at, r| {

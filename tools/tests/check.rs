@@ -154,3 +154,76 @@ fn backward_softcap_and_alibi_cases_are_labelled_and_within_reach() {
         }
     }
 }
+
+/// The sink cases of `check` (forward, packed, KV cache, backward) are labelled ` sink`, and the
+/// backward ones are within reach: the CPU backward and `sink_grad` meet the bound the GPU is
+/// held to against the exact gradients (d_sink included) on each.
+#[test]
+fn sink_cases_are_labelled_and_within_reach() {
+    use flashattn::compare::{Tolerance, diff, random_vec, widen};
+    use flashattn::dtype::DType;
+    use flashattn::{cpu, cpu_backward, reference_grad};
+    use flashattn_tools::check::backward::{cases, sink_cases};
+    let forward = flashattn_tools::check::cases(false);
+    let sunk: Vec<_> = forward
+        .iter()
+        .filter(|c| c.problem.scores.sink.is_some())
+        .collect();
+    assert!(sunk.len() >= 16, "{} forward sink cases", sunk.len());
+    assert!(sunk.iter().all(|c| c.label.contains("sink")));
+    assert!(
+        forward
+            .iter()
+            .filter(|c| c.label.contains("sink"))
+            .all(|c| c.problem.scores.sink.is_some())
+    );
+    for c in flashattn_tools::check::varlen::cases() {
+        assert_eq!(c.label.contains("sink"), c.problem.scores.sink.is_some());
+    }
+    for c in flashattn_tools::check::kvcache::cases() {
+        assert_eq!(c.label.contains("sink"), c.problem.scores.sink.is_some());
+    }
+    let all = cases();
+    let sinks = sink_cases();
+    assert!(sinks.len() >= 14, "{} backward sink cases", sinks.len());
+    fn one<T: Element>(p: &flashattn::AttnProblem, label: &str) {
+        let s = p.shape;
+        let (q, k, v) = random_inputs::<T>(p, 13);
+        let n_o = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
+        let n_k = s.batch * s.seqlen_k * s.heads_kv * s.head_dim;
+        let (mut o, mut lse) = (vec![T::default(); n_o], vec![0.0f32; s.lse_len()]);
+        cpu::forward(p, &q, &k, &v, &mut o, &mut lse).unwrap();
+        let d_o: Vec<T> = random_vec(n_o, 0xd0);
+        let (mut dq, mut dk, mut dv) = (
+            vec![T::default(); n_o],
+            vec![T::default(); n_k],
+            vec![T::default(); n_k],
+        );
+        cpu_backward::backward(p, &q, &k, &v, &o, &lse, &d_o, &mut dq, &mut dk, &mut dv).unwrap();
+        let mut d_sink = vec![0.0f32; s.heads_q];
+        cpu_backward::sink_grad(p, &o, &lse, &d_o, &mut d_sink).unwrap();
+        let exact = reference_grad::backward(p, &q, &k, &v, &d_o).unwrap();
+        let bound = 2.0 * Tolerance::for_dtype(T::DTYPE).o_rel_l2;
+        let want_sink = exact.d_sink.as_ref().expect("a sink case");
+        for (name, g, want) in [
+            ("dq", widen(&dq).collect::<Vec<_>>(), &exact.dq),
+            ("dk", widen(&dk).collect(), &exact.dk),
+            ("dv", widen(&dv).collect(), &exact.dv),
+            ("d_sink", widen(&d_sink).collect(), want_sink),
+        ] {
+            let d = diff(g, want);
+            assert!(
+                d.is_clean() && d.rel_l2 <= bound,
+                "{label} {name}: {d} (bound {bound:e})"
+            );
+        }
+    }
+    for c in &sinks {
+        assert!(c.label.contains("sink"), "{}", c.label);
+        assert!(all.iter().any(|a| a.label == c.label));
+        match c.dtype {
+            DType::BF16 => one::<bf16>(&c.problem, &c.label),
+            _ => one::<f16>(&c.problem, &c.label),
+        }
+    }
+}

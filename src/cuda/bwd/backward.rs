@@ -9,6 +9,12 @@
 //!
 //! Both have the deterministic mode.
 //!
+//! A learnable sink ([`crate::scores`]) changes neither: the forward's lse includes it, so P and
+//! dS recomputed from it are the sink-aware ones ([`crate::reference_grad`] derives it). Its own
+//! gradient, `d_sink[h] = -sum_{b,i} exp(sink_h - lse_bhi) D_bhi`, is one more small kernel
+//! (kernels/bwd/sink_grad.cu, one block per query head, the same bytes run to run) reading the
+//! lse and the D workspace the backward computes anyway.
+//!
 //! Serves every head_dim up to 256 ([`run_head_dim`]: some padded with zero channels, 256 in
 //! two channel passes), no mask, causal, sliding windows, softcap and ALiBi (the forward's
 //! score modifiers, [`crate::scores`]).
@@ -26,7 +32,7 @@ use crate::cuda::runtime::args::{check_aligned, check_contexts, check_gpu_proble
 use crate::cuda::runtime::device::{Gpu, cuda_err};
 use crate::cuda::runtime::launch::{
     FlashParams, GpuElement, KernelKind, Launch, launch_context, score_defines, set_dynamic_smem,
-    upload_slopes,
+    upload_sink, upload_slopes,
 };
 use crate::cuda::runtime::tma::TmaMap;
 use crate::cuda::sources::KernelSource;
@@ -306,6 +312,22 @@ impl BwdTile {
     }
 }
 
+/// sink_grad.cu's `SinkGradParams` (same field order and types).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct SinkGradParams {
+    lse: u64,
+    dsum: u64,
+    sink: u64,
+    d_sink: u64,
+    lse_sb: i64,
+    lse_sh: i64,
+    batch: i32,
+    rows: i32,
+}
+// SAFETY: plain old data with C layout, mirrored field by field by the kernel's struct.
+unsafe impl DeviceRepr for SinkGradParams {}
+
 /// attn_bwd.cu's `BwdParams` (same field order and types; also the packed launcher's,
 /// [`crate::cuda::bwd::varlen`]).
 #[repr(C)]
@@ -341,14 +363,18 @@ unsafe impl DeviceRepr for BwdWgmmaParams {}
 /// Writes `dq` dense `[batch, seqlen_q, heads_q, head_dim]` and `dk`, `dv` dense `[batch,
 /// seqlen_k, heads_kv, head_dim]` (summed over the query heads of each kv head), in the
 /// element type. `opts.deterministic` makes dQ the same bytes run to run (dK, dV always are).
+/// With a learnable sink in the problem, `d_sink` (f32 `[heads_q]`, when given) receives its
+/// gradient (written, not added to; the same bytes run to run); `None` skips it (a frozen
+/// sink: dq, dk, dv need only the forward's lse, which includes the sink).
 /// Asynchronous on `gpu.stream()`; the workspaces (D, dQ in f32, the order counters) are
 /// freed in stream order.
 ///
 /// # Errors
 /// [`unsupported`]'s errors; every error of [`check_gpu_problem`]; [`AttnError::InvalidInput`]
 /// for a malformed `FLASHATTN_BWD_TILE` ([`BwdTile::for_call`]), for [`BwdKernel::Wgmma`] on
-/// a call attn_bwd_wgmma cannot serve (softcap and ALiBi among them), and for ALiBi inside a
-/// CUDA graph capture (its slopes are copied from host memory);
+/// a call attn_bwd_wgmma cannot serve (softcap and ALiBi among them), for ALiBi or a sink's
+/// gradient inside a CUDA graph capture (slopes and logits are copied from host memory), and
+/// for `d_sink` given on a problem without a sink;
 /// [`AttnError::BufferTooShort`] for any buffer shorter than its layout needs (`do` named as
 /// such); [`AttnError::InvalidStrides`] for a base address not 16-byte aligned;
 /// [`AttnError::ShapeMismatch`] for a buffer of another context; [`AttnError::Compile`] /
@@ -367,6 +393,7 @@ pub fn backward_device<T, Q, K, V, O, L, G, DQ, DK, DV>(
     dq: &mut DQ,
     dk: &mut DK,
     dv: &mut DV,
+    d_sink: Option<&mut dyn DevicePtrMut<f32>>,
 ) -> Result<BackwardInfo>
 where
     T: GpuElement,
@@ -391,6 +418,15 @@ where
     )?;
     check_contexts!(gpu; "q" => q, "k" => k, "v" => v, "o" => o, "lse" => lse, "do" => d_o,
         "dq" => dq, "dk" => dk, "dv" => dv)?;
+    if let Some(ds) = &d_sink {
+        if p.scores.sink.is_none() {
+            return Err(AttnError::InvalidInput {
+                what: "d_sink was given, but the problem has no learnable sink (ScoreMods::sink): pass None, or set the sink".into(),
+            });
+        }
+        crate::error::check_len("d_sink", ds.len(), p.shape.heads_q)?;
+        check_contexts!(gpu; "d_sink" => ds)?;
+    }
     let stream = gpu.stream();
     device_ptrs!(stream; qp = q, kp = k, vp = v, op = o, lp = lse, dop = d_o, dqp = mut dq, dkp = mut dk, dvp = mut dv);
     let s = &p.shape;
@@ -410,7 +446,7 @@ where
             crate::cuda::runtime::pad::backward_padded::<T, _, _>(gpu, p, dp, &b, |pp, d| {
                 backward_device(
                     gpu, pp, opts, &d.q, &d.k, &d.v, &d.o, lse, &d.d_o, &mut d.dq, &mut d.dk,
-                    &mut d.dv,
+                    &mut d.dv, d_sink,
                 )
             })?;
         info.padded_head_dim = Some(dp);
@@ -635,6 +671,15 @@ where
     // SAFETY: dq holds n_q elements (checked above); dq_accum n_q (attn_bwd) or the tiled
     // length the kernel indexes (attn_bwd_dq_tiled, bw::dq_accum_len).
     unsafe { b.launch(cfg_dq) }.map_err(cuda_err(format!("{ctx} (dQ to the element type)")))?;
+    if let Some(ds) = d_sink {
+        let rows = SinkRows {
+            batch: s.batch,
+            rows: s.seqlen_q,
+            batch_stride: s.heads_q * s.seqlen_q,
+            head_stride: s.seqlen_q,
+        };
+        launch_sink_grad(gpu, &p.scores, s.heads_q, rows, [lp, dsp], ds, &ctx)?;
+    }
     Ok(BackwardInfo {
         kernel: main_name,
         why_not_wgmma: match (&wgmma_maps, opts.kernel) {
@@ -651,6 +696,74 @@ where
     })
 }
 
+/// Where the rows of one query head lie in the lse and D that sink_grad reads (f32 elements;
+/// both share it): row `i` of batch entry `b` at `b * batch_stride + h * head_stride + i`.
+/// Dense `[batch, heads_q, seqlen_q]`: `batch_stride = heads_q * seqlen_q`, `head_stride =
+/// seqlen_q`; a packed batch's `[heads_q, total_q]`: one batch entry of `total_q` rows,
+/// `head_stride = total_q`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SinkRows {
+    pub(crate) batch: usize,
+    pub(crate) rows: usize,
+    pub(crate) batch_stride: usize,
+    pub(crate) head_stride: usize,
+}
+
+/// Launches sink_grad: `d_sink[h] = -sum_{b,i} exp(sink_h - lse) D` over the lse at `lse_d[0]`
+/// and D at `lse_d[1]` (written by attn_bwd_dsum on this stream), both laid out as `rows`
+/// says, one block per query head (`heads_q` of them); the logits are `scores`' sink.
+///
+/// # Errors
+/// [`AttnError::InvalidInput`] when `scores` has no sink, or inside a CUDA graph capture
+/// (the logits are copied from host memory); [`AttnError::TooLarge`] for more than 2^31 - 1
+/// rows or batch entries; [`AttnError::Compile`] / [`AttnError::Cuda`].
+pub(crate) fn launch_sink_grad(
+    gpu: &Gpu,
+    scores: &crate::scores::ScoreMods,
+    heads_q: usize,
+    rows: SinkRows,
+    [lp, dsp]: [u64; 2],
+    d_sink: &mut dyn DevicePtrMut<f32>,
+    ctx: &str,
+) -> Result<()> {
+    let stream = gpu.stream();
+    let logits = upload_sink(gpu, scores)?.ok_or_else(|| AttnError::InvalidInput {
+        what: "d_sink was given, but the problem has no learnable sink".into(),
+    })?;
+    let (sp, _gs) = logits.device_ptr(stream);
+    let (dp, _gd) = d_sink.device_ptr_mut(stream);
+    let int = |n: usize, what: &str| {
+        i32::try_from(n).map_err(|_| AttnError::TooLarge {
+            kernel: "sink_grad",
+            reason: format!("{what} {n} above 2^31 - 1"),
+        })
+    };
+    let params = SinkGradParams {
+        lse: lp,
+        dsum: dsp,
+        sink: sp,
+        d_sink: dp,
+        lse_sb: rows.batch_stride as i64,
+        lse_sh: rows.head_stride as i64,
+        batch: int(rows.batch, "batch")?,
+        rows: int(rows.rows, "rows per sequence")?,
+    };
+    let k = gpu.kernel(KernelSource::SinkGrad, "sink_grad", &[])?;
+    let cfg = LaunchConfig {
+        grid_dim: (heads_q as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = stream.launch_builder(&k.function);
+    b.arg(&params);
+    // SAFETY: the parameters mirror the kernel's struct; lse and D hold every row `rows`
+    // describes (checked against the problem / allocated so by the caller), the logits
+    // heads_q, and d_sink at least heads_q (checked by the caller); block h reads and writes
+    // only its head.
+    unsafe { b.launch(cfg) }.map_err(cuda_err(format!("{ctx} (sink_grad)")))?;
+    Ok(())
+}
+
 /// Gradients of a host call: dense `dq`, `dk`, `dv` as [`backward_device`] writes them.
 #[derive(Debug, Clone)]
 pub struct HostGradients<T> {
@@ -660,6 +773,8 @@ pub struct HostGradients<T> {
     pub dk: Vec<T>,
     /// Gradient of v, dense as `dk`.
     pub dv: Vec<T>,
+    /// Gradient of the learnable sink (`[heads_q]`, f32) when the problem has one.
+    pub d_sink: Option<Vec<f32>>,
     /// What ran.
     pub info: BackwardInfo,
 }
@@ -719,9 +834,30 @@ pub fn backward_host<T: GpuElement>(
         poisoned(n_k, "dk")?,
         poisoned(n_k, "dv")?,
     );
+    let mut g_dsink = p
+        .scores
+        .sink
+        .as_ref()
+        .map(|_| {
+            stream
+                .clone_htod(&vec![f32::NAN; s.heads_q])
+                .map_err(cuda_err("allocating d_sink"))
+        })
+        .transpose()?;
     let info = backward_device(
-        gpu, p, opts, &dq_in, &dk_in, &dv_in, &do_in, &d_lse, &d_do, &mut g_dq, &mut g_dk,
+        gpu,
+        p,
+        opts,
+        &dq_in,
+        &dk_in,
+        &dv_in,
+        &do_in,
+        &d_lse,
+        &d_do,
+        &mut g_dq,
+        &mut g_dk,
         &mut g_dv,
+        g_dsink.as_mut().map(|x| x as &mut dyn DevicePtrMut<f32>),
     )?;
     let what = launch_context("attn_bwd", p);
     let back = |x: &CudaSlice<T>, name: &str| {
@@ -733,6 +869,14 @@ pub fn backward_host<T: GpuElement>(
         dq: back(&g_dq, "dq")?,
         dk: back(&g_dk, "dk")?,
         dv: back(&g_dv, "dv")?,
+        d_sink: g_dsink
+            .as_ref()
+            .map(|x| {
+                stream
+                    .clone_dtoh(x)
+                    .map_err(cuda_err(format!("{what}: copying d_sink back")))
+            })
+            .transpose()?,
         info,
     })
 }
@@ -847,6 +991,7 @@ mod tests {
             window: crate::scores::Window::from_fa(40, 8).unwrap(),
             softcap: Some(30.0),
             alibi: Some(crate::scores::Alibi::geometric(2)),
+            sink: Some(vec![0.5, -1.0]),
         };
         let modified = p(64).with_mask(Mask::Causal).with_scores(mods).unwrap();
         assert!(unsupported(&modified).is_none());

@@ -13,9 +13,14 @@
 //! counters per (sequence, query head, step of rows)). Head dims that attn_bwd does not take
 //! as they are (not a multiple of 8, or between 128 and 256) run through padded copies of the
 //! packed tensors ([`crate::cuda::runtime::pad::backward_padded`]), still in one launch.
+//!
+//! A learnable sink changes none of these kernels (the forward's lse includes it); its
+//! gradient is the dense backward's sink_grad kernel over the packed `[heads_q, total_q]` lse
+//! and D, one more launch.
 
 use crate::cuda::bwd::backward::{
-    BackwardInfo, BackwardOptions, BwdKernel, BwdParams, BwdTile, HostGradients, run_head_dim,
+    BackwardInfo, BackwardOptions, BwdKernel, BwdParams, BwdTile, HostGradients, SinkRows,
+    launch_sink_grad, run_head_dim,
 };
 use crate::cuda::runtime::args::{check_aligned, check_contexts, check_gpu_problem, device_ptrs};
 use crate::cuda::runtime::device::{Gpu, cuda_err};
@@ -43,16 +48,20 @@ const WHY_NOT_WGMMA: &str = "attn_bwd_wgmma does not take packed variable-length
 /// writes it so). Writes `dq` `[total_q, heads_q, head_dim]` and `dk`, `dv` `[total_k,
 /// heads_kv, head_dim]` (summed over the query heads of each kv head) in the element type, in
 /// full: dq = 0 on rows that see no key, dk = dv = 0 on keys no query sees. `opts.deterministic`
-/// makes dq the same bytes run to run. Asynchronous on `gpu.stream()`; `cu_seqlens` and the
-/// ALiBi slopes are copied from host memory first (not inside a CUDA graph capture), the
-/// workspaces are freed in stream order.
+/// makes dq the same bytes run to run. With a learnable sink in the problem, `d_sink` (f32
+/// `[heads_q]`, when given) receives its gradient, `-sum over packed rows of exp(sink_h - lse)
+/// (do . o)` (written, not added to; the same bytes run to run); `None` skips it (a frozen
+/// sink: dq, dk, dv need only the forward's lse, which includes the sink). Asynchronous on
+/// `gpu.stream()`; `cu_seqlens`, the ALiBi slopes and the sink's logits are copied from host
+/// memory first (not inside a CUDA graph capture), the workspaces are freed in stream order.
 ///
 /// # Errors
 /// [`VarlenProblem::validate`]'s errors; [`AttnError::BufferTooShort`] naming the first buffer
 /// shorter than its packed size (`do`, `dq`, ... by name; `lse` shorter than `heads_q *
 /// total_q`); [`AttnError::TooLarge`] for more than 2^31 - 1 packed rows or thread blocks;
 /// [`AttnError::InvalidInput`] for [`BwdKernel::Wgmma`] (it does not take packed batches), a
-/// malformed `FLASHATTN_BWD_TILE`, or a call inside a CUDA graph capture;
+/// malformed `FLASHATTN_BWD_TILE`, a call inside a CUDA graph capture, or `d_sink` given on a
+/// problem without a sink; [`AttnError::BufferTooShort`] for `d_sink` shorter than `heads_q`;
 /// [`AttnError::UnsupportedHeadDim`] where no tile fits the device's shared memory (head_dim
 /// 256 on 99 KB GPUs); [`AttnError::InvalidStrides`] for a base address not 16-byte aligned
 /// (head dims the kernels take as they are); [`AttnError::ShapeMismatch`] for a buffer of
@@ -71,6 +80,7 @@ pub fn backward_device<T, Q, K, V, O, L, G, DQ, DK, DV>(
     dq: &mut DQ,
     dk: &mut DK,
     dv: &mut DV,
+    d_sink: Option<&mut dyn DevicePtrMut<f32>>,
 ) -> Result<BackwardInfo>
 where
     T: GpuElement,
@@ -99,6 +109,15 @@ where
     }
     check_contexts!(gpu; "q" => q, "k" => k, "v" => v, "o" => o, "lse" => lse, "do" => d_o,
         "dq" => dq, "dk" => dk, "dv" => dv)?;
+    if let Some(ds) = &d_sink {
+        if p.scores.sink.is_none() {
+            return Err(AttnError::InvalidInput {
+                what: "d_sink was given, but the problem has no learnable sink (ScoreMods::sink): pass None, or set the sink".into(),
+            });
+        }
+        crate::error::check_len("d_sink", ds.len(), p.heads_q)?;
+        check_contexts!(gpu; "d_sink" => ds)?;
+    }
     if gpu.capturing() {
         return Err(AttnError::InvalidInput {
             what: "the varlen backward copies cu_seqlens from host memory, which a CUDA graph capture cannot record: call it outside the capture".into(),
@@ -121,11 +140,28 @@ where
                     .map_err(cuda_err(format!("varlen backward: zeroing {what}")))?;
             }
         }
+        if let Some(ds) = d_sink {
+            // No row sees a key, so every o (the forward's) is 0, every D = do . o = 0, and
+            // so is the sink's gradient.
+            let (ptr, _g) = ds.device_ptr_mut(stream);
+            // SAFETY: d_sink holds at least heads_q f32 elements (checked above); ordered on
+            // this stream.
+            unsafe { sys::cuMemsetD32Async(ptr, 0, p.heads_q, stream.cu_stream()) }
+                .result()
+                .map_err(cuda_err("varlen backward: zeroing d_sink"))?;
+        }
         return Ok(nothing_launched(opts));
     }
     let d = p.head_dim;
     if run_head_dim(d) != d {
-        return padded::<T, L>(gpu, p, opts, [qp, kp, vp, op, dop, dqp, dkp, dvp], lse);
+        return padded::<T, L>(
+            gpu,
+            p,
+            opts,
+            [qp, kp, vp, op, dop, dqp, dkp, dvp],
+            lse,
+            d_sink,
+        );
     }
     check_aligned([
         ("q", qp),
@@ -294,6 +330,16 @@ where
     // SAFETY: dq and the workspace both hold n_q elements, the same packed layout.
     unsafe { b.launch(grid_1d(n_q as u64)?) }
         .map_err(cuda_err(format!("{ctx} (dQ to the element type)")))?;
+    if let Some(ds) = d_sink {
+        // lse and D are both [heads_q, total_q]: one "batch entry" of total_q rows.
+        let rows = SinkRows {
+            batch: 1,
+            rows: total_q,
+            batch_stride: p.heads_q * total_q,
+            head_stride: total_q,
+        };
+        launch_sink_grad(gpu, &p.scores, p.heads_q, rows, [lp, dsp], ds, &ctx)?;
+    }
     Ok(BackwardInfo {
         kernel: "attn_bwd",
         why_not_wgmma: match opts.kernel {
@@ -340,13 +386,15 @@ fn nothing_launched(opts: BackwardOptions) -> BackwardInfo {
 /// [`backward_device`] at a head_dim attn_bwd does not take as it is: the packed tensors seen
 /// as one dense sequence of total_q (total_k) rows, padded with zero channels to
 /// [`run_head_dim`], the packed backward run on the copies (lse as it is), the gradients copied
-/// back. `ptrs`: q, k, v, o, do, dq, dk, dv, validated by the caller (total_q, total_k > 0).
+/// back (`d_sink` passed on: it reads only lse and D). `ptrs`: q, k, v, o, do, dq, dk, dv,
+/// validated by the caller (total_q, total_k > 0).
 fn padded<T: GpuElement, L: DevicePtr<f32>>(
     gpu: &Gpu,
     p: &VarlenProblem,
     opts: BackwardOptions,
     [q, k, v, o, d_o, dq, dk, dv]: [u64; 8],
     lse: &L,
+    d_sink: Option<&mut dyn DevicePtrMut<f32>>,
 ) -> Result<BackwardInfo> {
     let dp = run_head_dim(p.head_dim);
     // The row map of the copies: one dense batch entry of all packed rows (no mask or
@@ -377,7 +425,7 @@ fn padded<T: GpuElement, L: DevicePtr<f32>>(
         crate::cuda::runtime::pad::backward_padded::<T, _, _>(gpu, &rows, dp, &b, |_, x| {
             backward_device(
                 gpu, &wide, opts, &x.q, &x.k, &x.v, &x.o, lse, &x.d_o, &mut x.dq, &mut x.dk,
-                &mut x.dv,
+                &mut x.dv, d_sink,
             )
         })?;
     info.padded_head_dim = Some(dp);
@@ -385,8 +433,8 @@ fn padded<T: GpuElement, L: DevicePtr<f32>>(
 }
 
 /// [`backward_device`] on host buffers (packed as there): copies in, runs, copies `dq`, `dk`
-/// and `dv` back. The gradients start as NaN on the device, so an element the kernels do not
-/// write comes back NaN.
+/// and `dv` back, and with a learnable sink its gradient (`d_sink`). The gradients start as
+/// NaN on the device, so an element the kernels do not write comes back NaN.
 ///
 /// # Errors
 /// As [`backward_device`], plus allocation and copy failures as [`AttnError::Cuda`].
@@ -416,6 +464,8 @@ pub fn backward_host<T: GpuElement>(
             dq: vec![zero; nq],
             dk: vec![zero; nk],
             dv: vec![zero; nk],
+            // No row sees a key: o = 0, D = 0 and the sink's gradient 0 (backward_device).
+            d_sink: p.scores.sink.as_ref().map(|_| vec![0.0; p.heads_q]),
             info: nothing_launched(opts),
         });
     }
@@ -446,8 +496,30 @@ pub fn backward_host<T: GpuElement>(
         poisoned(nk, "dk")?,
         poisoned(nk, "dv")?,
     );
+    let mut g_dsink = p
+        .scores
+        .sink
+        .as_ref()
+        .map(|_| {
+            stream
+                .clone_htod(&vec![f32::NAN; p.heads_q])
+                .map_err(cuda_err("allocating d_sink"))
+        })
+        .transpose()?;
     let info = backward_device(
-        gpu, p, opts, &g_q, &g_k, &g_v, &g_o, &g_lse, &g_do, &mut g_dq, &mut g_dk, &mut g_dv,
+        gpu,
+        p,
+        opts,
+        &g_q,
+        &g_k,
+        &g_v,
+        &g_o,
+        &g_lse,
+        &g_do,
+        &mut g_dq,
+        &mut g_dk,
+        &mut g_dv,
+        g_dsink.as_mut().map(|x| x as &mut dyn DevicePtrMut<f32>),
     )?;
     let back = |x: &CudaSlice<T>, name: &str| {
         stream
@@ -458,6 +530,14 @@ pub fn backward_host<T: GpuElement>(
         dq: back(&g_dq, "dq")?,
         dk: back(&g_dk, "dk")?,
         dv: back(&g_dv, "dv")?,
+        d_sink: g_dsink
+            .as_ref()
+            .map(|x| {
+                stream
+                    .clone_dtoh(x)
+                    .map_err(cuda_err("varlen backward: copying d_sink back"))
+            })
+            .transpose()?,
         info,
     })
 }

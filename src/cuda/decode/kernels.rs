@@ -4,7 +4,7 @@
 
 use super::tile::DecodeTile;
 use crate::cuda::runtime::device::{Gpu, LoadedKernel};
-use crate::cuda::runtime::launch::{launch_context, score_defines, set_dynamic_smem};
+use crate::cuda::runtime::launch::{launch_context, score_defines, set_dynamic_smem, sink_defines};
 use crate::cuda::sources::KernelSource;
 use crate::dtype::DType;
 use crate::error::{AttnError, Result};
@@ -65,6 +65,7 @@ impl PlanKernels {
         let features = feature_defines(p);
         let mut defines = tile.defines(dtype, p.head_dim, p.mask.is_causal(), paged);
         defines.extend(score_defines(env));
+        defines.extend(sink_defines(env));
         defines.extend(features.iter().cloned());
         let decode = gpu.kernel(KernelSource::AttnDecode, "attn_decode", &defines)?;
         set_dynamic_smem(&decode.function, smem, &launch_context("attn_decode", env))?;
@@ -86,15 +87,19 @@ impl PlanKernels {
         })
     }
 
-    /// Compiles (or finds) attn_combine for a plan with more than one split.
+    /// Compiles (or finds) attn_combine for a plan with more than one split (with the sink's
+    /// define when the shape has one: the combine then adds it).
     pub(super) fn add_combine(&mut self, gpu: &Gpu, p: &KvCacheShape, dtype: DType) -> Result<()> {
-        let defines = [
+        let mut defines = vec![
             ("HEAD_DIM".to_string(), p.head_dim.to_string()),
             (
                 "IS_BF16".to_string(),
                 u8::from(dtype == DType::BF16).to_string(),
             ),
         ];
+        if p.scores.sink.is_some() {
+            defines.push(("HAS_SINK".to_string(), "1".to_string()));
+        }
         self.combine = Some(gpu.kernel(KernelSource::AttnCombine, "attn_combine", &defines)?);
         Ok(())
     }

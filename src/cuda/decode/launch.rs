@@ -6,7 +6,9 @@ use super::kernels::PlanKernels;
 use super::params::{AppendParams, CacheMap, CombineParams, DecodeParams, RotaryMap};
 use super::tile::{BULK_ENV, DECODE_ROWS};
 use crate::cuda::runtime::device::{Gpu, LoadedKernel, cuda_err};
-use crate::cuda::runtime::launch::{FlashParams, KernelKind, Launch, LaunchInfo, launch_context};
+use crate::cuda::runtime::launch::{
+    FlashParams, KernelKind, Launch, LaunchInfo, launch_context, push_sink,
+};
 use crate::error::{AttnError, Result};
 use crate::problem::kvcache::{CacheDims, KvCacheShape};
 use crate::shape::{AttnProblem, Strides};
@@ -18,7 +20,7 @@ pub(super) fn row_blocks(p: &KvCacheShape) -> usize {
 }
 
 /// Launches `k` on a 1-D grid of `items.div_ceil(per_block)` blocks of `threads` threads with
-/// one parameter block.
+/// one parameter block, then the sink's logits of `sink`'s launch ([`push_sink`]) when given.
 ///
 /// # Safety
 /// `params` must mirror the kernel's parameter struct, and every address in it must be valid
@@ -28,6 +30,7 @@ unsafe fn launch_1d<P: DeviceRepr>(
     k: &LoadedKernel,
     (items, per_block, threads): (usize, usize, u32),
     params: &P,
+    sink: Option<&Launch>,
     (kernel, ctx): (&'static str, String),
 ) -> Result<()> {
     let blocks = u32::try_from(items.div_ceil(per_block)).map_err(|_| AttnError::TooLarge {
@@ -41,6 +44,9 @@ unsafe fn launch_1d<P: DeviceRepr>(
     };
     let mut b = gpu.stream().launch_builder(&k.function);
     b.arg(params);
+    if let Some(l) = sink {
+        push_sink(&mut b, l)?;
+    }
     // SAFETY: the caller's contract.
     unsafe { b.launch(cfg) }.map_err(cuda_err(ctx))?;
     Ok(())
@@ -94,6 +100,7 @@ pub(super) unsafe fn append(
             k,
             (chunks, 256, 256),
             &params,
+            None,
             ("kv_append", launch_context("kv_append", env)),
         )
     }
@@ -166,7 +173,9 @@ pub(super) unsafe fn decode(
         b.arg(tk);
         b.arg(tv);
     }
-    // SAFETY: the parameters mirror the kernel's structs; the caller checked every buffer's
+    push_sink(&mut b, l)?;
+    // SAFETY: the parameters mirror the kernel's structs (the sink's logits last, with a
+    // sink: heads_q of them); the caller checked every buffer's
     // length; the kernel clamps every index value it reads (lengths to the capacity, pages to
     // the pool, cache sequences to the cache, rotary positions to the tables); the tensor maps
     // describe exactly the two caches, and the copy engine reads nothing outside.
@@ -221,13 +230,15 @@ pub(super) unsafe fn combine(
         seqlen_q: p.seqlen_q as i32,
         num_splits: splits as i32,
     };
-    // SAFETY: the parameters mirror the kernel's struct; the caller's contract.
+    // SAFETY: the parameters mirror the kernel's struct (and, with a sink, its logits: the
+    // kernel is compiled with HAS_SINK exactly then); the caller's contract.
     unsafe {
         launch_1d(
             gpu,
             k,
             (rows, 4, 128),
             &params,
+            Some(l),
             ("attn_combine", launch_context("attn_combine", l.problem)),
         )
     }

@@ -14,8 +14,8 @@
 //!   checks the buffers and enqueues the kernels on `gpu.stream()`, nothing else: no copy, no
 //!   allocation (the split-KV workspace is the caller's), no synchronisation, so that a call
 //!   can be captured in a CUDA graph and replayed with new values in the arrays. (ALiBi
-//!   slopes, which the problem holds on the host, are copied per call, which a capture
-//!   refuses; the first call of a configuration compiles its kernels, which a capture refuses
+//!   slopes and a learnable sink's logits, which the problem holds on the host, are copied
+//!   per call, which a capture refuses; the first call of a configuration compiles its kernels, which a capture refuses
 //!   too: warm up first.) The arrays' values are not validated: the kernels clamp what they
 //!   read ([`crate::problem::kvcache::shape`] states the rule).
 //! - [`DecodePlan`]: a call whose index arrays are on the host, validated there
@@ -38,7 +38,7 @@ use launch::row_blocks;
 
 use crate::cuda::runtime::args::{check_aligned, check_contexts, check_streams};
 use crate::cuda::runtime::device::{Gpu, cuda_err};
-use crate::cuda::runtime::launch::{GpuElement, Launch, LaunchInfo, upload_slopes};
+use crate::cuda::runtime::launch::{GpuElement, Launch, LaunchInfo, upload_sink, upload_slopes};
 use crate::dtype::DType;
 use crate::error::{AttnError, Result};
 use crate::problem::kvcache::{
@@ -190,11 +190,13 @@ pub struct DecodeTensors<'a, T> {
 }
 
 /// Device addresses a launch reads besides the tensors: the index arrays (cache_seqlens,
-/// block_table, cache_batch_idx, cache_leftpad; 0 where absent), the ALiBi slopes and the
-/// split-KV partials (o, lse; 0 with one split).
+/// block_table, cache_batch_idx, cache_leftpad; 0 where absent), the ALiBi slopes, the
+/// learnable sink's logits (0 where absent) and the split-KV partials (o, lse; 0 with one
+/// split).
 struct Extras {
     index: [u64; 4],
     slopes: u64,
+    sink: u64,
     accum: [u64; 2],
 }
 
@@ -342,13 +344,15 @@ impl DecodeLaunch {
     /// one split, a `workspace` of at least [`DecodeLaunch::workspace_len`] f32 elements
     /// (16-byte aligned; its contents are overwritten). Asynchronous on `gpu.stream()`:
     /// kv_append (with new rows), attn_decode, attn_combine (with more than one split). The
-    /// same bytes run to run; rows that see no key get o = 0 and lse = -inf.
+    /// same bytes run to run; rows that see no key get o = 0 and lse = -inf (the sink's logit
+    /// with a learnable sink).
     ///
     /// # Errors
     /// [`AttnError::DTypeMismatch`] for buffers of another element type than the plan's;
     /// [`AttnError::BufferTooShort`] (a tensor, an index array or the workspace);
     /// [`AttnError::InvalidInput`] for new rows, rotary tables, index arrays or a workspace
-    /// missing or given against the shape, or ALiBi slopes inside a CUDA graph capture;
+    /// missing or given against the shape, or ALiBi slopes or a sink inside a CUDA graph
+    /// capture;
     /// [`AttnError::ShapeMismatch`] for a buffer of another context;
     /// [`AttnError::InvalidStrides`] for a misaligned buffer; [`AttnError::Cuda`].
     pub fn run<T: GpuElement>(
@@ -415,15 +419,18 @@ impl DecodeLaunch {
         }
         let slopes = upload_slopes(gpu, &p.scores)?;
         let alibi = slopes.as_ref().map(|d| d.device_ptr(stream));
+        let sink_logits = upload_sink(gpu, &p.scores)?;
+        let sink = sink_logits.as_ref().map(|d| d.device_ptr(stream));
         let extras = Extras {
             index: ptrs,
             slopes: alibi.as_ref().map_or(0, |(ptr, _)| *ptr),
+            sink: sink.as_ref().map_or(0, |(ptr, _)| *ptr),
             accum,
         };
         // SAFETY: every address in `extras` was checked against the shape above (lengths,
         // context, alignment) and stays alive with its guard to the end of this function.
         let result = unsafe { self.launch_all(gpu, t, &extras) };
-        drop((guards, ws_guard, alibi));
+        drop((guards, ws_guard, alibi, sink));
         result
     }
 
@@ -520,6 +527,7 @@ impl DecodeLaunch {
         }
         let launch = Launch {
             alibi: x.slopes,
+            sink: x.sink,
             ..Launch::dense(&self.env, T::DTYPE, [qp, kcp, vcp, op, lp])
         };
         let dp = DecodeParams {
@@ -594,7 +602,7 @@ fn cache_map(p: &KvCacheShape, index: [u64; 4]) -> CacheMap {
 
 /// A decoding call whose index arrays are on the host, prepared for the GPU (see the module
 /// docs): the problem validated, the split count chosen from its lengths, its index arrays,
-/// ALiBi slopes and split-KV workspace on the device. [`DecodePlan::run`] then only launches
+/// ALiBi slopes, learnable sink and split-KV workspace on the device. [`DecodePlan::run`] then only launches
 /// kernels, so a decoding loop that keeps its shapes pays for this once; [`forward_device`]
 /// plans and runs in one call.
 pub struct DecodePlan {
@@ -605,6 +613,7 @@ pub struct DecodePlan {
     batch_idx: Option<CudaSlice<i32>>,
     leftpad: Option<CudaSlice<i32>>,
     slopes: Option<CudaSlice<f32>>,
+    sink: Option<CudaSlice<f32>>,
     workspace: Option<CudaSlice<f32>>,
 }
 
@@ -660,6 +669,7 @@ impl DecodePlan {
             batch_idx: opt(&p.cache_batch_idx, "cache_batch_idx")?,
             leftpad: opt(&p.cache_leftpad, "cache_leftpad")?,
             slopes: upload_slopes(gpu, &p.scores)?,
+            sink: upload_sink(gpu, &p.scores)?,
             workspace,
             launch,
             problem: p.clone(),
@@ -728,6 +738,7 @@ impl DecodePlan {
             self.leftpad.as_ref().map(|s| s.device_ptr(stream)),
         );
         let alibi = self.slopes.as_ref().map(|d| d.device_ptr(stream));
+        let sink = self.sink.as_ref().map(|d| d.device_ptr(stream));
         let ws = self.workspace.as_ref().map(|w| w.device_ptr(stream));
         let addr = |x: &Option<(u64, _)>| x.as_ref().map_or(0, |(p, _)| *p);
         let o_len =
@@ -735,6 +746,7 @@ impl DecodePlan {
         let extras = Extras {
             index: [seqlens, addr(&table), addr(&batch_idx), addr(&leftpad)],
             slopes: addr(&alibi),
+            sink: addr(&sink),
             accum: ws
                 .as_ref()
                 .map_or([0, 0], |(p, _)| [*p, p + 4 * o_len as u64]),

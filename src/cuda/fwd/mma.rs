@@ -3,7 +3,7 @@
 
 use crate::cuda::runtime::device::Gpu;
 use crate::cuda::runtime::launch::{
-    FlashKernel, KernelKind, Launch, LaunchInfo, launch_flash, score_defines,
+    FlashKernel, KernelKind, Launch, LaunchInfo, launch_flash, score_defines, sink_defines,
 };
 use crate::cuda::sources::KernelSource;
 use crate::dtype::DType;
@@ -264,7 +264,7 @@ pub(crate) fn mma_kernel(
     let d = p.shape.head_dim;
     let tile = tile.unwrap_or_else(|| {
         let t = MmaTile::default_for(gpu.info().compute_capability, d);
-        if p.scores.is_plain() && !packed {
+        if p.scores.scores_unmodified() && !packed {
             t
         } else {
             t.with_headroom(d, p.scores.alibi.is_some())
@@ -272,6 +272,7 @@ pub(crate) fn mma_kernel(
     });
     let mut defines = tile.defines(dtype, d, p.mask.is_causal());
     defines.extend(score_defines(p));
+    defines.extend(sink_defines(p));
     if packed {
         defines.push(("IS_VARLEN".into(), "1".into()));
     }

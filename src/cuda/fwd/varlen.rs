@@ -14,7 +14,7 @@
 use crate::cuda::runtime::args::{check_aligned, check_contexts, check_gpu_problem, device_ptrs};
 use crate::cuda::runtime::device::{Gpu, cuda_err};
 use crate::cuda::runtime::launch::{
-    GpuElement, KernelKind, Launch, LaunchInfo, PackedBatch, upload_slopes,
+    GpuElement, KernelKind, Launch, LaunchInfo, PackedBatch, upload_sink, upload_slopes,
 };
 use crate::error::{AttnError, Result};
 use crate::problem::varlen::VarlenProblem;
@@ -70,8 +70,8 @@ pub fn envelope(p: &VarlenProblem) -> Result<AttnProblem> {
 /// Runs a packed batch on device buffers: `q` `[total_q, heads_q, head_dim]`, `k`/`v`
 /// `[total_k, heads_kv, head_dim]`, `o` like q, `lse` `[heads_q, total_q]` f32, all dense.
 /// Asynchronous on `gpu.stream()` (the offsets and slopes are copied to the device first).
-/// Rows of sequences that see no key get o = 0 and lse = -inf; sequences without queries write
-/// nothing.
+/// Rows of sequences that see no key get o = 0 and lse = -inf (the sink's logit with a learnable
+/// sink); sequences without queries write nothing.
 ///
 /// # Errors
 /// Those of [`envelope`] and [`check_gpu_problem`]; [`AttnError::BufferTooShort`];
@@ -117,18 +117,22 @@ where
     let cu_q = up(&p.cu_seqlens_q, "cu_seqlens_q")?;
     let cu_k = up(&p.cu_seqlens_k, "cu_seqlens_k")?;
     let slopes = upload_slopes(gpu, &p.scores)?;
+    let sink_logits = upload_sink(gpu, &p.scores)?;
     device_ptrs!(stream; cq = cu_q, ck = cu_k);
     let alibi = slopes.as_ref().map(|d| d.device_ptr(stream));
     let alibi_ptr = alibi.as_ref().map_or(0, |(ptr, _)| *ptr);
+    let sink = sink_logits.as_ref().map(|d| d.device_ptr(stream));
+    let sink_ptr = sink.as_ref().map_or(0, |(ptr, _)| *ptr);
     if kernel == KernelKind::Wgmma
         && p.batch() <= PER_SEQUENCE_MAX
         && crate::cuda::fwd::wgmma::unsupported(gpu.info(), &env).is_none()
     {
-        let ptrs = [qp, kp, vp, op, lp, alibi_ptr];
+        let ptrs = [qp, kp, vp, op, lp, alibi_ptr, sink_ptr];
         return per_sequence(gpu, p, T::DTYPE, ptrs);
     }
     let launch = Launch {
         alibi: alibi_ptr,
+        sink: sink_ptr,
         varlen: Some(PackedBatch {
             cu_seqlens_q: cq,
             cu_seqlens_k: ck,
@@ -148,13 +152,13 @@ where
 
 /// One `attn_wgmma` launch per sequence (see the module docs), each on its slice of the
 /// packed q, k, v and o, and its lse written in place (heads `total_q` apart); rows of a
-/// sequence without keys are set here (o = 0, lse = -inf). `ptrs`: q, k, v, o, lse and the
-/// ALiBi slopes (0 without), validated by the caller.
+/// sequence without keys are set here (o = 0, lse = [`VarlenProblem::empty_lse`]). `ptrs`: q,
+/// k, v, o, lse, the ALiBi slopes and the sink's logits (0 without), validated by the caller.
 fn per_sequence(
     gpu: &Gpu,
     p: &VarlenProblem,
     dtype: crate::DType,
-    [qp, kp, vp, op, lp, alibi]: [u64; 6],
+    [qp, kp, vp, op, lp, alibi, sink]: [u64; 7],
 ) -> Result<LaunchInfo> {
     let stream = gpu.stream();
     let (row_q, row_k) = (
@@ -167,7 +171,7 @@ fn per_sequence(
         let (q0, q1) = (p.cu_seqlens_q[b] as u64, p.cu_seqlens_q[b + 1] as u64);
         let k0 = p.cu_seqlens_k[b] as u64;
         let Some((sp, _, _)) = p.sequence(b)? else {
-            // No keys (or no queries): o = 0 and lse = -inf on its rows.
+            // No keys (or no queries): o = 0 and lse = -inf (or the sink) on its rows.
             let sq = (q1 - q0) as usize;
             if sq > 0 {
                 // SAFETY: the rows lie inside o and lse (checked by the caller), on this
@@ -184,7 +188,7 @@ fn per_sequence(
                     for h in 0..p.heads_q as u64 {
                         sys::cuMemsetD32Async(
                             lp + (h * total_q as u64 + q0) * 4,
-                            f32::NEG_INFINITY.to_bits(),
+                            p.empty_lse(h as usize).to_bits(),
                             sq,
                             stream.cu_stream(),
                         )
@@ -201,6 +205,7 @@ fn per_sequence(
         };
         let launch = Launch {
             alibi: slopes,
+            sink,
             lse_head_stride: Some(total_q),
             ..Launch::dense(
                 &sp,

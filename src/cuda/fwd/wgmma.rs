@@ -7,7 +7,8 @@
 
 use crate::cuda::runtime::device::{DeviceInfo, Gpu, cuda_err};
 use crate::cuda::runtime::launch::{
-    FlashParams, KernelKind, Launch, LaunchInfo, launch_context, score_defines, set_dynamic_smem,
+    FlashParams, KernelKind, Launch, LaunchInfo, launch_context, push_sink, score_defines,
+    set_dynamic_smem, sink_defines,
 };
 use crate::cuda::runtime::tma::{TiledMap, TmaMap, bshd_map};
 use crate::cuda::sources::KernelSource;
@@ -307,11 +308,12 @@ impl WgmmaTile {
         self.core_bytes_with(row_sums) + self.q_bytes() + self.slack_bytes() <= SMEM_LIMIT
     }
 
-    /// NVRTC defines for this tile on a problem: [`Self::defines`] and the problem's score
-    /// modifiers.
+    /// NVRTC defines for this tile on a problem: [`Self::defines`], the problem's score
+    /// modifiers and its sink.
     pub fn problem_defines(&self, dtype: DType, p: &AttnProblem) -> Vec<(String, String)> {
         let mut d = self.defines(dtype, p.mask.is_causal());
         d.extend(score_defines(p));
+        d.extend(sink_defines(p));
         d
     }
 
@@ -554,7 +556,9 @@ pub fn launch(gpu: &Gpu, l: &Launch) -> Result<LaunchInfo> {
     };
     let mut b = stream.launch_builder(&k.function);
     b.arg(&params);
-    // SAFETY: the parameters mirror the kernel's struct; forward_device checked every buffer
+    push_sink(&mut b, l)?;
+    // SAFETY: the parameters mirror the kernel's struct (and its sink parameter, with a
+    // sink: heads_q logits); forward_device checked every buffer
     // against the shape and strides; the tensor maps describe exactly those buffers, and the
     // copy engine neither reads nor writes outside them; with DYNAMIC the counter is this
     // stream's live pair of u32 (zero: every launch before it on the stream zeroed it); the

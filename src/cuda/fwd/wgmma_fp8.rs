@@ -89,6 +89,7 @@ pub fn unsupported(info: &DeviceInfo, p: &AttnProblem) -> Option<AttnError> {
         (!m.window.is_unbounded(), "a sliding window"),
         (m.softcap.is_some(), "softcap"),
         (m.alibi.is_some(), "ALiBi"),
+        (m.sink.is_some(), "a learnable sink"),
     ]
     .into_iter()
     .find(|(on, _)| *on);

@@ -19,7 +19,7 @@ pub const MAX_SEQLEN: usize = 1 << 30;
 /// read and write any strides; the kernels themselves need the stride rule below.
 ///
 /// # Errors
-/// [`AttnError::UnsupportedFeature`] for a window, softcap or ALiBi on `naive` or `simt` (the
+/// [`AttnError::UnsupportedFeature`] for a window, softcap, ALiBi or a sink on `naive` or `simt` (the
 /// `mma` and `wgmma` kernels have them: attn_common.cuh);
 /// [`AttnError::InvalidStrides`] (head_dim a multiple of 8 and a stride not a multiple of 8
 /// elements: rows are moved in 16-byte pieces), [`AttnError::TooLarge`] (seqlen over 2^30,
@@ -32,6 +32,7 @@ pub fn check_gpu_problem(p: &AttnProblem, kernel: KernelKind) -> Result<()> {
         (!m.window.is_unbounded(), "a sliding window"),
         (m.softcap.is_some(), "softcap"),
         (m.alibi.is_some(), "ALiBi"),
+        (m.sink.is_some(), "a learnable sink"),
     ];
     if !kernel.has_score_mods()
         && let Some((_, f)) = features.iter().find(|(on, _)| *on)

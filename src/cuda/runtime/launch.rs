@@ -41,7 +41,7 @@ impl KernelKind {
         KernelKind::Wgmma,
     ];
 
-    /// Whether the kernel applies a sliding window, softcap and ALiBi
+    /// Whether the kernel applies a sliding window, softcap, ALiBi and a learnable sink
     /// ([`crate::scores::ScoreMods`]): `mma` and `wgmma` do; `naive` and `simt` refuse them.
     pub fn has_score_mods(self) -> bool {
         matches!(self, KernelKind::Mma | KernelKind::Wgmma)
@@ -102,6 +102,10 @@ pub struct Launch<'a> {
     /// Device address of the ALiBi slopes (f32, laid out as [`crate::scores::Alibi`]), 0
     /// when the problem has none.
     pub alibi: u64,
+    /// Device address of the learnable sink's logits (f32 `[heads_q]`,
+    /// [`crate::scores::ScoreMods::sink`]), 0 when the problem has none. The kernels that serve
+    /// a sink take it as one more parameter ([`push_sink`]).
+    pub sink: u64,
     /// A packed variable-length batch ([`crate::problem::varlen`]): `problem` is then its envelope
     /// (batch = sequences, seqlen = the longest).
     pub varlen: Option<PackedBatch>,
@@ -112,8 +116,9 @@ pub struct Launch<'a> {
 
 impl<'a> Launch<'a> {
     /// A launch over dense buffers at the device addresses `[q, k, v, o, lse]`: no ALiBi slopes
-    /// (`alibi` 0), not a packed batch, lse heads `seqlen_q` apart. Launchers that need more
-    /// set those fields with struct update syntax (`Launch { alibi, ..Launch::dense(..) }`).
+    /// (`alibi` 0), no sink (`sink` 0), not a packed batch, lse heads `seqlen_q` apart.
+    /// Launchers that need more set those fields with struct update syntax (`Launch { alibi,
+    /// ..Launch::dense(..) }`).
     pub fn dense(problem: &'a AttnProblem, dtype: DType, [q, k, v, o, lse]: [u64; 5]) -> Self {
         Launch {
             problem,
@@ -124,6 +129,7 @@ impl<'a> Launch<'a> {
             o,
             lse,
             alibi: 0,
+            sink: 0,
             varlen: None,
             lse_head_stride: None,
         }
@@ -266,6 +272,40 @@ pub fn score_defines(p: &AttnProblem) -> Vec<(String, String)> {
     .collect()
 }
 
+/// The NVRTC define of a learnable sink (attn_common.cuh `HAS_SINK`), for the forward kernels
+/// that serve one (attn_mma, attn_wgmma, attn_decode, attn_combine); none without a sink, so
+/// that those kernels stay the specialisation they were. The backward kernels never take it:
+/// they need only the forward's lse.
+pub fn sink_defines(p: &AttnProblem) -> Vec<(String, String)> {
+    p.scores
+        .sink
+        .iter()
+        .map(|_| ("HAS_SINK".to_string(), "1".to_string()))
+        .collect()
+}
+
+/// Pushes the sink's device address after a kernel's own parameters: attn_common.cuh's
+/// `SINK_PARAM`, which a kernel has exactly when it is compiled with [`sink_defines`], i.e.
+/// when the problem has a sink.
+///
+/// # Errors
+/// [`AttnError::InvalidInput`] when the launch's sink address and the problem disagree (a
+/// launcher that did not upload the sink): the kernel would read a parameter that is not there.
+pub(crate) fn push_sink<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, l: &'a Launch) -> Result<()> {
+    match (l.problem.scores.sink.is_some(), l.sink != 0) {
+        (true, true) => {
+            b.arg(&l.sink);
+            Ok(())
+        }
+        (false, false) => Ok(()),
+        _ => Err(AttnError::InvalidInput {
+            what:
+                "internal: a launch's sink address does not match its problem's sink (report this)"
+                    .into(),
+        }),
+    }
+}
+
 /// What a launch did: the kernel that ran (and why that one), its tile, and the compiler's
 /// statistics.
 #[derive(Debug, Clone, Serialize)]
@@ -371,8 +411,10 @@ pub(crate) fn launch_flash(gpu: &Gpu, l: &Launch, f: FlashKernel) -> Result<Laun
     };
     let mut b = gpu.stream().launch_builder(&k.function);
     b.arg(&params);
-    // SAFETY: the parameters mirror the kernel's struct; forward_device checked every buffer
-    // against the shape and strides, and the kernel reads/writes only inside those bounds.
+    push_sink(&mut b, l)?;
+    // SAFETY: the parameters mirror the kernel's struct (and its sink parameter, with one);
+    // forward_device checked every buffer against the shape and strides, and the kernel
+    // reads/writes only inside those bounds (the sink's heads_q logits included).
     unsafe { b.launch(cfg) }.map_err(cuda_err(ctx))?;
     Ok(LaunchInfo {
         kernel: f.kernel,
@@ -382,6 +424,32 @@ pub(crate) fn launch_flash(gpu: &Gpu, l: &Launch, f: FlashKernel) -> Result<Laun
         spill_bytes: k.stats.spill_stores,
         smem_bytes: f.smem,
     })
+}
+
+/// The learnable sink's logits on the device, for one call (stream-ordered, as
+/// [`upload_slopes`]); `None` without a sink.
+///
+/// # Errors
+/// [`AttnError::InvalidInput`] inside a CUDA graph capture (the logits are copied from host
+/// memory); copy failures as [`AttnError::Cuda`].
+pub(crate) fn upload_sink(
+    gpu: &Gpu,
+    scores: &crate::scores::ScoreMods,
+) -> Result<Option<CudaSlice<f32>>> {
+    scores
+        .sink
+        .as_ref()
+        .map(|s| {
+            if gpu.capturing() {
+                return Err(AttnError::InvalidInput {
+                    what: "the learnable sink's logits are copied from host memory, which a CUDA graph capture cannot record: call with a sink outside the capture".into(),
+                });
+            }
+            gpu.stream()
+                .clone_htod(s)
+                .map_err(cuda_err("copying the learnable sink to the device"))
+        })
+        .transpose()
 }
 
 /// The ALiBi slopes on the device, for one call (stream-ordered: the copy precedes the launch,

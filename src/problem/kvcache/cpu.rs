@@ -100,8 +100,9 @@ pub struct KvCacheOutput<T> {
 /// The CPU backend: appends `k_new`/`v_new` to the caches in place (the new keys rotated when
 /// the call has a rotary embedding; pass empty slices when `seqlen_new` is 0), rotates q,
 /// then attends in f32 with the keys of each sequence cut into `splits` (see
-/// [`split_range`]) and the partial results combined by [`crate::merge::merge_row`]. The
-/// result is the same bytes run to run for a given `splits`.
+/// [`split_range`]) and the partial results combined by [`crate::merge::merge_row`] (a
+/// learnable sink joins them as one more part, its logit with `o = 0`). The result is the same
+/// bytes run to run for a given `splits`.
 ///
 /// # Errors
 /// Validation and buffer-length errors (before anything is written); `splits` of 0.
@@ -151,13 +152,17 @@ pub fn forward_cpu<T: Element>(
                 .as_ref()
                 .map_or(0.0, |a| f64::from(a.slope(b, h, hq)));
             let kvh = h / group;
-            let parts: Vec<(Vec<f32>, f32)> = (0..splits)
+            let mut parts: Vec<(Vec<f32>, f32)> = (0..splits)
                 .map(|s| {
                     let range = split_range(sk, splits, s);
                     let (lo, hi) = (range.start.max(keys.start), range.end.min(keys.end));
                     partial(p, &qrow, k_cache, v_cache, (b, kvh, i, sk), lo..hi, slope)
                 })
                 .collect();
+            // A learnable sink is one more part: a logit with no value row (o = 0).
+            if let Some(sink) = &p.scores.sink {
+                parts.push((vec![0.0; d], sink[h]));
+            }
             *l = crate::merge::merge_row(parts.iter().map(|(o, l)| (&o[..], *l)), out);
         });
     // lse from o's row order (b, i, h) to [batch, heads_q, seqlen_q].

@@ -399,7 +399,7 @@ fn time_backward<T: GpuElement>(
             },
         };
         let info = backward_device(
-            gpu, p, opts, q, k, v, &*o, &*lse, &d_o, &mut dq, &mut dk, &mut dv,
+            gpu, p, opts, q, k, v, &*o, &*lse, &d_o, &mut dq, &mut dk, &mut dv, None,
         )?;
         let config = match info.tile {
             Some(t) => format!(

@@ -160,6 +160,7 @@ impl Case {
             window,
             softcap: self.softcap,
             alibi: self.alibi.then(|| Alibi::geometric(self.heads)),
+            sink: None,
         })
     }
 

@@ -3,7 +3,8 @@
 //! (the default and attn_bwd by name): both dtypes, head dims 8 to 256 (36 and 160 padded),
 //! no mask, causal (seqlen_q
 //! below, equal to and above seqlen_k) and sliding windows, GQA and MQA, lengths that are not
-//! multiples of the tiles; softcap and ALiBi (attn_bwd, [`mod_cases`]). o and lse come from
+//! multiples of the tiles; softcap and ALiBi (attn_bwd, [`mod_cases`]); a learnable sink on
+//! both kernels, its gradient from sink_grad judged too ([`sink_cases`]). o and lse come from
 //! the CPU forward, so that a forward error cannot hide a backward one; the gradients start as
 //! NaN (an element the kernels skip fails). The deterministic mode runs 5 times per case and
 //! must give the same bytes every time. Problems the GPU backward does not take must be
@@ -111,6 +112,97 @@ pub fn cases() -> Vec<BwdCase> {
         }
     }
     out.extend(mod_cases());
+    out.extend(sink_cases());
+    out
+}
+
+/// A learnable sink (the forward's lse includes it; d sink comes from sink_grad): mild and
+/// strong sinks; no mask, causal with seqlen_q above seqlen_k (rows that see no key) and a
+/// window; GQA and MQA; head dims 64 and 128 on both kernels (attn_bwd_wgmma where it serves,
+/// attn_bwd by name), 96, 77 (padded), 256, with softcap and ALiBi (attn_bwd), and the
+/// deterministic mode; both dtypes. Labels end in ` sink`.
+pub fn sink_cases() -> Vec<BwdCase> {
+    let shape = |b, sq, sk, hq, hkv, d| {
+        let mut s = AttnShape::new(b, sq, hq, d);
+        s.seqlen_k = sk;
+        s.heads_kv = hkv;
+        s
+    };
+    let sunk = |heads, kind| ScoreMods {
+        sink: Some(super::cases::sink_logits(heads, kind)),
+        ..ScoreMods::default()
+    };
+    let window = Window::from_fa(40, 8).expect("valid window");
+    use Mask::{Causal, None as Full};
+    // (shape, mask, modifiers, deterministic)
+    let list = [
+        (shape(2, 100, 100, 4, 2, 64), Full, sunk(4, "mild"), false),
+        (
+            shape(1, 300, 257, 4, 1, 128),
+            Causal,
+            sunk(4, "strong"),
+            false,
+        ),
+        (
+            shape(1, 200, 300, 2, 2, 128),
+            Full,
+            ScoreMods {
+                window,
+                ..sunk(2, "mild")
+            },
+            false,
+        ),
+        (shape(2, 90, 130, 6, 2, 96), Causal, sunk(6, "mild"), false),
+        (shape(1, 77, 130, 4, 2, 77), Causal, sunk(4, "mild"), false),
+        (
+            shape(1, 100, 180, 4, 2, 256),
+            Causal,
+            ScoreMods {
+                softcap: Some(5.0),
+                alibi: Some(Alibi::geometric(4)),
+                ..sunk(4, "mild")
+            },
+            false,
+        ),
+        (shape(1, 513, 513, 2, 1, 64), Causal, sunk(2, "mild"), true),
+    ];
+    let mut out = Vec::new();
+    for (shape, mask, mods, deterministic) in list {
+        let name = format!("{}{}", mask.name(), super::cases::describe_scores(&mods));
+        let problem = AttnProblem::new(shape)
+            .expect("valid case")
+            .with_mask(mask)
+            .with_scores(mods)
+            .expect("valid sink");
+        let AttnShape {
+            batch: b,
+            seqlen_q: sq,
+            seqlen_k: sk,
+            heads_q: hq,
+            heads_kv: hkv,
+            head_dim: d,
+        } = shape;
+        let kernels: &[BwdKernel] = if padded_head_dim(d).is_some() {
+            &[BwdKernel::Auto, BwdKernel::Mma]
+        } else {
+            &[BwdKernel::Auto]
+        };
+        for dtype in [DType::F16, DType::BF16] {
+            for &kernel in kernels {
+                out.push(BwdCase {
+                    label: format!(
+                        "{dtype} backward b={b} sq={sq} sk={sk} hq={hq} hkv={hkv} d={d} {name}{}{}",
+                        if deterministic { " deterministic" } else { "" },
+                        if kernel == BwdKernel::Mma { " mma" } else { "" }
+                    ),
+                    dtype,
+                    problem: problem.clone(),
+                    deterministic,
+                    kernel,
+                });
+            }
+        }
+    }
     out
 }
 
@@ -132,6 +224,7 @@ pub fn mod_cases() -> Vec<BwdCase> {
         window,
         softcap,
         alibi,
+        sink: None,
     };
     let full = Window::default();
     let per_head = |h| Some(Alibi::geometric(h));
@@ -228,9 +321,10 @@ pub fn mod_cases() -> Vec<BwdCase> {
     out
 }
 
-/// Runs one case on the GPU and judges dq, dk, dv against the exact gradients: rel-L2 within
-/// twice the forward's o bound for the dtype (P and dS go through 16-bit values, as in
-/// FlashAttention-2), and no NaN or Inf where the exact value is finite.
+/// Runs one case on the GPU and judges dq, dk, dv (and a sink's d_sink) against the exact
+/// gradients: rel-L2 within twice the forward's o bound for the dtype (P and dS go through
+/// 16-bit values, as in FlashAttention-2; d_sink reads the 16-bit o), and no NaN or Inf where
+/// the exact value is finite.
 ///
 /// # Errors
 /// Only oracle failures on a valid case; kernel failures are a failed result.
@@ -280,6 +374,19 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &BwdCase, seed: u64) -> Result<Case
                     return Ok(result);
                 }
             };
+            let sink_bits = |x: &Option<Vec<f32>>| {
+                x.iter()
+                    .flatten()
+                    .map(|e| e.to_bits())
+                    .collect::<Vec<u32>>()
+            };
+            let (s1, s2) = (sink_bits(&got.d_sink), sink_bits(&again.d_sink));
+            let sink_differ = s1.iter().zip(&s2).filter(|(x, y)| x != y).count();
+            if sink_differ > 0 || s1.len() != s2.len() {
+                same.push(format!(
+                    "run {run}: {sink_differ} d_sink elements differ from run 1"
+                ));
+            }
             for (name, a, b) in [
                 ("dq", &got.dq, &again.dq),
                 ("dk", &got.dk, &again.dk),
@@ -317,6 +424,27 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &BwdCase, seed: u64) -> Result<Case
         if !d.is_clean() || d.rel_l2.is_nan() || d.rel_l2 > bound {
             ok = false;
             notes.push(format!("{name}: {d} (bound {bound:.1e})"));
+        }
+    }
+    // A sink's gradient: present exactly when the problem has a sink, within the same bound.
+    match (&got.d_sink, &exact.d_sink) {
+        (Some(g), Some(want)) => {
+            let d = diff(widen(g), want);
+            worst_rel = worst_rel.max(d.rel_l2);
+            notes.push(format!("d_sink rel-L2 {:.2e}", d.rel_l2));
+            if !d.is_clean() || d.rel_l2.is_nan() || d.rel_l2 > bound {
+                ok = false;
+                notes.push(format!("d_sink: {d} (bound {bound:.1e})"));
+            }
+        }
+        (None, None) => {}
+        (g, _) => {
+            ok = false;
+            notes.push(format!(
+                "d_sink {} but the problem {} a sink",
+                if g.is_some() { "came back" } else { "missing" },
+                if g.is_some() { "has no" } else { "has" }
+            ));
         }
     }
     if case.deterministic {

@@ -242,8 +242,76 @@ pub fn cases(quick: bool) -> Vec<Case> {
         tile_edges(&mut sw, dtype, quick);
         edge_cases(&mut sw, dtype, quick);
         score_mod_cases(&mut sw, dtype, quick);
+        sink_cases(&mut sw, dtype, quick);
     }
     sw.0
+}
+
+/// Sink logits of `heads` query heads: `mild` ones near the scores (each row gives the sink a
+/// share), `strong` ones that take most of every row, and one per head in between.
+pub fn sink_logits(heads: usize, kind: &str) -> Vec<f32> {
+    (0..heads)
+        .map(|h| match kind {
+            "strong" => 6.0 + h as f32,
+            _ => 1.0 - 0.75 * h as f32,
+        })
+        .collect()
+}
+
+/// A learnable sink (gpt-oss) on the kernels that claim it (mma, wgmma): mild and strong
+/// sinks; no mask, causal with seqlen_q above seqlen_k (rows that see no key: o = 0 and lse =
+/// the sink) and below; a window, and with softcap and ALiBi; GQA and MQA, decoding with GQA
+/// 8:1; head dims 64, 96, 128, 256 and 77 (padded copies); odd lengths. Labels end in ` sink`.
+fn sink_cases(sw: &mut Sweep, dtype: DType, quick: bool) {
+    let w = |l: i64, r: i64| Window::from_fa(l, r).expect("valid window");
+    let sunk = |heads, kind| ScoreMods {
+        sink: Some(sink_logits(heads, kind)),
+        ..ScoreMods::default()
+    };
+    use Mask::{Causal, None as Full};
+    let mut list: Vec<(AttnShape, Mask, ScoreMods)> = vec![
+        (shape(2, 257, 257, 4, 2, 64), Full, sunk(4, "mild")),
+        (shape(1, 300, 1000, 4, 1, 128), Causal, sunk(4, "strong")),
+        (shape(1, 1000, 300, 2, 2, 64), Causal, sunk(2, "mild")),
+        (shape(2, 129, 200, 6, 2, 96), Full, sunk(6, "strong")),
+        (shape(1, 1, 1000, 8, 1, 128), Causal, sunk(8, "mild")),
+        (shape(1, 199, 211, 2, 2, 256), Causal, sunk(2, "mild")),
+        (
+            shape(1, 97, 97, 2, 2, 77),
+            Causal,
+            ScoreMods {
+                window: w(20, -1),
+                ..sunk(2, "mild")
+            },
+        ),
+        (
+            shape(1, 333, 333, 4, 2, 128),
+            Full,
+            ScoreMods {
+                window: w(64, 64),
+                softcap: Some(30.0),
+                alibi: Some(Alibi::geometric(4)),
+                ..sunk(4, "mild")
+            },
+        ),
+    ];
+    if !quick {
+        list.push((shape(1, 2055, 2055, 2, 2, 64), Causal, sunk(2, "strong")));
+        list.push((
+            shape(1, 1500, 1500, 2, 1, 128),
+            Full,
+            ScoreMods {
+                window: w(300, 300),
+                ..sunk(2, "mild")
+            },
+        ));
+    }
+    for (sh, mask, mods) in list {
+        let p = problem(sh, mask)
+            .with_scores(mods)
+            .expect("sweep sinks are valid");
+        sw.push(dtype, p, "");
+    }
 }
 
 /// Lengths on both sides of the tile and TMA box edges (wgmma: 128 or 192 query rows per
@@ -280,7 +348,8 @@ fn tile_edges(sw: &mut Sweep, dtype: DType, quick: bool) {
     }
 }
 
-/// The score modifiers of a label: ` window(L,R)`, ` softcapC`, ` alibi` (empty when plain).
+/// The score modifiers of a label: ` window(L,R)`, ` softcapC`, ` alibi`, ` sink` (empty when
+/// plain).
 pub fn describe_scores(m: &ScoreMods) -> String {
     let mut out = String::new();
     if !m.window.is_unbounded() {
@@ -292,6 +361,9 @@ pub fn describe_scores(m: &ScoreMods) -> String {
     }
     if let Some(a) = &m.alibi {
         out += if a.per_batch { " alibi[b,h]" } else { " alibi" };
+    }
+    if m.sink.is_some() {
+        out += " sink";
     }
     out
 }
@@ -440,6 +512,7 @@ fn score_mod_cases(sw: &mut Sweep, dtype: DType, quick: bool) {
                 window: w(100, 20),
                 softcap: Some(30.0),
                 alibi: geometric(4),
+                sink: None,
             },
             Inputs::Scaled(20.0),
         ),
@@ -450,6 +523,7 @@ fn score_mod_cases(sw: &mut Sweep, dtype: DType, quick: bool) {
                 window: w(70, -1),
                 softcap: Some(50.0),
                 alibi: geometric(2),
+                sink: None,
             },
             Inputs::Random,
         ),
@@ -475,6 +549,7 @@ fn score_mod_cases(sw: &mut Sweep, dtype: DType, quick: bool) {
                 window: w(20, -1),
                 softcap: Some(30.0),
                 alibi: geometric(2),
+                sink: None,
             },
             Inputs::Random,
         ));

@@ -16,6 +16,7 @@ pub mod fp8;
 pub mod inputs;
 pub mod kvcache;
 pub mod outcome;
+pub mod sink;
 pub mod varlen;
 pub mod varlen_backward;
 
@@ -179,6 +180,17 @@ pub fn run(gpu: &Gpu, opts: &CheckOptions, mut print: impl FnMut(&str)) -> Resul
             }
             let mut x = CaseResult::new(&label, KernelKind::Mma);
             x.kernel = "bwd".into();
+            x.passed = passed;
+            x.message = message;
+            record(invalid_call_line(&x), x);
+        }
+        // Learnable-sink calls that must be refused (labels `sink: ...`).
+        for (label, passed, message) in sink::refusals(gpu)? {
+            if !opts.selects(&label) {
+                continue;
+            }
+            let mut x = CaseResult::new(&label, KernelKind::Mma);
+            x.kernel = "all".into();
             x.passed = passed;
             x.message = message;
             record(invalid_call_line(&x), x);

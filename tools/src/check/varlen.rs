@@ -129,6 +129,21 @@ pub fn cases() -> Vec<VarlenCase> {
                     slopes: vec![0.5, 0.25, 0.125, 0.0625],
                     per_batch: true,
                 }),
+                sink: None,
+            },
+        ),
+        // A learnable sink: a sequence without keys (its rows' lse is the sink), causal
+        // sequences with more queries than keys.
+        (
+            vec![65, 40, 200],
+            vec![300, 0, 70],
+            4,
+            2,
+            64,
+            Mask::Causal,
+            ScoreMods {
+                sink: Some(super::cases::sink_logits(4, "mild")),
+                ..ScoreMods::default()
             },
         ),
     ];

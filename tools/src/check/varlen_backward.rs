@@ -5,8 +5,9 @@
 //! (dq = 0), batches with no key or no query at all, causal and not, a window, softcap and
 //! per-sequence ALiBi, GQA and MQA, head dims 64, 128, 40 (the packed path at an odd multiple
 //! of 8), 36 (not a multiple of 8: padded copies, still one launch) and 256 (two channel
-//! passes), f16 and bf16, and the deterministic mode (5 runs, the same bytes). o and lse come
-//! from the CPU forward; dq, dk and dv start poisoned (NaN) with a guard past their ends that
+//! passes), f16 and bf16, the deterministic mode (5 runs, the same bytes), and a learnable
+//! sink (its gradient d_sink judged too; labels end in ` sink`). o and lse come from the CPU
+//! forward; dq, dk, dv (and d_sink) start poisoned (NaN) with a guard past their ends that
 //! must stay so. Labels hold `backward varlen` (`--filter 'backward&varlen'`).
 
 use super::outcome::{CaseResult, GUARD, POISON16, synced, to_bits};
@@ -51,6 +52,13 @@ pub fn cases() -> Vec<VarlenBwdCase> {
             slopes: (0..20).map(|i| 0.02 * (i + 1) as f32).collect(),
             per_batch: true,
         }),
+        sink: None,
+    };
+    // A learnable sink: mild on every head, with the modifiers too (rows that see no key get
+    // lse = sink and add nothing to d_sink).
+    let sunk = |heads: usize, base: ScoreMods| ScoreMods {
+        sink: Some(super::cases::sink_logits(heads, "mild")),
+        ..base
     };
     // (lengths, heads_q, heads_kv, head_dim, masks, modifiers, dtypes, deterministic)
     type Spec = (
@@ -74,7 +82,7 @@ pub fn cases() -> Vec<VarlenBwdCase> {
         (b.clone(), 6, 2, 40, masks, plain(), both, false),
         (a.clone(), 4, 2, 36, masks, plain(), both, false),
         (b.clone(), 2, 1, 256, causal, plain(), f16_only, false),
-        (a.clone(), 4, 2, 64, causal, mods, both, false),
+        (a.clone(), 4, 2, 64, causal, mods.clone(), both, false),
         (
             a.clone(),
             4,
@@ -89,7 +97,40 @@ pub fn cases() -> Vec<VarlenBwdCase> {
             true,
         ),
         (b.clone(), 4, 2, 128, masks, plain(), f16_only, true),
-        // No key at all (dq = 0), no query at all (dk = dv = 0).
+        // Sinks: the packed path (d128, both masks), padded copies (d36), the modifiers, the
+        // deterministic mode.
+        (b.clone(), 8, 2, 128, masks, sunk(8, plain()), both, false),
+        (
+            a.clone(),
+            4,
+            2,
+            36,
+            causal,
+            sunk(4, plain()),
+            f16_only,
+            false,
+        ),
+        (
+            a.clone(),
+            4,
+            2,
+            64,
+            causal,
+            sunk(4, mods.clone()),
+            both,
+            false,
+        ),
+        (
+            a.clone(),
+            4,
+            1,
+            64,
+            causal,
+            sunk(4, plain()),
+            f16_only,
+            true,
+        ),
+        // No key at all (dq = 0, and d_sink = 0 with a sink), no query at all (dk = dv = 0).
         (
             (vec![3, 5], vec![0, 0]),
             2,
@@ -97,6 +138,16 @@ pub fn cases() -> Vec<VarlenBwdCase> {
             64,
             masks,
             plain(),
+            f16_only,
+            false,
+        ),
+        (
+            (vec![3, 5], vec![0, 0]),
+            2,
+            1,
+            64,
+            causal,
+            sunk(2, plain()),
             f16_only,
             false,
         ),
@@ -151,8 +202,14 @@ pub fn run_case(gpu: &Gpu, case: &VarlenBwdCase, seed: u64) -> Result<CaseResult
     }
 }
 
-/// dq, dk and dv of one run, read back without their guards, and the guard elements written.
-type Run<T> = ([Vec<T>; 3], usize, String);
+/// dq, dk and dv of one run, read back without their guards, d_sink (with a sink), the guard
+/// elements written, and what ran.
+struct Run<T> {
+    grads: [Vec<T>; 3],
+    d_sink: Option<Vec<f32>>,
+    guard: usize,
+    ran: String,
+}
 
 fn run_typed<T: GpuElement>(gpu: &Gpu, case: &VarlenBwdCase, seed: u64) -> Result<CaseResult> {
     let p = &case.problem;
@@ -184,8 +241,9 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &VarlenBwdCase, seed: u64) -> Resul
             }
         }
     }
-    let ([dq, dk, dv], _, ran) = &got[0];
-    result.guard_overwritten = got.iter().map(|r| r.1).sum();
+    let [dq, dk, dv] = &got[0].grads;
+    let ran = &got[0].ran;
+    result.guard_overwritten = got.iter().map(|r| r.guard).sum();
     let bound = 2.0 * Tolerance::for_dtype(T::DTYPE).o_rel_l2;
     let (mut problems, mut notes) = (Vec::new(), vec![ran.clone()]);
     let (mut worst_rel, mut worst_abs) = (0.0f64, 0.0f64);
@@ -202,11 +260,33 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &VarlenBwdCase, seed: u64) -> Resul
             problems.push(format!("{name}: {d} (bound {bound:.1e})"));
         }
     }
+    // A sink's gradient: present exactly when the problem has a sink, within the same bound.
+    match (&got[0].d_sink, &exact.d_sink) {
+        (Some(g), Some(want)) => {
+            let d = diff(widen(g), want);
+            worst_rel = worst_rel.max(d.rel_l2);
+            notes.push(format!("d_sink rel-L2 {:.2e}", d.rel_l2));
+            if !d.is_clean() || d.rel_l2.is_nan() || d.rel_l2 > bound {
+                problems.push(format!("d_sink: {d} (bound {bound:.1e})"));
+            }
+        }
+        (None, None) => {}
+        (g, _) => problems.push(format!(
+            "d_sink {} but the problem {} a sink",
+            if g.is_some() { "returned" } else { "missing" },
+            if g.is_some() { "has no" } else { "has" }
+        )),
+    }
     for (run, r) in got.iter().enumerate().skip(1) {
+        let bits = |x: &Option<Vec<f32>>| x.iter().flatten().map(|e| e.to_bits()).collect();
+        let (s1, s0): (Vec<u32>, Vec<u32>) = (bits(&r.d_sink), bits(&got[0].d_sink));
+        if s1 != s0 {
+            problems.push(format!("run {}: d_sink differs from run 1", run + 1));
+        }
         for (i, name) in ["dq", "dk", "dv"].into_iter().enumerate() {
-            let differ = r.0[i]
+            let differ = r.grads[i]
                 .iter()
-                .zip(&got[0].0[i])
+                .zip(&got[0].grads[i])
                 .filter(|(a, b)| to_bits(**a) != to_bits(**b))
                 .count();
             if differ > 0 {
@@ -270,12 +350,24 @@ fn launch<T: GpuElement>(
             .map_err(cuda_err("poisoning the gradients"))
     };
     let (mut g_dq, mut g_dk, mut g_dv) = (poisoned(nq)?, poisoned(nk)?, poisoned(nk)?);
+    let hq = p.heads_q;
+    let mut g_ds = p
+        .scores
+        .sink
+        .as_ref()
+        .map(|_| {
+            stream
+                .clone_htod(&vec![f32::NAN; hq + GUARD])
+                .map_err(cuda_err("poisoning d_sink"))
+        })
+        .transpose()?;
     let info = {
         let (mut vq, mut vk, mut vv) = (
             g_dq.slice_mut(0..nq),
             g_dk.slice_mut(0..nk),
             g_dv.slice_mut(0..nk),
         );
+        let mut vs = g_ds.as_mut().map(|x| x.slice_mut(0..hq));
         let called = backward_device(
             gpu,
             p,
@@ -289,6 +381,8 @@ fn launch<T: GpuElement>(
             &mut vq,
             &mut vk,
             &mut vv,
+            vs.as_mut()
+                .map(|x| x as &mut dyn cudarc::driver::DevicePtrMut<f32>),
         );
         // Only the stream's outcome matters here: a stand-in LaunchInfo carries the call's
         // result through `synced`.
@@ -320,11 +414,27 @@ fn launch<T: GpuElement>(
     let (dq, wq) = back(&g_dq, nq, "dq")?;
     let (dk, wk) = back(&g_dk, nk, "dk")?;
     let (dv, wv) = back(&g_dv, nk, "dv")?;
+    let (d_sink, ws) = match &g_ds {
+        Some(x) => {
+            let mut h: Vec<f32> = stream
+                .clone_dtoh(x)
+                .map_err(cuda_err("copying d_sink back"))?;
+            let written = h[hq..].iter().filter(|e| !e.is_nan()).count();
+            h.truncate(hq);
+            (Some(h), written)
+        }
+        None => (None, 0),
+    };
     let ran = format!(
         "attn_bwd ({}; {} registers, {} spill bytes)",
         info.why, info.registers, info.spill_bytes
     );
-    Ok(([dq, dk, dv], wq + wk + wv, ran))
+    Ok(Run {
+        grads: [dq, dk, dv],
+        d_sink,
+        guard: wq + wk + wv + ws,
+        ran,
+    })
 }
 
 /// The call the varlen backward must refuse with a typed error: attn_bwd_wgmma asked for by
@@ -393,6 +503,12 @@ mod tests {
         }
         assert!(has(&|c| c.deterministic));
         assert!(has(&|c| c.problem.total_k() == 0) && has(&|c| c.problem.total_q() == 0));
+        // Sinks: both dtypes, a padded head dim, the deterministic mode, no key at all.
+        let sunk = |c: &VarlenBwdCase| c.problem.scores.sink.is_some();
+        assert!(has(&|c| sunk(c) && c.dtype == DType::BF16));
+        assert!(has(&|c| sunk(c) && c.problem.head_dim == 36));
+        assert!(has(&|c| sunk(c) && c.deterministic));
+        assert!(has(&|c| sunk(c) && c.problem.total_k() == 0));
     }
 
     /// The bound the GPU is held to is reachable: the CPU backward (f32 accumulation, no 16-bit
@@ -419,6 +535,11 @@ mod tests {
             ] {
                 let d = diff(widen(got), want);
                 assert!(d.is_clean() && d.rel_l2 <= bound, "{} {name}: {d}", c.label);
+            }
+            assert_eq!(g.d_sink.is_some(), exact.d_sink.is_some(), "{}", c.label);
+            if let (Some(got), Some(want)) = (&g.d_sink, &exact.d_sink) {
+                let d = diff(widen(got), want);
+                assert!(d.is_clean() && d.rel_l2 <= bound, "{} d_sink: {d}", c.label);
             }
         }
         for (i, c) in cases().iter().enumerate() {

@@ -263,6 +263,7 @@ impl Ctx<'_> {
             window,
             softcap: self.a.softcap,
             alibi,
+            sink: None,
         })
     }
 

@@ -116,8 +116,28 @@ pub fn cases() -> Vec<KvCase> {
                 slopes: (0..16).map(|i| 0.5f32.powi(i % 8 + 1)).collect(),
                 per_batch: true,
             }),
+            sink: None,
         },
     ));
+    // A learnable sink: one split (attn_decode folds it in) and many (attn_combine does);
+    // a sequence with one key only, the new row (causal: its first query row sees none, and
+    // its lse is the sink).
+    for lens in [vec![200, 0], vec![3000, 700]] {
+        specs.push((
+            lens,
+            1,
+            3072,
+            2,
+            8,
+            2,
+            128,
+            Mask::Causal,
+            ScoreMods {
+                sink: Some(super::cases::sink_logits(8, "mild")),
+                ..ScoreMods::default()
+            },
+        ));
+    }
     let mut out = Vec::new();
     for dtype in [DType::F16, DType::BF16] {
         for (n, (lens, new, cap, sq, hq, hkv, d, mask, mods)) in specs.iter().enumerate() {
@@ -263,6 +283,7 @@ fn feature_cases(dtype: DType) -> Vec<KvCase> {
         window: Window::from_fa(50, 2).expect("valid window"),
         softcap: Some(30.0),
         alibi: None,
+        sink: None,
     };
     for (sq, hq) in [(3, 6), (1, 16)] {
         let p = call(vec![700, 5], 1, 768, (sq, hq, 2, 256))
