@@ -39,9 +39,17 @@
 // fragment of k-step kk from an accumulator is {pack(a[8kk], a[8kk+1]), ..., pack(a[8kk+6],
 // a[8kk+7])}: both proven by kernels/probe/wgmma_probe.cu and used by attn_wgmma.cu.
 //
+// BWD_PERSISTENT: min(tiles, SMs) blocks, block i taking the tiles (the non-persistent
+// block indices: key block, kv head, batch) i, i + gridDim.x, ... in turn. The stage ring,
+// the dS buffers and the dQ writers' hand-offs run on across tiles (a running step count
+// gs); kv_full and a kv_empty mbarrier complete once per tile: the consumers arrive on
+// kv_empty after the last step's dQ (the last wgmma that reads K; V's is dP^T), and the
+// producer, having already queued the next tile's first Q/dO stage, loads its K and V while
+// the consumers finish dK and store dK and dV.
+//
 // Specialised at NVRTC time by HEAD_DIM (the real head_dim: 64, or 72..128 padded to 128 by
 // TMA's zero fill), BWD_BR (rows per step), STAGES, IS_BF16, IS_CAUSAL, IS_LOCAL (attn_common.cuh's key range),
-// CONSUMER_REGS, PRODUCER_REGS and DETERMINISTIC; softcap, ALiBi and varlen stay on
+// CONSUMER_REGS, PRODUCER_REGS, DETERMINISTIC and BWD_PERSISTENT; softcap, ALiBi and varlen stay on
 // attn_bwd.cu (the host routes them there).
 #include "ptx.cuh"
 #include "attn_common.cuh"
@@ -583,7 +591,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd_wgmma(const __grid_
     const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0);
 
     // Key blocks in index order; the last first when DETERMINISTIC (dq_writer's descending
-    // order: a block waits only for blocks launched before it). (Starting each key block at a
+    // order: a block waits only for blocks launched before it). Persistent, the waits of tile t
+    // are on tiles of smaller index (key blocks above, same kv head and batch) and stay
+    // deadlock-free: every block is resident (grid <= SMs at one block per SM) and takes its
+    // tiles in increasing index order, so the smallest unfinished tile is the one its block
+    // is on (the block's earlier tiles are smaller, hence finished), and everything it waits
+    // for (smaller tiles: finished; its own block's producer and writer: no wait on later
+    // tiles) lets it finish. (Starting each key block at a
     // different step, so that the blocks of a head add to different dQ tiles at any one time,
     // measured the same within 2 %, run 70.)
 #if !BWD_PERSISTENT
