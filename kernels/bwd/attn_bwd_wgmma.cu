@@ -40,7 +40,7 @@
 // a[8kk+7])}: both proven by kernels/probe/wgmma_probe.cu and used by attn_wgmma.cu.
 //
 // BWD_PERSISTENT: min(tiles, SMs) blocks, block i taking the tiles (the non-persistent
-// block indices: key block, kv head, batch) i, i + gridDim.x, ... in turn. The stage ring,
+// block indices: key block, kv head, batch) i, then those an atomic counter hands out. The stage ring,
 // the dS buffers and the dQ writers' hand-offs run on across tiles (a running step count
 // gs); kv_full and a kv_empty mbarrier complete once per tile: the consumers arrive on
 // kv_empty after the last step's dQ (the last wgmma that reads K; V's is dP^T), and the
@@ -132,7 +132,7 @@ constexpr u32 OFF_BARS = OFF_D + STAGES * BR * 4;
 // their own: every namespace constant is a global of the module, and the default's CUBIN
 // stays the bytes it was.)
 constexpr u32 OFF_HAND = OFF_BARS + 8 * (1 + 2 * STAGES + BWD_PERSISTENT); // per consumer: tile number, ahead
-constexpr u32 SMEM_BYTES = OFF_HAND + 16 + 1024;             // + alignment slack
+constexpr u32 SMEM_BYTES = OFF_HAND + 16 + 16 * BWD_PERSISTENT + 1024; // + the tile word, alignment slack
 
 // The dQ workspace, tile by tile: for (batch b, query head h, step of rows m, consumer half)
 // a contiguous [BR rows][HALF channels] f32 tile, channel c of row r at c ^ swz(r) (the
@@ -167,6 +167,7 @@ struct Smem {
     FA_DEVICE u32 empty(int s) const { return base + OFF_BARS + 8 * (1 + STAGES + s); }
     FA_DEVICE u32 kv_empty() const { return base + OFF_BARS + 8 * (1 + 2 * STAGES); } // BWD_PERSISTENT
     FA_DEVICE u32 hand(int c) const { return base + OFF_HAND + 4 * (u32)c; }
+    FA_DEVICE u32 tile_word() const { return base + OFF_HAND + 16; } // BWD_PERSISTENT
 };
 
 // x, through an empty asm the compiler cannot see into: a value made from it inside the step
@@ -251,16 +252,32 @@ FA_DEVICE void producer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
     for (int s = 0; s < kb.steps; ++s) load_step(w, sm, kb, b, s, s % STAGES, s / STAGES, lane);
 }
 #else
-// Persistent: the block's tiles blockIdx.x + j gridDim.x, j = 0, 1, ... (increasing index
-// order), the stage ring's count gs running on across them. Tile j's K and V are loaded after
-// its first step's Q and dO (whose stage tile j - 1 released a step earlier) and after the
-// consumers' arrival on kv_empty (their last wgmma that reads tile j - 1's K and V): they land
-// while the consumers finish tile j - 1 (its last dK, the dK and dV stores). kv_full and
-// kv_empty complete once per tile, phase j (a tile without steps loads its K and V too:
-// rare, and the phases stay one per tile).
-FA_DEVICE void next_kv(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<BR, BC> &kb, u32 j) {
+// Persistent: block i takes tile i first, then the tiles an atomic counter hands out
+// (gridDim.x + its count: FA3's dynamic scheduler; blocks that drew short causal tiles take
+// more, and the tiles run in about the order the one-block-per-tile grid runs them, the key
+// blocks of a head side by side: their Q and dO shared in L2). The counter is the word after
+// the deterministic mode's counters in dq_order (zeroed by the host every call). Each block's
+// tiles increase. The stage ring's count gs runs on across them. Tile j's number goes to the
+// consumers in tile_word, ahead of kv_full's phase j (its K and V: loaded after its first
+// step's Q and dO, whose stage tile j - 1 released a step earlier, and after the consumers'
+// arrival on kv_empty, their last wgmma that reads tile j - 1's K and V: they land while the
+// consumers finish tile j - 1, its last dK, the dK and dV stores). A number past the last
+// tile completes kv_full without a load and ends the block. kv_full and kv_empty complete once
+// per tile (a tile without steps loads its K and V too: rare, and the phases stay one per
+// tile).
+FA_DEVICE u32 *tile_counter(const BwdParams &bp) {
+    const Params &p = bp.p;
+    const i64 det = DETERMINISTIC ? (i64)p.batch * p.heads_q * ((p.seqlen_q + BR - 1) / BR) * 2 : 0;
+    return (u32 *)(bp.dq_order + det);
+}
+
+// Lane 0: tile j's number to the consumers, once they have released tile j - 1's K and V;
+// then its K and V, unless past the last tile (then kv_full completes without a load).
+FA_DEVICE void next_kv(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<BR, BC> *kb, u32 j, u32 tile) {
     if (j > 0) mbar_wait(sm.kv_empty(), (j - 1) & 1);
-    load_kv(w, sm, kb);
+    st_shared_u32(sm.tile_word(), tile);
+    if (kb) load_kv(w, sm, *kb);
+    else mbar_arrive(sm.kv_full());
 }
 
 FA_DEVICE void producer(const BwdWgmmaParams &w, const Smem &sm, int tid) {
@@ -271,17 +288,22 @@ FA_DEVICE void producer(const BwdWgmmaParams &w, const Smem &sm, int tid) {
         tma_prefetch(w.tdo);
     }
     const u32 tiles = (u32)(bp.num_k_blocks * bp.heads_kv * bp.p.batch); // < 2^31 (the host)
+    u32 tile = blockIdx.x;
     int gs = 0;
 #pragma unroll 1
     for (u32 j = 0;; ++j) {
-        const u32 tile = blockIdx.x + j * gridDim.x;
-        if (tile >= tiles) break;
+        if (tile >= tiles) {
+            if (lane == 0) next_kv(w, sm, nullptr, j, tile);
+            break;
+        }
         const KeyBlock<BR, BC> kb(bp, DETERMINISTIC, tile);
         // (The first step peeled: the K/V load's operands are not live in the step loop.)
         if (kb.steps > 0) load_step(w, sm, kb, kb.b, 0, gs % STAGES, gs / STAGES, lane);
-        if (lane == 0) next_kv(w, sm, kb, j);
+        if (lane == 0) next_kv(w, sm, &kb, j, tile);
         for (int s = 1; s < kb.steps; ++s) load_step(w, sm, kb, kb.b, s, (gs + s) % STAGES, (gs + s) / STAGES, lane);
         gs += kb.steps;
+        const u32 drawn = lane == 0 ? atomicAdd(tile_counter(bp), 1u) : 0u;
+        tile = gridDim.x + __shfl_sync(0xffffffffu, drawn, 0);
     }
 }
 #endif
@@ -563,16 +585,19 @@ FA_DEVICE void consumer_tile(const BwdWgmmaParams &w, const Smem &sm, const KeyB
 }
 
 #if BWD_PERSISTENT
-// Persistent: the block's tiles in increasing index order (the producer's), then the end for
-// the writer. Between tiles only gs and j carry over: the writer's hand-offs, the named
-// barriers and the dS buffers continue from step to step as inside a key block.
+// Persistent: the tiles the producer draws (their numbers in tile_word, behind kv_full's
+// phase j), then the end for the writer. Between tiles only gs and j carry over: the writer's
+// hand-offs, the named barriers and the dS buffers continue from step to step as inside a
+// key block. (tile_word is read before the arrival on kv_empty that lets the producer write
+// the next number.)
 FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, int tid, int wg) {
     const BwdParams &bp = w.bp;
     const u32 tiles = (u32)(bp.num_k_blocks * bp.heads_kv * bp.p.batch);
     int gs = 0;
 #pragma unroll 1
     for (u32 j = 0;; ++j) {
-        const u32 tile = blockIdx.x + j * gridDim.x;
+        mbar_wait(sm.kv_full(), j & 1);
+        const u32 tile = ld_shared_u32(sm.tile_word());
         if (tile >= tiles) break;
         const KeyBlock<BR, BC> kb(bp, DETERMINISTIC, tile);
         consumer_tile(w, sm, kb, tid, wg, gs, j);
@@ -594,7 +619,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd_wgmma(const __grid_
     // order: a block waits only for blocks launched before it). Persistent, the waits of tile t
     // are on tiles of smaller index (key blocks above, same kv head and batch) and stay
     // deadlock-free: every block is resident (grid <= SMs at one block per SM) and takes its
-    // tiles in increasing index order, so the smallest unfinished tile is the one its block
+    // tiles in increasing index order (its first is blockIdx.x < gridDim.x, the counter's are
+    // gridDim.x + an increasing count), so the smallest unfinished tile is the one its block
     // is on (the block's earlier tiles are smaller, hence finished), and everything it waits
     // for (smaller tiles: finished; its own block's producer and writer: no wait on later
     // tiles) lets it finish. (Starting each key block at a

@@ -64,9 +64,10 @@ pub struct BackwardOptions {
     /// dK and dV are the same bytes either way. FlashAttention-2's `deterministic=True`.
     pub deterministic: bool,
     /// Whether attn_bwd_wgmma runs persistent: [`bw::persistent_grid`] blocks (one per SM),
-    /// each looping over the tiles (key block, kv head, batch) blockIdx.x, blockIdx.x +
-    /// gridDim.x, ..., loading the next tile's K, V and first Q/dO stage while it finishes
-    /// the last, instead of one block per tile. `None`: the library's choice,
+    /// each looping over tiles (key block, kv head, batch: its own index first, then those
+    /// an atomic counter hands out, so that blocks with short causal tiles take more),
+    /// loading the next tile's K, V and first Q/dO stage while it finishes the last, instead
+    /// of one block per tile. `None`: the library's choice,
     /// [`PERSISTENT_DEFAULT`]. attn_bwd ignores it.
     pub persistent: Option<bool>,
     /// The persistent grid's blocks at most (`None`: one per SM); a smaller grid gives each
@@ -496,9 +497,11 @@ where
     // The key-block counters of the deterministic mode: attn_bwd's one per (batch, query
     // head, step), for each pass; attn_bwd_wgmma's one per dQ tile.
     let per_pass = s.batch * s.heads_q * s.seqlen_q.div_ceil(tile.br);
+    // The persistent attn_bwd_wgmma's tile counter: the word after them (the only one
+    // without the deterministic mode).
     let n_order = match (opts.deterministic, wgmma) {
         (false, _) => 1,
-        (true, true) => bw::dq_order_len(p),
+        (true, true) => bw::dq_order_len(p) + usize::from(persistent),
         (true, false) => per_pass * passes.len(),
     };
     let mut dq_order: CudaSlice<i32> = stream

@@ -9,9 +9,9 @@
 //! descending key-block order when deterministic).
 //!
 //! Persistent variant ([`defines`]' `persistent`, `BWD_PERSISTENT`): [`persistent_grid`]
-//! blocks, each taking the tiles (key block, kv head, batch) blockIdx.x, blockIdx.x + gridDim.x,
-//! ... in turn, the next tile's K, V and first Q/dO stage loading while the consumers finish
-//! the last (its dK, the dK and dV stores).
+//! blocks, each taking the tiles (key block, kv head, batch) blockIdx.x first,
+//! then those an atomic counter hands out, the next tile's K, V and first Q/dO stage loading
+//! while the consumers finish the last (its dK, the dK and dV stores).
 
 use crate::cuda::runtime::device::DeviceInfo;
 use crate::cuda::runtime::tma::{TiledMap, TmaMap, bshd_map};
@@ -106,8 +106,9 @@ pub fn unsupported(info: &DeviceInfo, p: &AttnProblem) -> Option<String> {
 
 /// Dynamic shared memory of a block (attn_bwd_wgmma.cu's layout: K, V; STAGES of Q and dO;
 /// two dS tiles; the f32 dQ staging rows; STAGES of lse and D; the mbarriers, one more
-/// (kv_empty) when `persistent`; four words of the consumers' hand-off to the dQ writers;
-/// 1024 bytes to align the base for the swizzle).
+/// (kv_empty) when `persistent`; four words of the consumers' hand-off to the dQ writers,
+/// 16 bytes more (the tile number) when `persistent`; 1024 bytes to align the base for the
+/// swizzle).
 pub fn smem_bytes(head_dim: usize, persistent: bool) -> usize {
     let dp = padded_head_dim(head_dim).unwrap_or(128);
     let br = br(head_dim);
@@ -117,14 +118,15 @@ pub fn smem_bytes(head_dim: usize, persistent: bool) -> usize {
     let dq = br * dp * 4;
     let ld = 2 * STAGES * br * 4;
     let bars = 1 + 2 * STAGES + usize::from(persistent);
-    kv + qdo + ds + dq + ld + 8 * bars + 16 + 1024
+    kv + qdo + ds + dq + ld + 8 * bars + 16 + 16 * usize::from(persistent) + 1024
 }
 
 /// The blocks of the persistent variant: one per tile up to one per SM (`sm_count`; the
 /// kernel's shared memory allows one block per SM), at most `cap` where given (a smaller
 /// grid gives every block more tiles: the check's way to change tiles on small problems).
 /// At least 1. Every block is resident at once, which the deterministic mode's waits
-/// need (attn_bwd_wgmma.cu).
+/// need (attn_bwd_wgmma.cu). Block i takes tile i, then the tiles an atomic counter hands
+/// out: one i32 after the deterministic counters ([`dq_order_len`]), zeroed by the host.
 pub fn persistent_grid(tiles: u32, sm_count: i32, cap: Option<u32>) -> u32 {
     let sms = u32::try_from(sm_count).unwrap_or(1).max(1);
     tiles.min(sms).min(cap.unwrap_or(u32::MAX)).max(1)
@@ -217,8 +219,8 @@ mod tests {
             smem_bytes(128, false),
             65536 + 65536 + 32768 + 64 * 128 * 4 + 1024 + 40 + 16 + 1024
         );
-        // Persistent: kv_empty, one mbarrier more.
-        assert_eq!(smem_bytes(128, true), smem_bytes(128, false) + 8);
+        // Persistent: kv_empty, one mbarrier more, and the tile number.
+        assert_eq!(smem_bytes(128, true), smem_bytes(128, false) + 8 + 16);
         // d64 takes 128 rows per step: K, V 2 x 16 KB; Q, dO 2 x 2 x 16 KB; dS 2 x 32 KB; dQ
         // 128 x 64 f32; lse, D 2 x 2 x 512 B.
         assert_eq!(br(64), 128);
