@@ -282,29 +282,32 @@ fn jobs() -> Vec<Job> {
         }
     }
     // The Hopper backward: sm_90a only, both padded head dims (64, 128) and 96, each mask,
-    // and the deterministic mode.
+    // the deterministic mode, one block per tile and persistent.
     for d in [64, 96, 128] {
         for dtype in DTYPES {
             for (causal, window) in [(false, false), (true, false), (false, true)] {
                 for deterministic in [false, true] {
-                    let p = bwd_problem(d, causal, window);
-                    use flashattn::cuda::backward_wgmma as bw;
-                    out.push(Job {
-                        source: KernelSource::AttnBwdWgmma,
-                        arch: "sm_90a",
-                        d,
-                        dtype,
-                        causal,
-                        defines: bw::defines(dtype, &p, deterministic),
-                        functions: &["attn_bwd_wgmma", "attn_bwd_dsum", "attn_bwd_dq_tiled"],
-                        smem: bw::smem_bytes(d),
-                        tile: format!(
-                            "bwd-wg{}{}",
-                            if window { " window" } else { "" },
-                            if deterministic { " det" } else { "" }
-                        ),
-                        roles: Some((40, 232)),
-                    });
+                    for persistent in [false, true] {
+                        let p = bwd_problem(d, causal, window);
+                        use flashattn::cuda::backward_wgmma as bw;
+                        out.push(Job {
+                            source: KernelSource::AttnBwdWgmma,
+                            arch: "sm_90a",
+                            d,
+                            dtype,
+                            causal,
+                            defines: bw::defines(dtype, &p, deterministic, persistent),
+                            functions: &["attn_bwd_wgmma", "attn_bwd_dsum", "attn_bwd_dq_tiled"],
+                            smem: bw::smem_bytes(d, persistent),
+                            tile: format!(
+                                "bwd-wg{}{}{}",
+                                if window { " window" } else { "" },
+                                if deterministic { " det" } else { "" },
+                                if persistent { " persistent" } else { "" }
+                            ),
+                            roles: Some((40, 232)),
+                        });
+                    }
                 }
             }
         }

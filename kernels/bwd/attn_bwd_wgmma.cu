@@ -39,9 +39,17 @@
 // fragment of k-step kk from an accumulator is {pack(a[8kk], a[8kk+1]), ..., pack(a[8kk+6],
 // a[8kk+7])}: both proven by kernels/probe/wgmma_probe.cu and used by attn_wgmma.cu.
 //
+// BWD_PERSISTENT: min(tiles, SMs) blocks, block i taking the tiles (the non-persistent
+// block indices: key block, kv head, batch) i, then those an atomic counter hands out. The stage ring,
+// the dS buffers and the dQ writers' hand-offs run on across tiles (a running step count
+// gs); kv_full and a kv_empty mbarrier complete once per tile: the consumers arrive on
+// kv_empty after the last step's dQ (the last wgmma that reads K; V's is dP^T), and the
+// producer, having already queued the next tile's first Q/dO stage, loads its K and V while
+// the consumers finish dK and store dK and dV.
+//
 // Specialised at NVRTC time by HEAD_DIM (the real head_dim: 64, or 72..128 padded to 128 by
 // TMA's zero fill), BWD_BR (rows per step), STAGES, IS_BF16, IS_CAUSAL, IS_LOCAL (attn_common.cuh's key range),
-// CONSUMER_REGS, PRODUCER_REGS and DETERMINISTIC; softcap, ALiBi and varlen stay on
+// CONSUMER_REGS, PRODUCER_REGS, DETERMINISTIC and BWD_PERSISTENT; softcap, ALiBi and varlen stay on
 // attn_bwd.cu (the host routes them there).
 #include "ptx.cuh"
 #include "attn_common.cuh"
@@ -69,6 +77,9 @@ static_assert(!IS_VARLEN && !HAS_SOFTCAP && !HAS_ALIBI, "attn_bwd_wgmma: no varl
 #endif
 #ifndef DETERMINISTIC
 #define DETERMINISTIC 0
+#endif
+#ifndef BWD_PERSISTENT
+#define BWD_PERSISTENT 0
 #endif
 
 
@@ -117,8 +128,11 @@ constexpr u32 OFF_DQ = OFF_DS + 2 * DS_BYTES;
 constexpr u32 OFF_L = OFF_DQ + 2 * DQ_HALF_BYTES;
 constexpr u32 OFF_D = OFF_L + STAGES * BR * 4;
 constexpr u32 OFF_BARS = OFF_D + STAGES * BR * 4;
-constexpr u32 OFF_HAND = OFF_BARS + 8 * (1 + 2 * STAGES); // per consumer: tile number, ahead
-constexpr u32 SMEM_BYTES = OFF_HAND + 16 + 1024;             // + alignment slack
+// mbarriers: kv_full, full and empty per stage, kv_empty (BWD_PERSISTENT). (No constant of
+// their own: every namespace constant is a global of the module, and the default's CUBIN
+// stays the bytes it was.)
+constexpr u32 OFF_HAND = OFF_BARS + 8 * (1 + 2 * STAGES + BWD_PERSISTENT); // per consumer: tile number, ahead
+constexpr u32 SMEM_BYTES = OFF_HAND + 16 + 16 * BWD_PERSISTENT + 1024; // + the tile word, alignment slack
 
 // The dQ workspace, tile by tile: for (batch b, query head h, step of rows m, consumer half)
 // a contiguous [BR rows][HALF channels] f32 tile, channel c of row r at c ^ swz(r) (the
@@ -151,7 +165,9 @@ struct Smem {
     FA_DEVICE u32 kv_full() const { return base + OFF_BARS; }
     FA_DEVICE u32 full(int s) const { return base + OFF_BARS + 8 * (1 + s); }
     FA_DEVICE u32 empty(int s) const { return base + OFF_BARS + 8 * (1 + STAGES + s); }
+    FA_DEVICE u32 kv_empty() const { return base + OFF_BARS + 8 * (1 + 2 * STAGES); } // BWD_PERSISTENT
     FA_DEVICE u32 hand(int c) const { return base + OFF_HAND + 4 * (u32)c; }
+    FA_DEVICE u32 tile_word() const { return base + OFF_HAND + 16; } // BWD_PERSISTENT
 };
 
 // x, through an empty asm the compiler cannot see into: a value made from it inside the step
@@ -178,50 +194,119 @@ FA_DEVICE constexpr u32 mnmajor_off(int kk) { return (u32)kk * 16 * 128; }
 // The producer warp (the first of warpgroup 0): K and V of the key block once, then each
 // step's Q and dO (lane 0, TMA) and its rows' lse and D (every lane) into the stage ring,
 // each behind the consumers' release of the stage.
-FA_DEVICE void producer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<BR, BC> &kb, int tid) {
+
+// Lane 0: K and V of the key block into their buffers, completing kv_full.
+FA_DEVICE void load_kv(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<BR, BC> &kb) {
+    mbar_arrive_expect_tx(sm.kv_full(), 2 * KV_BYTES);
+#pragma unroll
+    for (int j = 0; j < NSUB; ++j) {
+        tma_load_4d(sm.k() + j * SUB_K, w.tk, sm.kv_full(), 64 * j, kb.key0, kb.hk, kb.b);
+        tma_load_4d(sm.v() + j * SUB_K, w.tv, sm.kv_full(), 64 * j, kb.key0, kb.hk, kb.b);
+    }
+}
+
+// Step s of the key block (batch b) into stage `stage` of the ring, its use number `use`
+// (the block's step gs: stage gs % STAGES, use gs / STAGES; gs = s but in a persistent block,
+// whose ring runs on across its tiles): Q and dO (lane 0), lse and D (every lane), once the
+// consumers have released the stage's previous use.
+FA_DEVICE void load_step(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<BR, BC> &kb, int b, int s, int stage, int use,
+                          int lane) {
     const BwdParams &bp = w.bp;
     const Params &p = bp.p;
-    const int hk = kb.hk, b = kb.b;
+    if (use > 0) mbar_wait(sm.empty(stage), (u32)(use - 1) & 1);
+    const int h = kb.head_of(p, s), row0 = kb.row0_of(s);
+    if (lane == 0) {
+        mbar_arrive_expect_tx(sm.full(stage), 2 * Q_BYTES);
+#pragma unroll
+        for (int j = 0; j < NSUB; ++j) {
+            tma_load_4d(sm.q(stage) + j * SUB_Q, w.tq, sm.full(stage), 64 * j, row0, h, b);
+            tma_load_4d(sm.d_o(stage) + j * SUB_Q, w.tdo, sm.full(stage), 64 * j, row0, h, b);
+        }
+    }
+    // lse in log2 units and D of the step's rows (rows past the end: 0, and masked).
+    // Ordinary stores after the empty mbarrier's wait: each consumer warp's lane 0
+    // arrives on it after the warp's reads of this stage (release / acquire).
+    // compute-sanitizer's racecheck does not model mbarriers: its `hazard` report mode
+    // lists these stores as WAR hazards; the default `analysis` mode reports none
+    // (docs/perf-notes.md 40).
+    // (b and lane through in_loop: hoisted out of the step loop, their products spill
+    // from the warpgroup's 24 registers.)
+    const i64 at = lse_offset(p, (int)in_loop((u32)b), h, 0);
+    for (int r = (int)in_loop((u32)lane); r < BR; r += 32) {
+        const bool ok = row0 + r < p.seqlen_q;
+        st_shared_u32(sm.lse(stage) + r * 4, __float_as_uint(ok ? p.lse[at + row0 + r] * LOG2E : 0.f));
+        st_shared_u32(sm.dsum(stage) + r * 4, __float_as_uint(ok ? bp.dsum[at + row0 + r] : 0.f));
+    }
+    mbar_arrive(sm.full(stage));
+}
+
+#if !BWD_PERSISTENT
+FA_DEVICE void producer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<BR, BC> &kb, int tid) {
+    const int b = kb.b;
     const int lane = tid;
     if (lane == 0) {
         tma_prefetch(w.tq);
         tma_prefetch(w.tdo);
-        mbar_arrive_expect_tx(sm.kv_full(), 2 * KV_BYTES);
-#pragma unroll
-        for (int j = 0; j < NSUB; ++j) {
-            tma_load_4d(sm.k() + j * SUB_K, w.tk, sm.kv_full(), 64 * j, kb.key0, hk, b);
-            tma_load_4d(sm.v() + j * SUB_K, w.tv, sm.kv_full(), 64 * j, kb.key0, hk, b);
-        }
+        load_kv(w, sm, kb);
     }
-    for (int s = 0; s < kb.steps; ++s) {
-        const int stage = s % STAGES, use = s / STAGES;
-        if (use > 0) mbar_wait(sm.empty(stage), (u32)(use - 1) & 1);
-        const int h = kb.head_of(p, s), row0 = kb.row0_of(s);
-        if (lane == 0) {
-            mbar_arrive_expect_tx(sm.full(stage), 2 * Q_BYTES);
-#pragma unroll
-            for (int j = 0; j < NSUB; ++j) {
-                tma_load_4d(sm.q(stage) + j * SUB_Q, w.tq, sm.full(stage), 64 * j, row0, h, b);
-                tma_load_4d(sm.d_o(stage) + j * SUB_Q, w.tdo, sm.full(stage), 64 * j, row0, h, b);
-            }
+    for (int s = 0; s < kb.steps; ++s) load_step(w, sm, kb, b, s, s % STAGES, s / STAGES, lane);
+}
+#else
+// Persistent: block i takes tile i first, then the tiles an atomic counter hands out
+// (gridDim.x + its count: FA3's dynamic scheduler; blocks that drew short causal tiles take
+// more, and the tiles run in about the order the one-block-per-tile grid runs them, the key
+// blocks of a head side by side: their Q and dO shared in L2). The counter is the word after
+// the deterministic mode's counters in dq_order (zeroed by the host every call). Each block's
+// tiles increase. The stage ring's count gs runs on across them. Tile j's number goes to the
+// consumers in tile_word, ahead of kv_full's phase j (its K and V: loaded after its first
+// step's Q and dO, whose stage tile j - 1 released a step earlier, and after the consumers'
+// arrival on kv_empty, their last wgmma that reads tile j - 1's K and V: they land while the
+// consumers finish tile j - 1, its last dK, the dK and dV stores). A number past the last
+// tile completes kv_full without a load and ends the block. kv_full and kv_empty complete once
+// per tile (a tile without steps loads its K and V too: rare, and the phases stay one per
+// tile).
+FA_DEVICE u32 *tile_counter(const BwdParams &bp) {
+    const Params &p = bp.p;
+    const i64 det = DETERMINISTIC ? (i64)p.batch * p.heads_q * ((p.seqlen_q + BR - 1) / BR) * 2 : 0;
+    return (u32 *)(bp.dq_order + det);
+}
+
+// Lane 0: tile j's number to the consumers, once they have released tile j - 1's K and V;
+// then its K and V, unless past the last tile (then kv_full completes without a load).
+FA_DEVICE void next_kv(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<BR, BC> *kb, u32 j, u32 tile) {
+    if (j > 0) mbar_wait(sm.kv_empty(), (j - 1) & 1);
+    st_shared_u32(sm.tile_word(), tile);
+    if (kb) load_kv(w, sm, *kb);
+    else mbar_arrive(sm.kv_full());
+}
+
+FA_DEVICE void producer(const BwdWgmmaParams &w, const Smem &sm, int tid) {
+    const BwdParams &bp = w.bp;
+    const int lane = tid;
+    if (lane == 0) {
+        tma_prefetch(w.tq);
+        tma_prefetch(w.tdo);
+    }
+    const u32 tiles = (u32)(bp.num_k_blocks * bp.heads_kv * bp.p.batch); // < 2^31 (the host)
+    u32 tile = blockIdx.x;
+    int gs = 0;
+#pragma unroll 1
+    for (u32 j = 0;; ++j) {
+        if (tile >= tiles) {
+            if (lane == 0) next_kv(w, sm, nullptr, j, tile);
+            break;
         }
-        // lse in log2 units and D of the step's rows (rows past the end: 0, and masked).
-        // Ordinary stores after the empty mbarrier's wait: each consumer warp's lane 0
-        // arrives on it after the warp's reads of this stage (release / acquire).
-        // compute-sanitizer's racecheck does not model mbarriers: its `hazard` report mode
-        // lists these stores as WAR hazards; the default `analysis` mode reports none
-        // (docs/perf-notes.md 40).
-        // (b and lane through in_loop: hoisted out of the step loop, their products spill
-        // from the warpgroup's 24 registers.)
-        const i64 at = lse_offset(p, (int)in_loop((u32)b), h, 0);
-        for (int r = (int)in_loop((u32)lane); r < BR; r += 32) {
-            const bool ok = row0 + r < p.seqlen_q;
-            st_shared_u32(sm.lse(stage) + r * 4, __float_as_uint(ok ? p.lse[at + row0 + r] * LOG2E : 0.f));
-            st_shared_u32(sm.dsum(stage) + r * 4, __float_as_uint(ok ? bp.dsum[at + row0 + r] : 0.f));
-        }
-        mbar_arrive(sm.full(stage));
+        const KeyBlock<BR, BC> kb(bp, DETERMINISTIC, tile);
+        // (The first step peeled: the K/V load's operands are not live in the step loop.)
+        if (kb.steps > 0) load_step(w, sm, kb, kb.b, 0, gs % STAGES, gs / STAGES, lane);
+        if (lane == 0) next_kv(w, sm, &kb, j, tile);
+        for (int s = 1; s < kb.steps; ++s) load_step(w, sm, kb, kb.b, s, (gs + s) % STAGES, (gs + s) / STAGES, lane);
+        gs += kb.steps;
+        const u32 drawn = lane == 0 ? atomicAdd(tile_counter(bp), 1u) : 0u;
+        tile = gridDim.x + __shfl_sync(0xffffffffu, drawn, 0);
     }
 }
+#endif
 
 // ================================ dQ writers ===============================================
 // Writer warp `cons` (warp 1 + cons of warpgroup 0): each dQ tile of consumer cons, once
@@ -266,9 +351,20 @@ FA_DEVICE void dq_writer(const BwdWgmmaParams &w, const Smem &sm, int cons, int 
 }
 
 // ================================ consumers ================================================
+// The end of the block for consumer cons's writer: the last dQ tile read, then number -1.
+FA_DEVICE void end_dq_writer(const Smem &sm, int cons, int ctid, bool any_steps) {
+    if (any_steps) named_sync(BAR_DQ_EMPTY + cons, DQ_BAR_THREADS);
+    if (ctid == 0) st_shared_u32(sm.hand(cons), 0xffffffffu);
+    named_arrive(BAR_DQ_FULL + cons, DQ_BAR_THREADS);
+}
+
 // A consumer warpgroup (64 keys of the block): over the steps, S^T and dP^T, P^T and dS^T,
 // dV += P^T dO and dK += dS^T Q, dQ += dS K into the dQ tiles; then dK and dV out.
-FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<BR, BC> &kb, int tid, int wg) {
+// gs0: the block's steps before this key block's (the stage ring's and the dS buffers' count,
+// the dQ writer's hand-offs); j: its tiles before this one (kv_full's phase). Both 0 but in a
+// persistent block.
+FA_DEVICE void consumer_tile(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<BR, BC> &kb, int tid, int wg, int gs0,
+                             u32 j) {
     const BwdParams &bp = w.bp;
     const Params &p = bp.p;
     const int hk = kb.hk, b = kb.b, key0 = kb.key0;
@@ -293,11 +389,12 @@ FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
 #pragma unroll
     for (int i = 0; i < NACC; ++i) dk[i] = dv[i] = 0.f;
 
-    mbar_wait(sm.kv_full(), 0);
+    mbar_wait(sm.kv_full(), j & 1);
     for (int s = 0; s < steps; ++s) {
-        const int stage = s % STAGES;
+        const int gs = gs0 + s;
+        const int stage = gs % STAGES;
         const int h = head_of(s), row0 = row0_of(s);
-        mbar_wait(sm.full(stage), (u32)(s / STAGES) & 1);
+        mbar_wait(sm.full(stage), (u32)(gs / STAGES) & 1);
         const u32 sq = sm.q(stage), sdo = sm.d_o(stage);
         // Descriptor low words (K-major: LBO 16; MN-major: LBO = the next 64 columns).
         const u32 k_lo = in_loop(desc_lo(sk_rows, 16)), v_lo = in_loop(desc_lo(sv_rows, 16));
@@ -380,7 +477,7 @@ FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
         {
             const int m = lane / 8, i8 = lane % 8;
             const u32 chunk = (u32)(2 * warp + (m & 1));
-            const u32 at = sm.ds(s & 1) + (u32)cons * SUB_Q + (u32)(8 * (m >> 1) + i8) * 128 + ((chunk ^ (u32)i8) * 16);
+            const u32 at = sm.ds(gs & 1) + (u32)cons * SUB_Q + (u32)(8 * (m >> 1) + i8) * 128 + ((chunk ^ (u32)i8) * 16);
 #pragma unroll
             for (int q = 0; q < BR / 16; ++q)
                 stmatrix_x4_trans(at + (u32)q * 2048, dsf[4 * q], dsf[4 * q + 1], dsf[4 * q + 2], dsf[4 * q + 3]);
@@ -394,7 +491,7 @@ FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
         // dK += dS^T Q (softmax_scale applied at the end): dQ first, so that its staging
         // below runs while dK's products do (FlashAttention-3's order).
         float dq[MH][NQ];
-        const u32 kc_lo = in_loop(desc_lo(sk_cols, SUB_K)), ds_lo = desc_lo(sm.ds(s & 1), 16);
+        const u32 kc_lo = in_loop(desc_lo(sk_cols, SUB_K)), ds_lo = desc_lo(sm.ds(gs & 1), 16);
         wgmma_fence();
 #pragma unroll
         for (int mh = 0; mh < MH; ++mh)
@@ -412,11 +509,19 @@ FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
         fence_regs(dv);
 #pragma unroll
         for (int mh = 0; mh < MH; ++mh) fence_regs(dq[mh]);
+#if BWD_PERSISTENT
+        // The key block's last read of K (dQ; of V: dP^T) done: the producer may load the
+        // next tile's K and V (kv_empty, one arrival per consumer warp) while dK runs.
+        if (s + 1 == steps) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(sm.kv_empty());
+        }
+#endif
 
         // dQ to this consumer's staging tile, for its writer warp to add (softmax_scale is
         // applied once, by attn_bwd_dq_tiled). The previous step's reduction must have read the tile first.
         const u32 sdq = sm.dq() + (u32)cons * DQ_HALF_BYTES;
-        if (s > 0) named_sync(BAR_DQ_EMPTY + cons, DQ_BAR_THREADS);
+        if (gs > 0) named_sync(BAR_DQ_EMPTY + cons, DQ_BAR_THREADS);
         // Element i of dQ half mh: row mh 64 + 16 warp + g + 8((i/2)%2), channel c = 8(i/4) + 2t
         // at c ^ swz(row), where swz(row) = 8(g % 4) for every row of the lane: with i/4 = 4a + j,
         // the channel's 8-block is 4a + (j ^ g % 4). So four lane addresses (one per j) and
@@ -455,10 +560,12 @@ FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
         __syncwarp();
         if (lane == 0) mbar_arrive(sm.empty(stage));
     }
-    // The end of the block for the writer.
-    if (steps > 0) named_sync(BAR_DQ_EMPTY + cons, DQ_BAR_THREADS);
-    if (ctid == 0) st_shared_u32(sm.hand(cons), 0xffffffffu);
-    named_arrive(BAR_DQ_FULL + cons, DQ_BAR_THREADS);
+#if BWD_PERSISTENT
+    // (A tile without steps: K and V unread.)
+    if (steps == 0 && lane == 0) mbar_arrive(sm.kv_empty());
+#else
+    end_dq_writer(sm, cons, ctid, steps > 0);
+#endif
 
     // dK (times softmax_scale) and dV of the lane's keys, as 16-bit pairs, dense.
 #pragma unroll
@@ -477,6 +584,29 @@ FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, const KeyBlock<
     }
 }
 
+#if BWD_PERSISTENT
+// Persistent: the tiles the producer draws (their numbers in tile_word, behind kv_full's
+// phase j), then the end for the writer. Between tiles only gs and j carry over: the writer's
+// hand-offs, the named barriers and the dS buffers continue from step to step as inside a
+// key block. (tile_word is read before the arrival on kv_empty that lets the producer write
+// the next number.)
+FA_DEVICE void consumer(const BwdWgmmaParams &w, const Smem &sm, int tid, int wg) {
+    const BwdParams &bp = w.bp;
+    const u32 tiles = (u32)(bp.num_k_blocks * bp.heads_kv * bp.p.batch);
+    int gs = 0;
+#pragma unroll 1
+    for (u32 j = 0;; ++j) {
+        mbar_wait(sm.kv_full(), j & 1);
+        const u32 tile = ld_shared_u32(sm.tile_word());
+        if (tile >= tiles) break;
+        const KeyBlock<BR, BC> kb(bp, DETERMINISTIC, tile);
+        consumer_tile(w, sm, kb, tid, wg, gs, j);
+        gs += kb.steps;
+    }
+    end_dq_writer(sm, wg - 1, tid - 128 * wg, gs > 0);
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd_wgmma(const __grid_constant__ BwdWgmmaParams w) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const Smem sm{(smem_u32(smem_raw) + 1023u) & ~1023u};
@@ -486,13 +616,25 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd_wgmma(const __grid_
     const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0);
 
     // Key blocks in index order; the last first when DETERMINISTIC (dq_writer's descending
-    // order: a block waits only for blocks launched before it). (Starting each key block at a
+    // order: a block waits only for blocks launched before it). Persistent, the waits of tile t
+    // are on tiles of smaller index (key blocks above, same kv head and batch) and stay
+    // deadlock-free: every block is resident (grid <= SMs at one block per SM) and takes its
+    // tiles in increasing index order (its first is blockIdx.x < gridDim.x, the counter's are
+    // gridDim.x + an increasing count), so the smallest unfinished tile is the one its block
+    // is on (the block's earlier tiles are smaller, hence finished), and everything it waits
+    // for (smaller tiles: finished; its own block's producer and writer: no wait on later
+    // tiles) lets it finish. (Starting each key block at a
     // different step, so that the blocks of a head add to different dQ tiles at any one time,
     // measured the same within 2 %, run 70.)
+#if !BWD_PERSISTENT
     const KeyBlock<BR, BC> kb(w.bp, DETERMINISTIC);
+#endif
 
     if (tid == 0) {
         mbar_init(sm.kv_full(), 1);
+#if BWD_PERSISTENT
+        mbar_init(sm.kv_empty(), 8); // one arrival per consumer warp
+#endif
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(sm.full(s), 1 + 32); // lane 0's expect_tx, then every lane after lse/D
@@ -505,12 +647,20 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd_wgmma(const __grid_
     // The roles: the producer warp, the two dQ writer warps, then the consumer warpgroups.
     if (wg == 0) {
         setmaxnreg_dec<PRODUCER_REGS>();
+#if BWD_PERSISTENT
+        if (tid < 32) producer(w, sm, tid);
+#else
         if (tid < 32) producer(w, sm, kb, tid);
+#endif
         else if (tid < 96) dq_writer(w, sm, tid / 32 - 1, tid % 32);
         return;
     }
     setmaxnreg_inc<CONSUMER_REGS>();
-    consumer(w, sm, kb, tid, wg);
+#if BWD_PERSISTENT
+    consumer(w, sm, tid, wg);
+#else
+    consumer_tile(w, sm, kb, tid, wg, 0, 0);
+#endif
 }
 
 // The tiled dQ workspace (dq_tile_index) times softmax_scale to the element type, dense

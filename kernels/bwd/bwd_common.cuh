@@ -105,16 +105,18 @@ template <int BR, int BC> FA_DEVICE int last_block_of_step(const Params &p, int 
     return lo;
 }
 
-// A block's key block (keys key0 = n_block BC ..), kv head hk and batch b, from its index
-// in the grid (n_index: its key block in launch order, the last first when `reversed`), and
-// its steps: over (query head of the group, step of BR rows), head_of(p, s) and row0_of(s).
+// A block's key block (keys key0 = n_block BC ..), kv head hk and batch b, from its tile
+// index (its index in the grid, or a persistent block's current tile: n_index, its key block
+// in launch order, the last first when `reversed`), and its steps: over (query head of the
+// group, step of BR rows), head_of(p, s) and row0_of(s).
 template <int BR, int BC> struct KeyBlock {
     int n_block, hk, b, key0, diag, m_begin, steps_per_head, steps;
-    FA_DEVICE KeyBlock(const BwdParams &bp, bool reversed) {
+    FA_DEVICE KeyBlock(const BwdParams &bp, bool reversed) : KeyBlock(bp, reversed, blockIdx.x) {}
+    FA_DEVICE KeyBlock(const BwdParams &bp, bool reversed, unsigned tile) {
         const Params &p = bp.p;
-        const int n_index = (int)(blockIdx.x % bp.num_k_blocks);
+        const int n_index = (int)(tile % bp.num_k_blocks);
         n_block = reversed ? bp.num_k_blocks - 1 - n_index : n_index;
-        const int rem = (int)(blockIdx.x / bp.num_k_blocks);
+        const int rem = (int)(tile / bp.num_k_blocks);
         hk = rem % bp.heads_kv;
         b = rem / bp.heads_kv;
         key0 = n_block * BC;

@@ -764,6 +764,11 @@ fn backward_sweep_has_bwd_bwd_mma_and_bwd_det_lines_and_two_and_a_half_forward_f
         .sweep()
         .unwrap();
     assert_eq!(names(&picked), ["bwd", "bwd-det"]);
+    // bwd-persistent only when named.
+    let persistent = opts(&["--backward", "--quick", "--kernels", "bwd-persistent,bwd"])
+        .sweep()
+        .unwrap();
+    assert_eq!(names(&persistent), ["bwd", "bwd-persistent"]);
     for c in &sweep.cases {
         assert!(c.backward && c.id().ends_with("-bwd"), "{}", c.id());
         let forward = flashattn_tools::bench::Case {

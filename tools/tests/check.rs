@@ -227,3 +227,53 @@ fn sink_cases_are_labelled_and_within_reach() {
         }
     }
 }
+
+/// The persistent backward's cases (`check::backward`): every dense case attn_bwd_wgmma serves
+/// (the sink's own list aside) has a ` persistent grid<=3` twin (not on attn_bwd), and `persistent_cases` give more tiles
+/// than twice an H100's 132 SMs on the full grid, among them the deterministic mode, causal and
+/// a window that leaves key blocks without rows (tiles without steps).
+#[test]
+fn backward_persistent_cases_cover_tile_changes() {
+    use flashattn::cuda::backward_wgmma::{BC, padded_head_dim};
+    use flashattn_tools::check::backward::{PERSISTENT_SMALL_GRID, cases, persistent_cases};
+    let all = cases();
+    for c in all
+        .iter()
+        .filter(|c| c.persistent.is_none() && c.kernel == Default::default())
+    {
+        if padded_head_dim(c.problem.shape.head_dim).is_some()
+            && !c.label.contains("softcap")
+            && !c.label.contains("alibi")
+            && !c.label.contains("sink")
+        {
+            let twin = format!("{} persistent grid<={PERSISTENT_SMALL_GRID}", c.label);
+            assert!(
+                all.iter()
+                    .any(|a| a.label == twin && a.persistent == Some(Some(PERSISTENT_SMALL_GRID))),
+                "{twin}"
+            );
+        }
+    }
+    assert!(
+        !all.iter()
+            .any(|c| c.persistent.is_some() && c.label.contains(" mma"))
+    );
+    let big = persistent_cases();
+    assert!(
+        big.iter()
+            .all(|c| c.persistent == Some(None) && c.label.ends_with(" persistent"))
+    );
+    for c in &big {
+        let s = c.problem.shape;
+        let tiles = s.seqlen_k.div_ceil(BC) * s.heads_kv * s.batch;
+        assert!(tiles > 2 * 132, "{}: {tiles} tiles", c.label);
+    }
+    assert!(big.iter().any(|c| c.deterministic));
+    assert!(big.iter().any(|c| c.label.contains("causal")));
+    // The window (40 left, 8 right; seqlen_k - seqlen_q keys ahead of the first row): the first
+    // key block sees no row.
+    assert!(big.iter().any(|c| {
+        let s = c.problem.shape;
+        c.label.contains("window(40,8)") && s.seqlen_k - s.seqlen_q > 40 + BC
+    }));
+}

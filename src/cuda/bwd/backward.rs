@@ -69,7 +69,23 @@ pub struct BackwardOptions {
     /// come.
     /// dK and dV are the same bytes either way. FlashAttention-2's `deterministic=True`.
     pub deterministic: bool,
+    /// Whether attn_bwd_wgmma runs persistent: [`bw::persistent_grid`] blocks (one per SM),
+    /// each looping over tiles (key block, kv head, batch: its own index first, then those
+    /// an atomic counter hands out, so that blocks with short causal tiles take more),
+    /// loading the next tile's K, V and first Q/dO stage while it finishes the last, instead
+    /// of one block per tile. `None`: the library's choice,
+    /// [`PERSISTENT_DEFAULT`]. attn_bwd ignores it.
+    pub persistent: Option<bool>,
+    /// The persistent grid's blocks at most (`None`: one per SM); a smaller grid gives each
+    /// block more tiles (the check's way to change tiles on small problems; slower). Must
+    /// not be 0.
+    pub persistent_blocks: Option<u32>,
 }
+
+/// Whether attn_bwd_wgmma runs persistent where the call leaves it to the library
+/// ([`BackwardOptions::persistent`] `None`): not yet, until the H100 A/B against the
+/// one-block-per-tile grid (issue 38) decides.
+pub const PERSISTENT_DEFAULT: bool = false;
 
 /// What a backward call ran.
 #[derive(Debug, Clone, Serialize)]
@@ -84,8 +100,10 @@ pub struct BackwardInfo {
     pub spill_bytes: u32,
     /// Its dynamic shared memory per block.
     pub smem_bytes: usize,
-    /// Its blocks (key blocks x kv heads x batch).
+    /// Its blocks: key blocks x kv heads x batch, or the persistent grid (`persistent`).
     pub blocks: u32,
+    /// Whether attn_bwd_wgmma ran persistent (each block looping over tiles).
+    pub persistent: bool,
     /// attn_bwd's geometry (attn_bwd_wgmma's is fixed: 128 keys, 64 rows per step).
     pub tile: Option<BwdTile>,
     /// Whether dQ was added in key-block order.
@@ -501,15 +519,25 @@ where
         (m, _) => m,
     };
     let wgmma = wgmma_maps.is_ok();
+    let persistent = wgmma && opts.persistent.unwrap_or(PERSISTENT_DEFAULT);
+    if opts.persistent_blocks == Some(0) {
+        return Err(AttnError::InvalidInput {
+            what: format!(
+                "{ctx}: BackwardOptions::persistent_blocks is 0; give at least 1, or None for one block per SM"
+            ),
+        });
+    }
     let bc = if wgmma { bw::BC } else { tile.bc() };
     // attn_bwd's passes over the channels of dK, dV and dQ (two at head_dim 256).
     let passes = BwdTile::passes(s.head_dim);
     // The key-block counters of the deterministic mode: attn_bwd's one per (batch, query
     // head, step), for each pass; attn_bwd_wgmma's one per dQ tile.
     let per_pass = s.batch * s.heads_q * s.seqlen_q.div_ceil(tile.br);
+    // The persistent attn_bwd_wgmma's tile counter: the word after them (the only one
+    // without the deterministic mode).
     let n_order = match (opts.deterministic, wgmma) {
         (false, _) => 1,
-        (true, true) => bw::dq_order_len(p),
+        (true, true) => bw::dq_order_len(p) + usize::from(persistent),
         (true, false) => per_pass * passes.len(),
     };
     let mut dq_order: CudaSlice<i32> = stream
@@ -542,6 +570,12 @@ where
             kernel: "attn_bwd",
             reason: format!("{blocks} thread blocks: split the batch"),
         })?;
+    // The persistent grid: at most one block per SM, each over several tiles.
+    let blocks = if persistent {
+        bw::persistent_grid(blocks, info.sm_count, opts.persistent_blocks)
+    } else {
+        blocks
+    };
     let st = |x: crate::shape::Strides| [x.batch as i64, x.seq as i64, x.head as i64];
     let params = BwdParams {
         p: FlashParams::new(&launch, tile.br as u32),
@@ -563,8 +597,8 @@ where
             KernelSource::AttnBwdWgmma,
             "attn_bwd_wgmma",
             "attn_bwd_dq_tiled",
-            bw::defines(T::DTYPE, p, opts.deterministic),
-            bw::smem_bytes(s.head_dim),
+            bw::defines(T::DTYPE, p, opts.deterministic, persistent),
+            bw::smem_bytes(s.head_dim, persistent),
             bw::THREADS,
             n_q / 8,
         )
@@ -690,6 +724,7 @@ where
         spill_bytes: k_main.stats.spill_stores,
         smem_bytes: smem,
         blocks,
+        persistent,
         tile: (!wgmma).then_some(tile),
         deterministic: opts.deterministic,
         padded_head_dim: None,

@@ -7,6 +7,11 @@
 //! S^T, dP^T, dV, dK and dQ on `wgmma` (PTX ISA 9.0, 9.7.15), dK and dV in registers; two
 //! writer warps add each consumer's dQ tile to the f32 workspace by a bulk reduction (in
 //! descending key-block order when deterministic).
+//!
+//! Persistent variant ([`defines`]' `persistent`, `BWD_PERSISTENT`): [`persistent_grid`]
+//! blocks, each taking the tiles (key block, kv head, batch) blockIdx.x first,
+//! then those an atomic counter hands out, the next tile's K, V and first Q/dO stage loading
+//! while the consumers finish the last (its dK, the dK and dV stores).
 
 use crate::cuda::runtime::device::DeviceInfo;
 use crate::cuda::runtime::tma::{TiledMap, TmaMap, bshd_map};
@@ -88,10 +93,11 @@ pub fn unsupported(info: &DeviceInfo, p: &AttnProblem) -> Option<String> {
             p.shape.head_dim
         ));
     }
-    if smem_bytes(p.shape.head_dim) > info.smem_per_block_optin as usize {
+    // (The persistent variant's, the larger by one mbarrier.)
+    if smem_bytes(p.shape.head_dim, true) > info.smem_per_block_optin as usize {
         return Some(format!(
             "{} bytes of shared memory, the device allows {}",
-            smem_bytes(p.shape.head_dim),
+            smem_bytes(p.shape.head_dim, true),
             info.smem_per_block_optin
         ));
     }
@@ -99,9 +105,11 @@ pub fn unsupported(info: &DeviceInfo, p: &AttnProblem) -> Option<String> {
 }
 
 /// Dynamic shared memory of a block (attn_bwd_wgmma.cu's layout: K, V; STAGES of Q and dO;
-/// two dS tiles; the f32 dQ staging rows; STAGES of lse and D; the mbarriers; four words of
-/// the consumers' hand-off to the dQ writers; 1024 bytes to align the base for the swizzle).
-pub fn smem_bytes(head_dim: usize) -> usize {
+/// two dS tiles; the f32 dQ staging rows; STAGES of lse and D; the mbarriers, one more
+/// (kv_empty) when `persistent`; four words of the consumers' hand-off to the dQ writers,
+/// 16 bytes more (the tile number) when `persistent`; 1024 bytes to align the base for the
+/// swizzle).
+pub fn smem_bytes(head_dim: usize, persistent: bool) -> usize {
     let dp = padded_head_dim(head_dim).unwrap_or(128);
     let br = br(head_dim);
     let kv = 2 * BC * dp * 2;
@@ -109,7 +117,19 @@ pub fn smem_bytes(head_dim: usize) -> usize {
     let ds = 2 * br * BC * 2;
     let dq = br * dp * 4;
     let ld = 2 * STAGES * br * 4;
-    kv + qdo + ds + dq + ld + 8 * (1 + 2 * STAGES) + 16 + 1024
+    let bars = 1 + 2 * STAGES + usize::from(persistent);
+    kv + qdo + ds + dq + ld + 8 * bars + 16 + 16 * usize::from(persistent) + 1024
+}
+
+/// The blocks of the persistent variant: one per tile up to one per SM (`sm_count`; the
+/// kernel's shared memory allows one block per SM), at most `cap` where given (a smaller
+/// grid gives every block more tiles: the check's way to change tiles on small problems).
+/// At least 1. Every block is resident at once, which the deterministic mode's waits
+/// need (attn_bwd_wgmma.cu). Block i takes tile i, then the tiles an atomic counter hands
+/// out: one i32 after the deterministic counters ([`dq_order_len`]), zeroed by the host.
+pub fn persistent_grid(tiles: u32, sm_count: i32, cap: Option<u32>) -> u32 {
+    let sms = u32::try_from(sm_count).unwrap_or(1).max(1);
+    tiles.min(sms).min(cap.unwrap_or(u32::MAX)).max(1)
 }
 
 /// Elements of the tiled f32 dQ workspace: per (batch, query head, step of BR rows), a tile
@@ -129,8 +149,14 @@ pub fn dq_order_len(p: &AttnProblem) -> usize {
 }
 
 /// NVRTC defines of attn_bwd_wgmma (and of the D and dQ kernels in the same program);
-/// `deterministic` adds the dQ tiles in a fixed order.
-pub fn defines(dtype: DType, p: &AttnProblem, deterministic: bool) -> Vec<(String, String)> {
+/// `deterministic` adds the dQ tiles in a fixed order; `persistent` makes each block loop
+/// over tiles ([`persistent_grid`] blocks).
+pub fn defines(
+    dtype: DType,
+    p: &AttnProblem,
+    deterministic: bool,
+    persistent: bool,
+) -> Vec<(String, String)> {
     let b = |x: bool| u8::from(x).to_string();
     let mut d = vec![
         ("HEAD_DIM".to_string(), p.shape.head_dim.to_string()),
@@ -139,6 +165,7 @@ pub fn defines(dtype: DType, p: &AttnProblem, deterministic: bool) -> Vec<(Strin
         ("IS_BF16".to_string(), b(dtype == DType::BF16)),
         ("IS_CAUSAL".to_string(), b(p.mask.is_causal())),
         ("DETERMINISTIC".to_string(), b(deterministic)),
+        ("BWD_PERSISTENT".to_string(), b(persistent)),
     ];
     d.extend(crate::cuda::runtime::launch::score_defines(p));
     d
@@ -189,17 +216,29 @@ mod tests {
         // d128: K, V 2 x 32 KB; Q, dO 2 stages x 16 KB each; dS 2 x 16 KB; dQ 64 x 128 f32;
         // lse, D 2 stages x 256 B; 5 mbarriers; the hand-off words; alignment.
         assert_eq!(
-            smem_bytes(128),
+            smem_bytes(128, false),
             65536 + 65536 + 32768 + 64 * 128 * 4 + 1024 + 40 + 16 + 1024
         );
+        // Persistent: kv_empty, one mbarrier more, and the tile number.
+        assert_eq!(smem_bytes(128, true), smem_bytes(128, false) + 8 + 16);
         // d64 takes 128 rows per step: K, V 2 x 16 KB; Q, dO 2 x 2 x 16 KB; dS 2 x 32 KB; dQ
         // 128 x 64 f32; lse, D 2 x 2 x 512 B.
         assert_eq!(br(64), 128);
         assert_eq!(
-            smem_bytes(64),
+            smem_bytes(64, false),
             32768 + 65536 + 65536 + 128 * 64 * 4 + 2048 + 40 + 16 + 1024
         );
-        // Both fit the H200's 227 KB per block.
-        assert!(smem_bytes(128) <= 227 * 1024 && smem_bytes(64) <= 227 * 1024);
+        // Both fit the H100's and H200's 227 KB per block.
+        assert!(smem_bytes(128, true) <= 227 * 1024 && smem_bytes(64, true) <= 227 * 1024);
+    }
+
+    #[test]
+    fn persistent_grid_is_tiles_up_to_the_sms() {
+        assert_eq!(persistent_grid(1000, 132, None), 132);
+        assert_eq!(persistent_grid(40, 132, None), 40);
+        assert_eq!(persistent_grid(1000, 132, Some(3)), 3);
+        assert_eq!(persistent_grid(2, 132, Some(3)), 2);
+        assert_eq!(persistent_grid(0, 132, None), 1);
+        assert_eq!(persistent_grid(10, 0, None), 1);
     }
 }

@@ -363,7 +363,8 @@ fn line_result(
 
 /// The backward line of a case: o and lse from one forward (attn_mma) on the first input set,
 /// a random dO, then the line's backward (`bwd`: the default kernel, `bwd-mma`: attn_bwd,
-/// `bwd-det`: the default kernel, deterministic) timed as [`time_launches`] times every line (on that one set:
+/// `bwd-det`: the default kernel, deterministic, `bwd-persistent`: attn_bwd_wgmma's
+/// persistent variant where it serves the call, else as `bwd`) timed as [`time_launches`] times every line (on that one set:
 /// q, k, v, o and dO of the default sweep are 5 x 64 MB, well past L2), and dq checked finite.
 fn time_backward<T: GpuElement>(
     gpu: &Gpu,
@@ -397,6 +398,9 @@ fn time_backward<T: GpuElement>(
             } else {
                 BwdKernel::Auto
             },
+            // The other lines: the library's default.
+            persistent: (line.name == "bwd-persistent").then_some(true),
+            persistent_blocks: None,
         };
         let info = backward_device(
             gpu, p, opts, q, k, v, &*o, &*lse, &d_o, &mut dq, &mut dk, &mut dv, None,
@@ -415,8 +419,13 @@ fn time_backward<T: GpuElement>(
                 }
             ),
             None => format!(
-                "{}: 128 keys x 64 rows per step, producer warp + 2 consumer warpgroups",
-                info.kernel
+                "{}: 128 keys x 64 rows per step, producer warp + 2 consumer warpgroups{}",
+                info.kernel,
+                if info.persistent {
+                    format!(", persistent on {} blocks", info.blocks)
+                } else {
+                    String::new()
+                }
             ),
         };
         Ok(flashattn::cuda::LaunchInfo {

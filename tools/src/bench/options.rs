@@ -125,7 +125,8 @@ pub struct BenchOptions {
     /// Time the backward pass instead of the forward: line `bwd` (dq, dk, dv from o, lse and
     /// a random dO, on attn_bwd_wgmma where it serves the call, else attn_bwd), `bwd-mma`
     /// (attn_bwd) and `bwd-det` (the default kernel in the deterministic mode); --kernels picks among
-    /// these lines, --tiles does not apply; with --peers each SDPA backend's backward in the
+    /// these and `bwd-persistent` (attn_bwd_wgmma's persistent variant, one block per SM; only
+    /// when named) lines, --tiles does not apply; with --peers each SDPA backend's backward in the
     /// same run. TFLOP/s count 2.5x the forward's FLOPs (FlashAttention's convention).
     #[arg(long)]
     pub backward: bool,
@@ -333,11 +334,13 @@ impl BenchOptions {
         };
         let mut lines: Vec<Line> = Vec::new();
         let names: Vec<String> = if self.backward {
-            const BWD_LINES: [&str; 3] = ["bwd", "bwd-mma", "bwd-det"];
+            const BWD_LINES: [&str; 4] = ["bwd", "bwd-mma", "bwd-det", "bwd-persistent"];
+            // The lines run when --kernels names none.
+            const BWD_DEFAULT: [&str; 3] = ["bwd", "bwd-mma", "bwd-det"];
             if !self.tiles.is_empty() {
                 return Err(AttnError::InvalidInput {
                     what:
-                        "--backward times the backward lines (bwd, bwd-mma, bwd-det): drop --tiles"
+                        "--backward times the backward lines (bwd, bwd-mma, bwd-det, bwd-persistent): drop --tiles"
                             .into(),
                 });
             }
@@ -349,7 +352,7 @@ impl BenchOptions {
             {
                 return Err(AttnError::InvalidInput {
                     what: format!(
-                        "--backward --kernels takes the backward lines bwd, bwd-mma, bwd-det, not '{k}'"
+                        "--backward --kernels takes the backward lines bwd, bwd-mma, bwd-det, bwd-persistent, not '{k}'"
                     ),
                 });
             }
@@ -359,9 +362,15 @@ impl BenchOptions {
                 });
             }
             // bwd: attn_bwd_wgmma where it serves the call; bwd-mma: attn_bwd; bwd-det: the
-            // default kernel in the deterministic mode.
+            // default kernel in the deterministic mode; bwd-persistent: attn_bwd_wgmma's
+            // persistent variant.
             for name in BWD_LINES {
-                if !self.kernels.is_empty() && !self.kernels.iter().any(|k| k.trim() == name) {
+                let picked = if self.kernels.is_empty() {
+                    BWD_DEFAULT.contains(&name)
+                } else {
+                    self.kernels.iter().any(|k| k.trim() == name)
+                };
+                if !picked {
                     continue;
                 }
                 lines.push(Line {

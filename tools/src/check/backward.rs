@@ -7,8 +7,11 @@
 //! both kernels, its gradient from sink_grad judged too ([`sink_cases`]). o and lse come from
 //! the CPU forward, so that a forward error cannot hide a backward one; the gradients start as
 //! NaN (an element the kernels skip fails). The deterministic mode runs 5 times per case and
-//! must give the same bytes every time. Problems the GPU backward does not take must be
-//! refused with a typed error.
+//! must give the same bytes every time. attn_bwd_wgmma's persistent variant
+//! ([`BackwardOptions::persistent`]) takes the dense cases it serves again, on a grid of at
+//! most 3 blocks (each block then changes tiles), labelled ` persistent grid<=3`, and
+//! [`persistent_cases`] more tiles than twice an H100's SMs on its full grid, labelled
+//! ` persistent`. Problems the GPU backward does not take must be refused with a typed error.
 
 use super::outcome::CaseResult;
 use flashattn::compare::{Tolerance, diff, random_inputs, random_vec, widen};
@@ -38,7 +41,14 @@ pub struct BwdCase {
     /// The main kernel asked for: `Auto` (attn_bwd_wgmma where it serves the call), or `Mma`
     /// to hold attn_bwd to the same cases.
     pub kernel: BwdKernel,
+    /// attn_bwd_wgmma persistent ([`BackwardOptions::persistent`]), on at most this many
+    /// blocks (`None`: one per SM); `None` runs the library's default.
+    pub persistent: Option<Option<u32>>,
 }
+
+/// The persistent grid of the sweep's small cases: a few blocks, so that each takes several
+/// tiles (K/V reloads, the ring, the dS buffers and the dQ hand-offs across tiles).
+pub const PERSISTENT_SMALL_GRID: u32 = 3;
 
 /// Runs of a deterministic case (issue 14: identical bytes across 5 runs).
 pub const DETERMINISTIC_RUNS: usize = 5;
@@ -89,28 +99,42 @@ pub fn cases() -> Vec<BwdCase> {
             } else {
                 &[BwdKernel::Auto]
             };
+            // attn_bwd_wgmma's persistent variant too where it serves the call.
+            let persistent: &[Option<Option<u32>>] = if padded_head_dim(d).is_some() {
+                &[None, Some(Some(PERSISTENT_SMALL_GRID))]
+            } else {
+                &[None]
+            };
             for (name, problem) in variants {
                 for deterministic in [false, true] {
                     if deterministic && !det {
                         continue;
                     }
                     for &kernel in kernels {
-                        out.push(BwdCase {
-                            label: format!(
-                                "{dtype} backward b={b} sq={sq} sk={sk} hq={hq} hkv={hkv} d={d} {name}{}{}",
-                                if deterministic { " deterministic" } else { "" },
-                                if kernel == BwdKernel::Mma { " mma" } else { "" }
-                            ),
-                            dtype,
-                            problem: problem.clone(),
-                            deterministic,
-                            kernel,
-                        });
+                        for &pers in persistent {
+                            if pers.is_some() && kernel == BwdKernel::Mma {
+                                continue;
+                            }
+                            out.push(BwdCase {
+                                label: format!(
+                                    "{dtype} backward b={b} sq={sq} sk={sk} hq={hq} hkv={hkv} d={d} {name}{}{}{}",
+                                    if deterministic { " deterministic" } else { "" },
+                                    if kernel == BwdKernel::Mma { " mma" } else { "" },
+                                    persistent_label(pers)
+                                ),
+                                dtype,
+                                problem: problem.clone(),
+                                deterministic,
+                                kernel,
+                                persistent: pers,
+                            });
+                        }
                     }
                 }
             }
         }
     }
+    out.extend(persistent_cases());
     out.extend(mod_cases());
     out.extend(sink_cases());
     out
@@ -199,11 +223,108 @@ pub fn sink_cases() -> Vec<BwdCase> {
                     problem: problem.clone(),
                     deterministic,
                     kernel,
+                    persistent: None,
                 });
             }
         }
     }
     out
+}
+
+/// ` persistent` (one block per SM) or ` persistent grid<=N`, or nothing.
+fn persistent_label(p: Option<Option<u32>>) -> String {
+    match p {
+        None => String::new(),
+        Some(None) => " persistent".into(),
+        Some(Some(n)) => format!(" persistent grid<={n}"),
+    }
+}
+
+/// attn_bwd_wgmma persistent on its full grid (one block per SM) with more tiles than twice
+/// the H100's 132 SMs (324 at d64: 9 key blocks x 12 kv heads x 3; 288 at d128), GQA,
+/// seqlen_q below seqlen_k and not multiples of the tiles; no mask, causal and a window (the
+/// window leaves the first key blocks without rows: tiles without steps), the deterministic
+/// mode in both head dims.
+pub fn persistent_cases() -> Vec<BwdCase> {
+    let window = ScoreMods {
+        window: Window::from_fa(40, 8).expect("valid window"),
+        ..ScoreMods::default()
+    };
+    // (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim), mask, window, dtype, deterministic
+    let list = [
+        (
+            (3, 200, 1100, 24, 12, 64),
+            Mask::None,
+            false,
+            DType::F16,
+            false,
+        ),
+        (
+            (3, 200, 1100, 24, 12, 64),
+            Mask::Causal,
+            false,
+            DType::F16,
+            true,
+        ),
+        (
+            (3, 200, 1100, 24, 12, 64),
+            Mask::None,
+            true,
+            DType::F16,
+            false,
+        ),
+        (
+            (3, 200, 1100, 24, 12, 64),
+            Mask::Causal,
+            false,
+            DType::BF16,
+            false,
+        ),
+        (
+            (3, 130, 1000, 12, 12, 128),
+            Mask::None,
+            false,
+            DType::F16,
+            true,
+        ),
+        (
+            (3, 130, 1000, 12, 12, 128),
+            Mask::None,
+            true,
+            DType::F16,
+            true,
+        ),
+        (
+            (3, 130, 1000, 12, 12, 128),
+            Mask::Causal,
+            false,
+            DType::BF16,
+            false,
+        ),
+    ];
+    list.into_iter()
+        .map(|((b, sq, sk, hq, hkv, d), mask, windowed, dtype, deterministic)| {
+            let mut shape = AttnShape::new(b, sq, hq, d);
+            shape.seqlen_k = sk;
+            shape.heads_kv = hkv;
+            let mut problem = AttnProblem::new(shape).expect("valid case").with_mask(mask);
+            if windowed {
+                problem = problem.with_scores(window.clone()).expect("valid window");
+            }
+            let name = if windowed { "window(40,8)" } else { mask.name() };
+            BwdCase {
+                label: format!(
+                    "{dtype} backward b={b} sq={sq} sk={sk} hq={hq} hkv={hkv} d={d} {name}{} persistent",
+                    if deterministic { " deterministic" } else { "" },
+                ),
+                dtype,
+                problem,
+                deterministic,
+                kernel: BwdKernel::Auto,
+                persistent: Some(None),
+            }
+        })
+        .collect()
 }
 
 /// Softcap and ALiBi, which attn_bwd alone takes (the default routes them there): softcaps
@@ -315,6 +436,7 @@ pub fn mod_cases() -> Vec<BwdCase> {
                 problem: problem.clone(),
                 deterministic,
                 kernel: BwdKernel::Auto,
+                persistent: None,
             });
         }
     }
@@ -350,6 +472,8 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &BwdCase, seed: u64) -> Result<Case
     let opts = BackwardOptions {
         deterministic: case.deterministic,
         kernel: case.kernel,
+        persistent: case.persistent.map(|_| true),
+        persistent_blocks: case.persistent.flatten(),
     };
     let got = match backward_host(gpu, p, opts, &q, &k, &v, &o, &lse, &d_o) {
         Ok(g) => g,
@@ -412,6 +536,15 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &BwdCase, seed: u64) -> Result<Case
     }
     let (mut worst_rel, mut worst_abs) = (0.0f64, 0.0f64);
     let mut ok = true;
+    // The persistent variant where it was asked for and attn_bwd_wgmma ran.
+    if case.persistent.is_some() && got.info.kernel == "attn_bwd_wgmma" {
+        if got.info.persistent {
+            notes.push(format!("persistent on {} blocks", got.info.blocks));
+        } else {
+            ok = false;
+            notes.push("asked for the persistent variant, got one block per tile".into());
+        }
+    }
     for (name, g, want) in [
         ("dq", &got.dq, &exact.dq),
         ("dk", &got.dk, &exact.dk),

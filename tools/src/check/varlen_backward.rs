@@ -225,6 +225,7 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &VarlenBwdCase, seed: u64) -> Resul
     let opts = BackwardOptions {
         deterministic: case.deterministic,
         kernel: BwdKernel::Auto,
+        ..BackwardOptions::default()
     };
     let runs = if case.deterministic {
         super::backward::DETERMINISTIC_RUNS
