@@ -205,6 +205,16 @@ pub(crate) fn forward<'py>(
     })
 }
 
+/// The tensors of a backward call taken, in its order: q, k, v, out, lse, dout, dq, dk, dv.
+fn take_backward(
+    t: [&Bound<'_, PyAny>; 9],
+    handshake: Option<i64>,
+    torch: bool,
+) -> PyResult<[Borrowed; 9]> {
+    const NAMES: [&str; 9] = ["q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"];
+    take_all(std::array::from_fn(|i| (t[i], NAMES[i])), handshake, torch)
+}
+
 struct Backward<'a> {
     p: AttnProblem,
     ins: [&'a Borrowed; 6],
@@ -292,19 +302,11 @@ pub(crate) fn backward<'py>(
     learnable_sink: Option<Bound<'py, PyAny>>,
     d_sink: Option<Bound<'py, PyAny>>,
 ) -> PyResult<String> {
-    let named = [
-        (q, "q"),
-        (k, "k"),
-        (v, "v"),
-        (out, "out"),
-        (lse, "lse"),
-        (dout, "dout"),
-        (dq, "dq"),
-        (dk, "dk"),
-        (dv, "dv"),
-    ];
-    let [tq, tk, tv, to, tl, tdo, tdq, tdk, tdv] =
-        take_all(named, handshake(stream, current), torch)?;
+    let [tq, tk, tv, to, tl, tdo, tdq, tdk, tdv] = take_backward(
+        [q, k, v, out, lse, dout, dq, dk, dv],
+        handshake(stream, current),
+        torch,
+    )?;
     let tds = match &d_sink {
         Some(x) => {
             let [t] = take_all([(x, "d_sink")], handshake(stream, current), torch)?;
@@ -501,19 +503,11 @@ pub(crate) fn varlen_backward<'py>(
     current: bool,
     torch: bool,
 ) -> PyResult<String> {
-    let named = [
-        (q, "q"),
-        (k, "k"),
-        (v, "v"),
-        (out, "out"),
-        (lse, "lse"),
-        (dout, "dout"),
-        (dq, "dq"),
-        (dk, "dk"),
-        (dv, "dv"),
-    ];
-    let [tq, tk, tv, to, tl, tdo, tdq, tdk, tdv] =
-        take_all(named, handshake(stream, current), torch)?;
+    let [tq, tk, tv, to, tl, tdo, tdq, tdk, tdv] = take_backward(
+        [q, k, v, out, lse, dout, dq, dk, dv],
+        handshake(stream, current),
+        torch,
+    )?;
     let all = [&tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv];
     let place = placement(&all)?;
     let dtype = one_dtype(&all)?;
