@@ -1253,19 +1253,21 @@ class _AfterTorch:
 
 _torch_ops_error = None
 _torch_ops_module = None
+_fp8_ops_module = None
 
 
 def _register_torch_ops():
     """Registers torch.compile's custom ops (:mod:`flashattn._torch_ops`); a failure (a torch
     without ``torch.library.custom_op``, before 2.4) is kept for :func:`_ops` to report
     and never fails an import."""
-    global _torch_ops_error, _torch_ops_module, _torch
+    global _torch_ops_error, _torch_ops_module, _fp8_ops_module, _torch
     _torch = sys.modules.get("torch")
     try:
         from . import _torch_ops
         from . import _fp8_ops  # noqa: F401
 
         _torch_ops_module = _torch_ops
+        _fp8_ops_module = _fp8_ops
     except Exception as e:  # reported where a compiled call needs the ops
         _torch_ops_error = e
 

@@ -21,7 +21,6 @@ raises :class:`flashattn.FlashAttnUnsupportedError` (FlashAttention-3 has no FP8
 """
 
 import numbers
-import sys
 
 import flashattn as _fa
 
@@ -85,7 +84,7 @@ def check_inputs(q, k, v, descales_given):
             "FP8 attention takes PyTorch tensors (torch.float8_e4m3fn), on the CPU or a CUDA "
             "device: flashattn allocates the bfloat16 output in PyTorch"
         )
-    return sys.modules["torch"]
+    return _fa._torch_module()
 
 
 def host_descale(name, x, q):
@@ -101,7 +100,7 @@ def host_descale(name, x, q):
         "tensor of one element, or a Python float"
     )
     if _fa._is_torch(x):
-        torch = sys.modules["torch"]
+        torch = _fa._torch_module()
         if x.dtype != torch.float32:
             raise _fa.FlashAttnError(f"{name} is {_dtype_name(x)}; descales are float32: {what}")
         if x.is_cuda:
@@ -135,7 +134,7 @@ class Fp8Call:
         self.scores, self.descales = scores, descales
 
     def forward(self, q, k, v):
-        torch = sys.modules["torch"]
+        torch = _fa._torch_module()
         shape = tuple(q.shape)
         out = q.new_empty(shape, dtype=torch.bfloat16)
         lse = q.new_empty((shape[0], shape[2], shape[1]) if len(shape) == 4 else (0,),
@@ -174,7 +173,9 @@ def _ops():
     """:mod:`flashattn._fp8_ops`, registered with the other custom ops when torch was
     imported (see ``flashattn._ops``)."""
     _fa._ops()  # the same report when the ops could not be registered
-    ops = sys.modules.get("flashattn._fp8_ops")
+    # A module global, not sys.modules: Dynamo traces this and guards on what it reads, and
+    # iterating sys.modules while inductor's compile threads import fails.
+    ops = _fa._fp8_ops_module
     if ops is None:
         raise _fa.FlashAttnUnsupportedError(
             f"torch.compile: flashattn's FP8 custom ops are not registered ({_fa._torch_ops_error})"

@@ -363,8 +363,9 @@ fn line_result(
 
 /// The backward line of a case: o and lse from one forward (attn_mma) on the first input set,
 /// a random dO, then the line's backward (`bwd`: the default kernel, `bwd-mma`: attn_bwd,
-/// `bwd-det`: the default kernel, deterministic, `bwd-persistent`: attn_bwd_wgmma's
-/// persistent variant where it serves the call, else as `bwd`) timed as [`time_launches`] times every line (on that one set:
+/// `bwd-det`: the default kernel, deterministic, `bwd-persistent` / `bwd-grid`:
+/// attn_bwd_wgmma's persistent variant / one block per tile where it serves the call, else
+/// as `bwd`) timed as [`time_launches`] times every line (on that one set:
 /// q, k, v, o and dO of the default sweep are 5 x 64 MB, well past L2), and dq checked finite.
 fn time_backward<T: GpuElement>(
     gpu: &Gpu,
@@ -398,8 +399,12 @@ fn time_backward<T: GpuElement>(
             } else {
                 BwdKernel::Auto
             },
-            // The other lines: the library's default.
-            persistent: (line.name == "bwd-persistent").then_some(true),
+            // The other lines: the library's choice (backward::persistent_default).
+            persistent: match line.name.as_str() {
+                "bwd-persistent" => Some(true),
+                "bwd-grid" => Some(false),
+                _ => None,
+            },
             persistent_blocks: None,
         };
         let info = backward_device(

@@ -125,8 +125,8 @@ pub struct BenchOptions {
     /// Time the backward pass instead of the forward: line `bwd` (dq, dk, dv from o, lse and
     /// a random dO, on attn_bwd_wgmma where it serves the call, else attn_bwd), `bwd-mma`
     /// (attn_bwd) and `bwd-det` (the default kernel in the deterministic mode); --kernels picks among
-    /// these and `bwd-persistent` (attn_bwd_wgmma's persistent variant, one block per SM; only
-    /// when named) lines, --tiles does not apply; with --peers each SDPA backend's backward in the
+    /// these, `bwd-persistent` and `bwd-grid` (attn_bwd_wgmma persistent, one block per SM, or
+    /// one block per tile, whichever the library would pick; only when named) lines, --tiles does not apply; with --peers each SDPA backend's backward in the
     /// same run. TFLOP/s count 2.5x the forward's FLOPs (FlashAttention's convention).
     #[arg(long)]
     pub backward: bool,
@@ -334,13 +334,14 @@ impl BenchOptions {
         };
         let mut lines: Vec<Line> = Vec::new();
         let names: Vec<String> = if self.backward {
-            const BWD_LINES: [&str; 4] = ["bwd", "bwd-mma", "bwd-det", "bwd-persistent"];
+            const BWD_LINES: [&str; 5] =
+                ["bwd", "bwd-mma", "bwd-det", "bwd-persistent", "bwd-grid"];
             // The lines run when --kernels names none.
             const BWD_DEFAULT: [&str; 3] = ["bwd", "bwd-mma", "bwd-det"];
             if !self.tiles.is_empty() {
                 return Err(AttnError::InvalidInput {
                     what:
-                        "--backward times the backward lines (bwd, bwd-mma, bwd-det, bwd-persistent): drop --tiles"
+                        "--backward times the backward lines (bwd, bwd-mma, bwd-det, bwd-persistent, bwd-grid): drop --tiles"
                             .into(),
                 });
             }
@@ -352,7 +353,7 @@ impl BenchOptions {
             {
                 return Err(AttnError::InvalidInput {
                     what: format!(
-                        "--backward --kernels takes the backward lines bwd, bwd-mma, bwd-det, bwd-persistent, not '{k}'"
+                        "--backward --kernels takes the backward lines bwd, bwd-mma, bwd-det, bwd-persistent, bwd-grid, not '{k}'"
                     ),
                 });
             }
@@ -362,8 +363,8 @@ impl BenchOptions {
                 });
             }
             // bwd: attn_bwd_wgmma where it serves the call; bwd-mma: attn_bwd; bwd-det: the
-            // default kernel in the deterministic mode; bwd-persistent: attn_bwd_wgmma's
-            // persistent variant.
+            // default kernel in the deterministic mode; bwd-persistent / bwd-grid:
+            // attn_bwd_wgmma's persistent variant / one block per tile, by name.
             for name in BWD_LINES {
                 let picked = if self.kernels.is_empty() {
                     BWD_DEFAULT.contains(&name)
