@@ -8,14 +8,16 @@
 //! the CPU forward, so that a forward error cannot hide a backward one; the gradients start as
 //! NaN (an element the kernels skip fails). The deterministic mode runs 5 times per case and
 //! must give the same bytes every time. attn_bwd_wgmma's persistent variant
-//! ([`BackwardOptions::persistent`]) takes the dense cases it serves again, on a grid of at
+//! ([`BackwardOptions::persistent`]; the default for causal masks and head dims up to 64,
+//! where those cases also run on one block per tile by name, labelled ` grid`) takes the
+//! dense cases it serves again, on a grid of at
 //! most 3 blocks (each block then changes tiles), labelled ` persistent grid<=3`, and
 //! [`persistent_cases`] more tiles than twice an H100's SMs on its full grid, labelled
 //! ` persistent`. Problems the GPU backward does not take must be refused with a typed error.
 
 use super::outcome::CaseResult;
 use flashattn::compare::{Tolerance, diff, random_inputs, random_vec, widen};
-use flashattn::cuda::backward::{BackwardOptions, BwdKernel, backward_host};
+use flashattn::cuda::backward::{BackwardOptions, BwdKernel, backward_host, persistent_default};
 use flashattn::cuda::backward_wgmma::padded_head_dim;
 use flashattn::cuda::{Gpu, GpuElement, KernelKind};
 use flashattn::dtype::DType;
@@ -41,9 +43,19 @@ pub struct BwdCase {
     /// The main kernel asked for: `Auto` (attn_bwd_wgmma where it serves the call), or `Mma`
     /// to hold attn_bwd to the same cases.
     pub kernel: BwdKernel,
-    /// attn_bwd_wgmma persistent ([`BackwardOptions::persistent`]), on at most this many
-    /// blocks (`None`: one per SM); `None` runs the library's default.
-    pub persistent: Option<Option<u32>>,
+    /// attn_bwd_wgmma's grid: the library's choice, one block per tile, or persistent.
+    pub grid: Grid,
+}
+
+/// How a case asks attn_bwd_wgmma to lay out its blocks ([`BackwardOptions::persistent`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grid {
+    /// The library's choice ([`persistent_default`]).
+    Default,
+    /// One block per tile, by name.
+    PerTile,
+    /// Persistent, on at most this many blocks (`None`: one per SM).
+    Persistent(Option<u32>),
 }
 
 /// The persistent grid of the sweep's small cases: a few blocks, so that each takes several
@@ -99,20 +111,24 @@ pub fn cases() -> Vec<BwdCase> {
             } else {
                 &[BwdKernel::Auto]
             };
-            // attn_bwd_wgmma's persistent variant too where it serves the call.
-            let persistent: &[Option<Option<u32>>] = if padded_head_dim(d).is_some() {
-                &[None, Some(Some(PERSISTENT_SMALL_GRID))]
-            } else {
-                &[None]
-            };
+            let wgmma_d = padded_head_dim(d).is_some();
             for (name, problem) in variants {
                 for deterministic in [false, true] {
                     if deterministic && !det {
                         continue;
                     }
+                    // attn_bwd_wgmma's persistent variant too where it serves the call, and
+                    // one block per tile by name where the default is persistent.
+                    let mut grids = vec![Grid::Default];
+                    if wgmma_d {
+                        if persistent_default(&problem, deterministic) {
+                            grids.push(Grid::PerTile);
+                        }
+                        grids.push(Grid::Persistent(Some(PERSISTENT_SMALL_GRID)));
+                    }
                     for &kernel in kernels {
-                        for &pers in persistent {
-                            if pers.is_some() && kernel == BwdKernel::Mma {
+                        for &grid in &grids {
+                            if grid != Grid::Default && kernel == BwdKernel::Mma {
                                 continue;
                             }
                             out.push(BwdCase {
@@ -120,13 +136,13 @@ pub fn cases() -> Vec<BwdCase> {
                                     "{dtype} backward b={b} sq={sq} sk={sk} hq={hq} hkv={hkv} d={d} {name}{}{}{}",
                                     if deterministic { " deterministic" } else { "" },
                                     if kernel == BwdKernel::Mma { " mma" } else { "" },
-                                    persistent_label(pers)
+                                    grid_label(grid)
                                 ),
                                 dtype,
                                 problem: problem.clone(),
                                 deterministic,
                                 kernel,
-                                persistent: pers,
+                                grid,
                             });
                         }
                     }
@@ -223,7 +239,7 @@ pub fn sink_cases() -> Vec<BwdCase> {
                     problem: problem.clone(),
                     deterministic,
                     kernel,
-                    persistent: None,
+                    grid: Grid::Default,
                 });
             }
         }
@@ -231,12 +247,14 @@ pub fn sink_cases() -> Vec<BwdCase> {
     out
 }
 
-/// ` persistent` (one block per SM) or ` persistent grid<=N`, or nothing.
-fn persistent_label(p: Option<Option<u32>>) -> String {
-    match p {
-        None => String::new(),
-        Some(None) => " persistent".into(),
-        Some(Some(n)) => format!(" persistent grid<={n}"),
+/// ` persistent` (one block per SM), ` persistent grid<=N`, ` grid` (one block per tile), or
+/// nothing.
+fn grid_label(g: Grid) -> String {
+    match g {
+        Grid::Default => String::new(),
+        Grid::PerTile => " grid".into(),
+        Grid::Persistent(None) => " persistent".into(),
+        Grid::Persistent(Some(n)) => format!(" persistent grid<={n}"),
     }
 }
 
@@ -321,7 +339,7 @@ pub fn persistent_cases() -> Vec<BwdCase> {
                 problem,
                 deterministic,
                 kernel: BwdKernel::Auto,
-                persistent: Some(None),
+                grid: Grid::Persistent(None),
             }
         })
         .collect()
@@ -436,7 +454,7 @@ pub fn mod_cases() -> Vec<BwdCase> {
                 problem: problem.clone(),
                 deterministic,
                 kernel: BwdKernel::Auto,
-                persistent: None,
+                grid: Grid::Default,
             });
         }
     }
@@ -472,8 +490,15 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &BwdCase, seed: u64) -> Result<Case
     let opts = BackwardOptions {
         deterministic: case.deterministic,
         kernel: case.kernel,
-        persistent: case.persistent.map(|_| true),
-        persistent_blocks: case.persistent.flatten(),
+        persistent: match case.grid {
+            Grid::Default => None,
+            Grid::PerTile => Some(false),
+            Grid::Persistent(_) => Some(true),
+        },
+        persistent_blocks: match case.grid {
+            Grid::Persistent(n) => n,
+            _ => None,
+        },
     };
     let got = match backward_host(gpu, p, opts, &q, &k, &v, &o, &lse, &d_o) {
         Ok(g) => g,
@@ -536,13 +561,21 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &BwdCase, seed: u64) -> Result<Case
     }
     let (mut worst_rel, mut worst_abs) = (0.0f64, 0.0f64);
     let mut ok = true;
-    // The persistent variant where it was asked for and attn_bwd_wgmma ran.
-    if case.persistent.is_some() && got.info.kernel == "attn_bwd_wgmma" {
-        if got.info.persistent {
-            notes.push(format!("persistent on {} blocks", got.info.blocks));
-        } else {
-            ok = false;
-            notes.push("asked for the persistent variant, got one block per tile".into());
+    // The grid asked for where attn_bwd_wgmma ran.
+    if got.info.kernel == "attn_bwd_wgmma" {
+        match (case.grid, got.info.persistent) {
+            (Grid::Persistent(_), true) => {
+                notes.push(format!("persistent on {} blocks", got.info.blocks));
+            }
+            (Grid::Persistent(_), false) => {
+                ok = false;
+                notes.push("asked for the persistent variant, got one block per tile".into());
+            }
+            (Grid::PerTile, true) => {
+                ok = false;
+                notes.push("asked for one block per tile, got the persistent variant".into());
+            }
+            _ => {}
         }
     }
     for (name, g, want) in [
