@@ -229,17 +229,18 @@ fn sink_cases_are_labelled_and_within_reach() {
 }
 
 /// The persistent backward's cases (`check::backward`): every dense case attn_bwd_wgmma serves
-/// (the sink's own list aside) has a ` persistent grid<=3` twin (not on attn_bwd), and `persistent_cases` give more tiles
+/// (the sink's own list aside) has a ` persistent grid<=3` twin (not on attn_bwd), and a ` grid`
+/// twin (one block per tile) where the default is persistent; `persistent_cases` give more tiles
 /// than twice an H100's 132 SMs on the full grid, among them the deterministic mode, causal and
 /// a window that leaves key blocks without rows (tiles without steps).
 #[test]
 fn backward_persistent_cases_cover_tile_changes() {
     use flashattn::cuda::backward_wgmma::{BC, padded_head_dim};
-    use flashattn_tools::check::backward::{PERSISTENT_SMALL_GRID, cases, persistent_cases};
+    use flashattn_tools::check::backward::{Grid, PERSISTENT_SMALL_GRID, cases, persistent_cases};
     let all = cases();
     for c in all
         .iter()
-        .filter(|c| c.persistent.is_none() && c.kernel == Default::default())
+        .filter(|c| c.grid == Grid::Default && c.kernel == Default::default())
     {
         if padded_head_dim(c.problem.shape.head_dim).is_some()
             && !c.label.contains("softcap")
@@ -249,19 +250,29 @@ fn backward_persistent_cases_cover_tile_changes() {
             let twin = format!("{} persistent grid<={PERSISTENT_SMALL_GRID}", c.label);
             assert!(
                 all.iter()
-                    .any(|a| a.label == twin && a.persistent == Some(Some(PERSISTENT_SMALL_GRID))),
+                    .any(|a| a.label == twin
+                        && a.grid == Grid::Persistent(Some(PERSISTENT_SMALL_GRID))),
                 "{twin}"
             );
+            // Where the default is persistent, one block per tile by name too.
+            if flashattn::cuda::backward::persistent_default(&c.problem, c.deterministic) {
+                let per_tile = format!("{} grid", c.label);
+                assert!(
+                    all.iter()
+                        .any(|a| a.label == per_tile && a.grid == Grid::PerTile),
+                    "{per_tile}"
+                );
+            }
         }
     }
     assert!(
         !all.iter()
-            .any(|c| c.persistent.is_some() && c.label.contains(" mma"))
+            .any(|c| c.grid != Grid::Default && c.label.contains(" mma"))
     );
     let big = persistent_cases();
     assert!(
         big.iter()
-            .all(|c| c.persistent == Some(None) && c.label.ends_with(" persistent"))
+            .all(|c| c.grid == Grid::Persistent(None) && c.label.ends_with(" persistent"))
     );
     for c in &big {
         let s = c.problem.shape;
