@@ -4,3 +4,4 @@
 
 pub use crate::dispatch::varlen::{backward, forward};
 pub use crate::problem::varlen::*;
+pub use crate::problem::varlen_device::DeviceVarlenProblem;

@@ -263,7 +263,7 @@ FA_DEVICE void add_dq_tile(const BwdParams &bp, u32 sDQ, const float *tile, int 
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp_in) {
+extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp_in VARLEN_PARAM) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const u32 base = smem_u32(smem_raw);
     const u32 sK = base + OFF_K, sV = base + OFF_V, sDS = base + OFF_DS;
@@ -277,7 +277,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const BwdParams bp_
     __shared__ BwdParams seq_bp;
     {
         BwdParams t = bp_in;
-        if (!varlen_sequence<BC>(t, DETERMINISTIC)) return;
+        if (!varlen_sequence<BC>(t, DETERMINISTIC, total_k)) return;
         if (threadIdx.x == 0) seq_bp = t;
         __syncthreads();
     }

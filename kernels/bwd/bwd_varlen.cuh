@@ -14,17 +14,23 @@
 // dk and dv from its first rows; the ALiBi slopes from its row (slopes per sequence); in the
 // deterministic mode (`deterministic`: key blocks in reverse launch order, as KeyBlock) the dQ
 // order counters from its slot of heads_q x num_m_blocks (num_m_blocks: steps of the longest
-// sequence). Returns false when the block's key block starts at or past the sequence's last
-// key: the whole block alike (blockIdx only), so it leaves before any barrier. Keys of a
-// sequence without queries are not skipped: their blocks run no step and write dK = dV = 0.
-template <int BC> FA_DEVICE bool varlen_sequence(BwdParams &bp, bool deterministic) {
+// sequence); `total_k`: the packed key rows (VARLEN_PARAM). Returns false when the block's key
+// block starts at or past the sequence's last key: the whole block alike (blockIdx only), so it
+// leaves before any barrier. Keys of a sequence without queries are not skipped: their blocks
+// run no step and write dK = dV = 0.
+template <int BC> FA_DEVICE bool varlen_sequence(BwdParams &bp, bool deterministic, int total_k) {
     Params &p = bp.p;
     const int n_index = (int)(blockIdx.x % bp.num_k_blocks);
     const int n_block = deterministic ? bp.num_k_blocks - 1 - n_index : n_index;
     const int b = (int)(blockIdx.x / bp.num_k_blocks / bp.heads_kv);
-    const int q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
-    p.seqlen_q = p.cu_seqlens_q[b + 1] - q0;
-    p.seqlen_k = p.cu_seqlens_k[b + 1] - k0;
+    // Rows clamped into the packed tensors and to the launch's longest (attn_common.cuh
+    // packed_range): the lengths bound the key blocks and the steps of rows, so also the dQ
+    // order counters' slot of this sequence.
+    const int2 rq = packed_range(p.cu_seqlens_q, b, p.total_q, p.seqlen_q);
+    const int2 rk = packed_range(p.cu_seqlens_k, b, total_k, p.seqlen_k);
+    const int q0 = rq.x, k0 = rk.x;
+    p.seqlen_q = rq.y;
+    p.seqlen_k = rk.y;
     if ((i64)n_block * BC >= p.seqlen_k) return false;
     p.q += q0 * p.q_ss;
     p.k += k0 * p.k_ss;

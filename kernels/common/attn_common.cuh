@@ -58,6 +58,17 @@ FA_DEVICE float sink_logit(const float *sink, int h) {
 #ifndef IS_VARLEN
 #define IS_VARLEN 0
 #endif
+// The packed key rows (total_k), one more kernel parameter of the IS_VARLEN builds (after the
+// sink's, VARLEN_PARAM), so that the dense builds keep their parameters and machine code: the
+// offsets are read on the device as the caller gave them (a CUDA graph replays a call with new
+// ones, so the host cannot check them), and a block clamps its sequence into the packed rows.
+#if IS_VARLEN
+#define VARLEN_PARAM , const int total_k
+#define VARLEN_TOTAL_K total_k
+#else
+#define VARLEN_PARAM
+#define VARLEN_TOTAL_K 0
+#endif
 
 constexpr int D = HEAD_DIM;
 static_assert(D % 8 == 0 && D >= 8 && D <= 256, "HEAD_DIM must be a multiple of 8, at most 256");
@@ -92,18 +103,31 @@ struct Params {
 
 // Element offsets of batch entry b in q, o, k and v, and its first packed query row. With
 // IS_VARLEN it also sets p.seqlen_q / p.seqlen_k to the sequence's own lengths (the grid
-// covers the longest; blocks past a shorter sequence's end have nothing to do).
+// covers the longest; blocks past a shorter sequence's end have nothing to do), its rows
+// clamped into the packed tensors (packed_range; `total_k`: VARLEN_TOTAL_K).
 struct SeqOffsets {
     i64 q, o, k, v;
     int q0;
 };
-FA_DEVICE SeqOffsets sequence_offsets(Params &p, int b) {
+// Packed rows cu[b]..cu[b + 1] of a tensor of `total` rows, clamped: the start to [0, total],
+// the end to [start, total], the length to `longest` (the launch's, the caller's max_seqlen).
+// Valid offsets pass unchanged; bad ones give wrong rows but no access outside the packed
+// tensors, the grid or the per-sequence workspaces. Returns (first row, length).
+FA_DEVICE int2 packed_range(const int *cu, int b, int total, int longest) {
+    const int r0 = min(max(cu[b], 0), total);
+    const int r1 = min(max(cu[b + 1], r0), total);
+    return make_int2(r0, min(r1 - r0, longest));
+}
+FA_DEVICE SeqOffsets sequence_offsets(Params &p, int b, int total_k) {
 #if IS_VARLEN
-    const int q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
-    p.seqlen_q = p.cu_seqlens_q[b + 1] - q0;
-    p.seqlen_k = p.cu_seqlens_k[b + 1] - k0;
+    const int2 rq = packed_range(p.cu_seqlens_q, b, p.total_q, p.seqlen_q);
+    const int2 rk = packed_range(p.cu_seqlens_k, b, total_k, p.seqlen_k);
+    const int q0 = rq.x, k0 = rk.x;
+    p.seqlen_q = rq.y;
+    p.seqlen_k = rk.y;
     return SeqOffsets{q0 * p.q_ss, q0 * p.o_ss, k0 * p.k_ss, k0 * p.v_ss, q0};
 #else
+    (void)total_k;
     return SeqOffsets{b * p.q_sb, b * p.o_sb, b * p.k_sb, b * p.v_sb, 0};
 #endif
 }

@@ -76,7 +76,7 @@ template <bool B> struct Bool {
     static constexpr bool value = B;
 };
 
-extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Params p_in SINK_PARAM) {
+extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Params p_in SINK_PARAM VARLEN_PARAM) {
     extern __shared__ __align__(16) u16 smem[];
     const u32 sQ = smem_u32(smem);
     const u32 sK = sQ + BR * RS * 2;          // two stages of BC rows
@@ -89,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
     const int m_block = bc.m_block, h = bc.h, b = bc.b, hk = bc.hk;
     // The block's sequence (its own lengths with IS_VARLEN).
     Params p = p_in;
-    const SeqOffsets so = sequence_offsets(p, b);
+    const SeqOffsets so = sequence_offsets(p, b, VARLEN_TOTAL_K);
     const int row0 = m_block * BR;
     if (IS_VARLEN && row0 >= p.seqlen_q) return; // block-uniform, before any barrier
     const u16 *qb = p.q + so.q + h * p.q_sh;
@@ -336,7 +336,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) attn_mma(const Para
     const BlockCoords ec = block_coords(p_in, fresh_ctaid_x());
     const int ewrow0 = ec.m_block * BR + ewarp * WM;
     Params pe = p_in;
-    const SeqOffsets eo = sequence_offsets(pe, ec.b);
+    const SeqOffsets eo = sequence_offsets(pe, ec.b, VARLEN_TOTAL_K);
     u16 *ob = p.o + eo.o + ec.h * p.o_sh;
     float *lse = p.lse + lse_offset(p_in, ec.b, ec.h, eo.q0);
     const float sink = sink_log2(SINK_LOGITS, ec.h);

@@ -20,9 +20,16 @@ its index arrays (``cache_seqlens``, ``block_table``, ``cache_batch_idx``, ``cac
 int32 tensors on q's device) on the device, without a copy or a synchronisation, so a decoding
 step can be captured in a CUDA graph and replayed with new cache lengths (the kernels clamp
 out-of-range values instead of validating them, as FlashAttention-2 does not validate them
-either). The variable-length functions run on CUDA tensors too, but copy their offsets
-(``cu_seqlens_*``) to the host to validate and plan the call: on CUDA those calls synchronise
-and cannot be captured in a graph.
+either). The variable-length functions do the same with their offsets: ``cu_seqlens_*`` as
+int32 tensors on q's CUDA device (FlashAttention-2's way) are read by the kernels there, not
+copied, with ``max_seqlen_q``/``max_seqlen_k`` bounding the grid as in FlashAttention-2, so
+the forward and the backward can be captured in a CUDA graph and replayed with new offsets
+(the kernels clamp offsets that point outside the packed tensors, and cut a sequence longer
+than the stated ``max_seqlen_*`` to it, instead of validating them; such calls run the packed
+``attn_mma`` kernel). Offsets given on the host (lists, NumPy, CPU tensors) are checked there
+and let the library pick its kernel per sequence (``attn_wgmma`` on sm_90 for up to 64
+sequences of 2048 rows or more on average, where that is faster), without a synchronisation
+but not inside a graph capture.
 
 Semantics are FlashAttention-2's: ``[batch, seqlen, heads, head_dim]`` layout, causal
 aligned bottom-right, ``window_size=(left, right)`` (a tuple, list or tensor of two ints)
@@ -722,7 +729,8 @@ def _varlen_backward(saved, dout, call):
     them (packed, compact; lse ``[heads_q, total_q]``), `call` the :class:`_Varlen` (its
     `scores`, `cu_seqlens_q`, `cu_seqlens_k`, `deterministic`); returns dq, dk, dv (dk, dv
     summed over the query heads of each kv head). On CUDA one launch per kernel over every
-    sequence; the offsets are the host copies the forward made."""
+    sequence; the offsets are those the forward took (host lists, or int32 tensors on the
+    device with the stated ``max_seqlen_*``)."""
     q, k, v, out, lse = saved
     import torch
 
@@ -734,22 +742,31 @@ def _varlen_backward(saved, dout, call):
     _native.varlen_backward(
         _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(dout), dq, dk, dv,
         call.cu_seqlens_q, call.cu_seqlens_k, *call.scores, call.deterministic,
-        stream, current, torch=True,
+        stream, current, torch=True, **call.stated(),
     )
     return dq, dk, dv
 
 
 class _Varlen:
     """A packed variable-length call (offsets and score arguments checked) for
-    :func:`_function` or for a direct run; `sink` the host logits of a learnable sink (or None),
-    `sink_tensor` the PyTorch tensor the caller passed for it, if any (autograd's fourth
-    tensor)."""
+    :func:`_function` or for a direct run; the offsets host lists, or int32 tensors on q's
+    device with `max_seqlen` the caller's ``(max_seqlen_q, max_seqlen_k)`` (None with host
+    lists); `sink` the host logits of a learnable sink (or None), `sink_tensor` the PyTorch
+    tensor the caller passed for it, if any (autograd's fourth tensor)."""
 
     def __init__(self, scores, cu_seqlens_q, cu_seqlens_k, deterministic, sink=None,
-                 sink_tensor=None):
+                 sink_tensor=None, max_seqlen=None):
         self.scores, self.deterministic = scores, bool(deterministic)
         self.cu_seqlens_q, self.cu_seqlens_k = cu_seqlens_q, cu_seqlens_k
         self.sink, self.sink_tensor = sink, sink_tensor
+        self.max_seqlen = max_seqlen
+
+    def stated(self):
+        """The native calls' ``max_seqlen_q``/``max_seqlen_k`` keywords (offsets on the device
+        only: the kernels' grid, as FlashAttention-2's)."""
+        if self.max_seqlen is None:
+            return {}
+        return {"max_seqlen_q": self.max_seqlen[0], "max_seqlen_k": self.max_seqlen[1]}
 
     def tensors(self, q, k, v):
         """The tensors autograd differentiates: q, k, v and the sink when it is a tensor."""
@@ -776,6 +793,7 @@ class _Varlen:
         _native.varlen_forward(
             _dl(q), _dl(k), _dl(v), out, lse, self.cu_seqlens_q, self.cu_seqlens_k,
             *scores, stream, current, torch=_is_torch(q), learnable_sink=self.sink,
+            **self.stated(),
         )
         return out, lse
 
@@ -795,22 +813,48 @@ class _Varlen:
         return (*grads, None)
 
 
+def _device_offsets(q, cu_seqlens_q, cu_seqlens_k):
+    """The offsets of a CUDA call as the native call reads them on the device: both CUDA
+    tensors (PyTorch's other integer types converted to int32 there, as a device operation:
+    no synchronisation), or None when either is not on a CUDA device (host offsets)."""
+    if not (_on_cuda(q) and _on_cuda(cu_seqlens_q) and _on_cuda(cu_seqlens_k)):
+        return None
+
+    def int32(x):
+        if _is_torch(x):
+            import torch
+
+            if x.dtype != torch.int32 and not x.dtype.is_floating_point and x.dtype != torch.bool:
+                x = x.to(torch.int32)
+            return x.contiguous()
+        return x
+
+    return int32(cu_seqlens_q), int32(cu_seqlens_k)
+
+
 def _varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scores,
                  deterministic, learnable_sink=None):
-    """A checked variable-length call: the offsets copied to the host and checked against
-    ``max_seqlen_*``, q, k, v made compact, a learnable sink checked and copied to the host.
-    Returns (call, q, k, v)."""
+    """A checked variable-length call, q, k, v made compact, a learnable sink checked and
+    copied to the host. Offsets on q's CUDA device stay there (the kernels read them, bounded
+    by ``max_seqlen_*``: no copy, no synchronisation); others are copied to the host and
+    checked against ``max_seqlen_*``. Returns (call, q, k, v)."""
     _tensors(q=q, k=k, v=v)
     sink = _sink(learnable_sink, q)
     sink_tensor = learnable_sink if _is_torch(learnable_sink) else None
     # The varlen kernels read compact tensors; FlashAttention-2 takes row strides (views of
     # packed qkv): those are copied here (with PyTorch the copy passes gradients back).
     q, k, v = (_contiguous(x) for x in (q, k, v))
-    cq, _ = _host_ints("cu_seqlens_q", cu_seqlens_q, 1, "[batch + 1]")
-    ck, _ = _host_ints("cu_seqlens_k", cu_seqlens_k, 1, "[batch + 1]")
     max_seqlen_q = _int("max_seqlen_q", max_seqlen_q, 0, 2**31 - 1)
     max_seqlen_k = _int("max_seqlen_k", max_seqlen_k, 0, 2**31 - 1)
-    # max_seqlen_*: FlashAttention-2's grid sizes, which the library does not take.
+    device = _device_offsets(q, cu_seqlens_q, cu_seqlens_k)
+    if device is not None:
+        call = _Varlen(scores, *device, deterministic, sink, sink_tensor,
+                       max_seqlen=(max_seqlen_q, max_seqlen_k))
+        return call, q, k, v
+    cq, _ = _host_ints("cu_seqlens_q", cu_seqlens_q, 1, "[batch + 1]")
+    ck, _ = _host_ints("cu_seqlens_k", cu_seqlens_k, 1, "[batch + 1]")
+    # max_seqlen_*: FlashAttention-2's grid sizes; with host offsets the library plans from
+    # the offsets themselves, and checks the bound.
     for name, cu, bound in (("q", cq, max_seqlen_q), ("k", ck, max_seqlen_k)):
         steps = [b - a for a, b in zip(cu, cu[1:])]
         longest = max(steps, default=0)
@@ -876,7 +920,10 @@ def flash_attn_varlen_func(
     q, or with ``return_attn_probs`` ``(out, softmax_lse, S_dmask)``: softmax_lse float32
     ``[heads_q, total_q]``, S_dmask an empty tensor (as FlashAttention-2 at ``dropout_p=0``).
     ``max_seqlen_q``/``max_seqlen_k`` must be at least the longest sequence (FA2 sizes its
-    grid with them; here they are checked). ``block_table`` (paged K/V) must be None, else
+    grid with them). Offsets on q's CUDA device are read there, never copied (a CUDA graph can
+    capture the call and replay it with new offsets): ``max_seqlen_*`` size the grid, and a
+    longer sequence is cut to them. Offsets on the host are checked against them.
+    ``block_table`` (paged K/V) must be None, else
     :class:`FlashAttnUnsupportedError`. ``learnable_sink`` (keyword only; alias ``s_aux``) as
     :func:`flash_attn_func`'s. Differentiable in q, k, v (PyTorch autograd): the backward runs
     on the same backend as the forward (on CUDA one launch per kernel over every sequence,

@@ -11,7 +11,9 @@ code, so compiled and eager calls run the same native calls on the same bytes.
   (a learnable sink's too: ``bwd`` returns it as a fourth tensor, empty without a sink).
 - ``flashattn::varlen_fwd`` / ``flashattn::varlen_bwd``: the packed variable-length forward,
   and its backward (``flashattn._varlen_backward``, the eager path's: one launch per kernel
-  over every sequence on CUDA).
+  over every sequence on CUDA). Offsets on the device are read there without synchronising,
+  so they carry no ``cudagraph_unsafe`` tag (as the dense ops: ALiBi slopes and sinks are
+  copied to the host in both).
 - ``flashattn::kvcache_fwd``: decoding against a KV cache; writes the new rows into
   ``k_cache``/``v_cache`` in place (declared as mutated), no autograd. It reads its index
   tensors on the device without synchronising, so it carries no ``cudagraph_unsafe`` tag.
@@ -32,8 +34,8 @@ _OPS = "flashattn"
 
 
 def _syncs():
-    """The tags of an op that copies index arrays to the host (a synchronisation on CUDA: the
-    variable-length ops):
+    """The tags of an op that copies arguments to the host (a synchronisation on CUDA: the FP8
+    op's descales):
     ``cudagraph_unsafe``, so that ``torch.compile(mode="reduce-overhead")`` leaves it out of
     its CUDA graphs, where the torch version has the tag."""
     tag = getattr(torch.Tag, "cudagraph_unsafe", None)
@@ -157,8 +159,8 @@ fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup)
 def _varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                  softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                  deterministic, learnable_sink=None):
-    """The eager path's checked call (offsets copied to the host and checked, inputs made
-    compact): (call, q, k, v)."""
+    """The eager path's checked call (offsets on the device kept there, others copied to the
+    host and checked; inputs made compact): (call, q, k, v)."""
     return _fa._varlen_call(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         (softmax_scale, causal, window_left, window_right, softcap, _fa._slopes(alibi_slopes)),
@@ -166,7 +168,7 @@ def _varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     )
 
 
-@torch.library.custom_op(f"{_OPS}::varlen_fwd", mutates_args=(), **_syncs())
+@torch.library.custom_op(f"{_OPS}::varlen_fwd", mutates_args=())
 def varlen_fwd(
     q: Tensor,
     k: Tensor,
@@ -204,7 +206,7 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_s
     return q.new_empty(q.shape), q.new_empty((hq, total_q), dtype=torch.float32)
 
 
-@torch.library.custom_op(f"{_OPS}::varlen_bwd", mutates_args=(), **_syncs())
+@torch.library.custom_op(f"{_OPS}::varlen_bwd", mutates_args=())
 def varlen_bwd(
     dout: Tensor,
     q: Tensor,

@@ -8,14 +8,14 @@ use crate::gpu;
 use crate::gpu::Qkv;
 use crate::rules::{
     CacheIndex, CacheSeqlens, Scores, Seqlens, bshd, bshd_problem, check_d_sink, check_disjoint,
-    check_grads, check_varlen_grads, cuda_dtype, host_index, kvcache_shape, new_rows, one_dtype,
-    problem, rotary_tables, varlen_problem,
+    check_grads, check_varlen_grads, cuda_dtype, device_varlen_problem, host_index, kvcache_shape,
+    new_rows, one_dtype, problem, rotary_tables, varlen_problem,
 };
 use flashattn::Element;
 use flashattn::cuda::{GpuElement, KernelKind, forward_device};
 use flashattn::kvcache::{KvCacheProblem, KvCacheShape, RotaryTables};
 use flashattn::shape::{AttnProblem, Strides};
-use flashattn::varlen::VarlenProblem;
+use flashattn::varlen::{DeviceVarlenProblem, VarlenProblem};
 use half::{bf16, f16};
 use pyo3::prelude::*;
 
@@ -109,26 +109,113 @@ impl Job for Fwd<'_, AttnProblem> {
     }
 }
 
-impl Job for Fwd<'_, VarlenProblem> {
+/// A packed batch's offsets as the caller passed them: host lists (the library reads and
+/// checks them), or int32 tensors on the device with the caller's `max_seqlen_q` and
+/// `max_seqlen_k` (read by the kernels only: no copy, so the call can be captured in a CUDA
+/// graph).
+enum Offsets {
+    Host(Vec<i32>, Vec<i32>),
+    Device([Borrowed; 2], (usize, usize)),
+}
+
+impl Offsets {
+    /// Lists are host offsets; anything else is taken as a tensor (DLPack, with the stream
+    /// handshake `hs`), which needs both `max_seqlen`s.
+    fn take(
+        [cq, ck]: [&Bound<'_, PyAny>; 2],
+        max: (Option<usize>, Option<usize>),
+        hs: Option<i64>,
+    ) -> PyResult<Self> {
+        use pyo3::types::PyList;
+        match (cq.is_instance_of::<PyList>(), ck.is_instance_of::<PyList>()) {
+            (true, true) => Ok(Offsets::Host(cq.extract()?, ck.extract()?)),
+            (false, false) => {
+                let (Some(mq), Some(mk)) = max else {
+                    return Err(crate::error::FlashAttnError::new_err(
+                        "offsets on the device need max_seqlen_q and max_seqlen_k (the kernels' grid: the offsets are not read on the host)",
+                    ));
+                };
+                let t = |x, name| Borrowed::take_on(x, name, hs);
+                Ok(Offsets::Device(
+                    [t(cq, "cu_seqlens_q")?, t(ck, "cu_seqlens_k")?],
+                    (mq, mk),
+                ))
+            }
+            _ => Err(crate::error::FlashAttnError::new_err(
+                "cu_seqlens_q and cu_seqlens_k: pass both as lists of host offsets, or both as int32 tensors on q's device",
+            )),
+        }
+    }
+
+    /// The packed problem of tensors `t` (q, k, v, out, lse) with these offsets.
+    fn problem(self, t: [&Borrowed; 5], scores: &Scores) -> PyResult<Packed> {
+        Ok(match self {
+            Offsets::Host(cq, ck) => Packed::Host(varlen_problem(t, cq, ck, scores)?),
+            Offsets::Device(cu, max) => {
+                let place = t[0].place()?;
+                let p = device_varlen_problem(t, [&cu[0], &cu[1]], max, scores, place)?;
+                Packed::Device(p, cu)
+            }
+        })
+    }
+}
+
+/// A packed batch's problem: its offsets on the host, or on the device (the tensors kept to
+/// launch on).
+enum Packed {
+    Host(VarlenProblem),
+    Device(DeviceVarlenProblem, [Borrowed; 2]),
+}
+
+/// The error of offsets on the device with tensors on the CPU (placement refuses it first).
+fn device_offsets_on_cpu() -> PyErr {
+    crate::error::FlashAttnError::new_err(
+        "cu_seqlens given as tensors are read on the device, but q is on the CPU: a CPU call takes the offsets as lists (flashattn's Python functions copy them so)",
+    )
+}
+
+impl Job for Fwd<'_, Packed> {
     unsafe fn cpu<T: Element>(&self) -> PyResult<String> {
+        let Packed::Host(p) = &self.p else {
+            return Err(device_offsets_on_cpu());
+        };
         let [q, k, v, o, lse] = self.t;
         // SAFETY: the caller's contract.
         let (q, k, v) = unsafe { (q.slice::<T>()?, k.slice::<T>()?, v.slice::<T>()?) };
         let cpu = flashattn::BackendChoice::Cpu;
-        let r = flashattn::varlen::forward(cpu, &self.p, q, k, v).map_err(err)?;
+        let r = flashattn::varlen::forward(cpu, p, q, k, v).map_err(err)?;
         // SAFETY: as above.
         unsafe { write_out::<T>((o, lse), &r.o, &r.lse)? };
         Ok(r.ran)
     }
 
     unsafe fn cuda<T: GpuElement>(&self, id: i32) -> PyResult<String> {
-        let (p, what) = (&self.p, Some("flash_attn_varlen_func"));
         // SAFETY: the caller's contract.
         unsafe {
-            gpu::on_device(id, self.stream, |g| {
-                gpu::forward(g, self.t, what, |[q, k, v]: &Qkv<T>, o, l| {
-                    flashattn::cuda::varlen::forward_device(g, KernelKind::Wgmma, p, q, k, v, o, l)
-                })
+            gpu::on_device(id, self.stream, |g| match &self.p {
+                Packed::Host(p) => {
+                    let what = Some("flash_attn_varlen_func");
+                    gpu::forward(g, self.t, what, |[q, k, v]: &Qkv<T>, o, l| {
+                        flashattn::cuda::varlen::forward_device(
+                            g,
+                            KernelKind::Wgmma,
+                            p,
+                            q,
+                            k,
+                            v,
+                            o,
+                            l,
+                        )
+                    })
+                }
+                Packed::Device(p, [cq, ck]) => {
+                    let (cq, ck) = (gpu::foreign::<i32>(cq, g)?, gpu::foreign::<i32>(ck, g)?);
+                    gpu::forward(g, self.t, None, |[q, k, v]: &Qkv<T>, o, l| {
+                        flashattn::cuda::varlen::forward_device_offsets(
+                            g, p, &cq, &ck, q, k, v, o, l,
+                        )
+                    })
+                }
             })
         }
     }
@@ -392,7 +479,7 @@ pub(crate) fn reference(
 /// `out` (like q) and `lse` (f32 `[heads_q, total_q]`); the other arguments (`learnable_sink`
 /// too) as [`forward`]'s.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, stream=None, current=false, torch=false, learnable_sink=None))]
+#[pyo3(signature = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, stream=None, current=false, torch=false, learnable_sink=None, max_seqlen_q=None, max_seqlen_k=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn varlen_forward<'py>(
     q: &Bound<'py, PyAny>,
@@ -400,8 +487,8 @@ pub(crate) fn varlen_forward<'py>(
     v: &Bound<'py, PyAny>,
     out: &Bound<'py, PyAny>,
     lse: &Bound<'py, PyAny>,
-    cu_seqlens_q: Vec<i32>,
-    cu_seqlens_k: Vec<i32>,
+    cu_seqlens_q: &Bound<'py, PyAny>,
+    cu_seqlens_k: &Bound<'py, PyAny>,
     softmax_scale: Option<f32>,
     causal: bool,
     window_left: i64,
@@ -412,18 +499,25 @@ pub(crate) fn varlen_forward<'py>(
     current: bool,
     torch: bool,
     learnable_sink: Option<Bound<'py, PyAny>>,
+    max_seqlen_q: Option<usize>,
+    max_seqlen_k: Option<usize>,
 ) -> PyResult<String> {
     let window = (window_left, window_right);
     let scores =
         Scores::new(softmax_scale, causal, window, softcap, alibi_slopes).with_sink(learnable_sink);
+    let offsets = Offsets::take(
+        [cu_seqlens_q, cu_seqlens_k],
+        (max_seqlen_q, max_seqlen_k),
+        handshake(stream, current),
+    )?;
     let named = [(q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse")];
     forward_call(named, (stream, current, torch, false), |t| {
-        varlen_problem(t, cu_seqlens_q, cu_seqlens_k, &scores)
+        offsets.problem(t, &scores)
     })
 }
 
 struct VarlenBackward<'a> {
-    p: VarlenProblem,
+    p: Packed,
     ins: [&'a Borrowed; 6],
     grads: [&'a Borrowed; 3],
     deterministic: bool,
@@ -432,6 +526,9 @@ struct VarlenBackward<'a> {
 
 impl Job for VarlenBackward<'_> {
     unsafe fn cpu<T: Element>(&self) -> PyResult<String> {
+        let Packed::Host(p) = &self.p else {
+            return Err(device_offsets_on_cpu());
+        };
         let [q, k, v, o, lse, d_o] = self.ins;
         let [dq, dk, dv] = self.grads;
         let opts = flashattn::cuda::backward::BackwardOptions {
@@ -442,7 +539,7 @@ impl Job for VarlenBackward<'_> {
         unsafe {
             let g = flashattn::varlen::backward(
                 flashattn::BackendChoice::Cpu,
-                &self.p,
+                p,
                 q.slice::<T>()?,
                 k.slice::<T>()?,
                 v.slice::<T>()?,
@@ -460,11 +557,14 @@ impl Job for VarlenBackward<'_> {
     }
 
     unsafe fn cuda<T: GpuElement>(&self, id: i32) -> PyResult<String> {
-        let (p, det) = (&self.p, self.deterministic);
+        let det = self.deterministic;
         // SAFETY: the caller's contract.
         unsafe {
-            gpu::on_device(id, self.stream, |g| {
-                gpu::varlen_backward::<T>(g, p, det, self.ins, self.grads)
+            gpu::on_device(id, self.stream, |g| match &self.p {
+                Packed::Host(p) => gpu::varlen_backward::<T>(g, p, det, self.ins, self.grads),
+                Packed::Device(p, cu) => {
+                    gpu::varlen_backward_offsets::<T>(g, p, cu, det, self.ins, self.grads)
+                }
             })
         }
     }
@@ -478,7 +578,7 @@ impl Job for VarlenBackward<'_> {
 /// CUDA tensors in one launch per kernel over every sequence (`attn_bwd`; not inside a CUDA
 /// graph capture: the offsets are host arrays). `deterministic`: dq the same bytes run to run.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic, stream=None, current=false, torch=false))]
+#[pyo3(signature = (q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic, stream=None, current=false, torch=false, max_seqlen_q=None, max_seqlen_k=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn varlen_backward<'py>(
     q: &Bound<'py, PyAny>,
@@ -490,8 +590,8 @@ pub(crate) fn varlen_backward<'py>(
     dq: &Bound<'py, PyAny>,
     dk: &Bound<'py, PyAny>,
     dv: &Bound<'py, PyAny>,
-    cu_seqlens_q: Vec<i32>,
-    cu_seqlens_k: Vec<i32>,
+    cu_seqlens_q: &Bound<'py, PyAny>,
+    cu_seqlens_k: &Bound<'py, PyAny>,
     softmax_scale: Option<f32>,
     causal: bool,
     window_left: i64,
@@ -502,7 +602,14 @@ pub(crate) fn varlen_backward<'py>(
     stream: Option<usize>,
     current: bool,
     torch: bool,
+    max_seqlen_q: Option<usize>,
+    max_seqlen_k: Option<usize>,
 ) -> PyResult<String> {
+    let offsets = Offsets::take(
+        [cu_seqlens_q, cu_seqlens_k],
+        (max_seqlen_q, max_seqlen_k),
+        handshake(stream, current),
+    )?;
     let [tq, tk, tv, to, tl, tdo, tdq, tdk, tdv] = take_backward(
         [q, k, v, out, lse, dout, dq, dk, dv],
         handshake(stream, current),
@@ -516,7 +623,7 @@ pub(crate) fn varlen_backward<'py>(
     let window = (window_left, window_right);
     let scores = Scores::new(softmax_scale, causal, window, softcap, alibi_slopes);
     let t = [&tq, &tk, &tv, &to, &tl];
-    let p = varlen_problem(t, cu_seqlens_q, cu_seqlens_k, &scores)?;
+    let p = offsets.problem(t, &scores)?;
     check_varlen_grads([&tq, &tk, &tdo], grads)?;
     let job = VarlenBackward {
         p,

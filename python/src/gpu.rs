@@ -227,6 +227,53 @@ pub unsafe fn varlen_backward<T: GpuElement>(
     Ok((info.kernel.to_string(), info.why_not_wgmma))
 }
 
+/// [`varlen_backward`] with the offsets on the device (`cu`: int32 tensors `[batch + 1]` on
+/// `gpu`'s device, checked by the caller), read by the kernels only: no host copy, so the call
+/// can be captured in a CUDA graph.
+///
+/// # Safety
+/// As [`foreign`].
+pub unsafe fn varlen_backward_offsets<T: GpuElement>(
+    gpu: &Gpu,
+    p: &flashattn::varlen::DeviceVarlenProblem,
+    [cq, ck]: &[Borrowed; 2],
+    deterministic: bool,
+    [q, k, v, o, lse, d_o]: [&Borrowed; 6],
+    [dq, dk, dv]: [&Borrowed; 3],
+) -> PyResult<(String, String)> {
+    // SAFETY: forwarded to the caller.
+    let (([fq, fk, fv, fo], fl), [fdo, fdq, fdk, fdv], (fcq, fck)) = unsafe {
+        (
+            qkvo_lse::<T>(gpu, [q, k, v, o, lse])?,
+            [d_o, dq, dk, dv].map(|t| foreign::<T>(t, gpu)),
+            (foreign::<i32>(cq, gpu)?, foreign::<i32>(ck, gpu)?),
+        )
+    };
+    let (fdo, mut fdq, mut fdk, mut fdv) = (fdo?, fdq?, fdk?, fdv?);
+    let opts = BackwardOptions {
+        deterministic,
+        ..Default::default()
+    };
+    let info = flashattn::cuda::bwd::varlen::backward_device_offsets(
+        gpu,
+        p,
+        opts,
+        [&fcq, &fck],
+        &fq,
+        &fk,
+        &fv,
+        &fo,
+        &fl,
+        &fdo,
+        &mut fdq,
+        &mut fdk,
+        &mut fdv,
+        None,
+    )
+    .map_err(err)?;
+    Ok((info.kernel.to_string(), info.why_not_wgmma))
+}
+
 /// Refuses, at the forward call of a problem whose gradients are wanted, what the GPU
 /// backward ([`backward`]) would refuse for it on `gpu`'s device: a head_dim above its limit,
 /// or one whose `attn_bwd` tile does not fit the device's shared memory per block (head dims

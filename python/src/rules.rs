@@ -16,7 +16,7 @@ use crate::error::{FlashAttnError, err};
 use flashattn::kvcache::{CacheDims, HostIndex, KvCacheShape, Rotary};
 use flashattn::scores::{Alibi, ScoreMods, Window};
 use flashattn::shape::{AttnProblem, AttnShape, Strides};
-use flashattn::varlen::VarlenProblem;
+use flashattn::varlen::{DeviceVarlenProblem, VarlenProblem};
 use flashattn::{AttnError, Mask};
 use pyo3::prelude::*;
 
@@ -216,7 +216,12 @@ macro_rules! problem {
         }
     )*};
 }
-problem!(AttnProblem, VarlenProblem, KvCacheShape);
+problem!(
+    AttnProblem,
+    VarlenProblem,
+    DeviceVarlenProblem,
+    KvCacheShape
+);
 
 /// A shape as Python writes it: `(3,)`, `(2, 4)`.
 fn tuple(shape: &[usize]) -> String {
@@ -414,6 +419,65 @@ pub(crate) fn varlen_problem(
         )));
     }
     Ok(p)
+}
+
+/// The packed problem of a varlen call whose offsets stay on the device: q, k, v, out, lse
+/// as [`varlen_problem`] checks them; `cu_seqlens_q`/`cu_seqlens_k` int32, compact `[batch + 1]`
+/// (the same length), on q's device (`place`); `max_seqlen` the caller's (FlashAttention-2's
+/// `max_seqlen_q`, `max_seqlen_k`: the kernels cover no more, the offsets are not read here).
+pub(crate) fn device_varlen_problem(
+    [tq, tk, tv, to, tl]: [&Borrowed; 5],
+    [cq, ck]: [&Borrowed; 2],
+    (max_seqlen_q, max_seqlen_k): (usize, usize),
+    scores: &Scores,
+    place: Option<i32>,
+) -> PyResult<DeviceVarlenProblem> {
+    let packed = "[total, heads, head_dim]";
+    let qs = compact(tq, 3, packed)?;
+    let ks = compact(tk, 3, packed)?;
+    let vs = compact(tv, 3, packed)?;
+    let os = compact(to, 3, packed)?;
+    let ls = compact(tl, 2, "[heads_q, total_q]")?;
+    if ks != vs || ks[2] != qs[2] || os != qs || ls != [qs[1], qs[0]] {
+        return Err(invalid(format!(
+            "shapes disagree: q {qs:?}, k {ks:?}, v {vs:?}, out {os:?}, lse {ls:?}"
+        )));
+    }
+    let mut batch = None;
+    for t in [cq, ck] {
+        if t.place()? != place {
+            return Err(invalid(format!(
+                "{} is not on q's device: pass the offsets as an int32 tensor on q's device (read there, without a copy)",
+                t.name
+            )));
+        }
+        if !t.is_int32() {
+            return Err(invalid(format!(
+                "{} is {}; it must be int32 (FlashAttention-2's type): convert it (e.g. .int())",
+                t.name,
+                t.type_name()
+            )));
+        }
+        let n = compact(t, 1, "[batch + 1]")?[0];
+        if n < 2 || batch.is_some_and(|b| b + 1 != n) {
+            return Err(invalid(format!(
+                "cu_seqlens_q and cu_seqlens_k must both hold batch + 1 >= 2 offsets; {} has {n}",
+                t.name
+            )));
+        }
+        batch = Some(n - 1);
+    }
+    let batch = batch.unwrap_or(0);
+    let p = DeviceVarlenProblem::new(
+        batch,
+        [qs[0], ks[0]],
+        [max_seqlen_q, max_seqlen_k],
+        qs[1],
+        ks[1],
+        qs[2],
+    )
+    .map_err(err)?;
+    scores.apply(p, batch, qs[1])
 }
 
 /// The varlen backward's extra tensors: `dout` like out, `dq` like q, `dk` and `dv` like k,

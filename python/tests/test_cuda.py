@@ -351,6 +351,100 @@ def test_varlen_on_cuda(causal):
         close(out[qs], want, f"sequence {i}")
 
 
+def _cu(lens):
+    """Offsets of sequences of these lengths, int32 on the GPU."""
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+
+
+def test_varlen_offsets_on_the_device_and_on_the_host_agree():
+    """Offsets as CUDA tensors (read by the packed kernel, never copied) and as host lists (the
+    library's per-sequence choice): the same outputs and gradients within the tolerance; int64
+    device offsets are converted on the device."""
+    from flashattn import flash_attn_varlen_func
+
+    # Host offsets of this batch run one attn_wgmma launch per sequence on sm_90 (2048 rows
+    # or more on average: per_sequence_pays); device offsets the packed attn_mma.
+    lq, lk, hq, hkv, d = [37, 3000, 0, 5155], [50, 3000, 7, 5000], 8, 2, 128
+    cq, ck = _cu(lq), _cu(lk)
+    runs = []
+    for offsets in ((cq, ck), (cq.tolist(), ck.tolist()), (cq.long(), ck.long())):
+        q = rand(sum(lq), hq, d, seed=1).requires_grad_(True)
+        k = rand(sum(lk), hkv, d, seed=2).requires_grad_(True)
+        v = rand(sum(lk), hkv, d, seed=3).requires_grad_(True)
+        out = flash_attn_varlen_func(q, k, v, *offsets, max(lq), max(lk), causal=True)
+        out.backward(rand(*out.shape, seed=4))
+        runs.append((out, q.grad, k.grad, v.grad))
+    for other in runs[1:]:
+        for name, a, b in zip(("out", "dq", "dk", "dv"), runs[0], other):
+            close(a, b, name)
+
+
+def test_varlen_forward_and_backward_captured_in_a_cuda_graph():
+    """A packed forward and backward with the offsets on the device, captured in one CUDA graph
+    and replayed with new offsets (same packed sizes): out and the gradients match eager calls
+    on the new offsets."""
+    from flashattn import flash_attn_varlen_func
+
+    # max_seqlen_* bound every replay's sequences (a longer one would be cut: rows past it
+    # keep what the buffer held).
+    hq, hkv, d, total_q, total_k, mq, mk = 4, 2, 64, 300, 400, 300, 400
+    cq, ck = _cu([100, 200]), _cu([150, 250])
+    q = rand(total_q, hq, d, seed=1).requires_grad_(True)
+    k = rand(total_k, hkv, d, seed=2).requires_grad_(True)
+    v = rand(total_k, hkv, d, seed=3).requires_grad_(True)
+    do = rand(total_q, hq, d, seed=4)
+
+    def step():
+        out = flash_attn_varlen_func(q, k, v, cq, ck, mq, mk, causal=True)
+        out.backward(do)
+        return out
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up: the kernels compiled outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    for x in (q, k, v):
+        x.grad = None
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = step()
+    for lq, lk in (([256, 44], [144, 256]), ([0, 300], [400, 0]), ([299, 1], [1, 399])):
+        cq.copy_(_cu(lq))
+        ck.copy_(_cu(lk))
+        g.replay()
+        torch.cuda.synchronize()
+        grads = [x.grad.clone() for x in (q, k, v)]
+        qe, ke, ve = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
+        want = flash_attn_varlen_func(qe, ke, ve, _cu(lq), _cu(lk), mq, mk, causal=True)
+        want.backward(do)
+        close(out, want, f"out {lq} {lk}")
+        for name, a, b in zip(("dq", "dk", "dv"), grads, (qe.grad, ke.grad, ve.grad)):
+            close(a, b, f"{name} {lq} {lk}")
+
+
+def test_varlen_device_offsets_are_clamped_and_cut_to_max_seqlen():
+    """Offsets on the device are not validated: ones that leave the packed tensors or decrease
+    run without a fault (the kernels clamp them), and a sequence longer than max_seqlen_* is
+    cut to it (its first rows and keys), as FlashAttention-2's grid cuts it."""
+    from flashattn import flash_attn_varlen_func
+
+    q, k, v = rand(60, 4, 64, seed=1), rand(60, 2, 64, seed=2), rand(60, 2, 64, seed=3)
+    # Sequence 1: queries 10..60 (70 clamped to the 60 rows), no key (-7 below its start);
+    # sequence 2: no query (5 below its start), keys 0..60 (2^30 clamped).
+    bad_q = torch.tensor([0, 10, 70, 5], dtype=torch.int32, device="cuda")
+    bad_k = torch.tensor([0, 10, -7, 1 << 30], dtype=torch.int32, device="cuda")
+    q.requires_grad_(True)
+    out = flash_attn_varlen_func(q, k, v, bad_q, bad_k, 60, 60)
+    out.backward(torch.ones_like(out))
+    torch.cuda.synchronize()
+    close(out[:10], sdpa(q[None, :10], k[None, :10], v[None, :10])[0], "the valid sequence")
+    assert not out[10:].any(), "rows that see no key"
+    cu = _cu([10, 50])
+    out = flash_attn_varlen_func(q.detach(), k, v, cu, cu, 20, 20)
+    close(out[10:30], sdpa(q[None, 10:30], k[None, 10:30], v[None, 10:30])[0], "cut to 20")
+
+
 @pytest.mark.parametrize("d", [128, 36, 100])
 @pytest.mark.parametrize("paged", [False, True])
 def test_kvcache_on_cuda_matches_the_cpu_path(paged, d):

@@ -43,3 +43,4 @@ macro_rules! option_builders {
 
 pub mod kvcache;
 pub mod varlen;
+pub mod varlen_device;

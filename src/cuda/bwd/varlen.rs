@@ -31,6 +31,7 @@ use crate::cuda::runtime::launch::{
 use crate::cuda::sources::KernelSource;
 use crate::error::{AttnError, Result};
 use crate::problem::varlen::VarlenProblem;
+use crate::problem::varlen_device::DeviceVarlenProblem;
 use crate::shape::{AttnProblem, AttnShape};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg, sys};
 
@@ -109,32 +110,138 @@ where
     }
     check_contexts!(gpu; "q" => q, "k" => k, "v" => v, "o" => o, "lse" => lse, "do" => d_o,
         "dq" => dq, "dk" => dk, "dv" => dv)?;
-    if let Some(ds) = &d_sink {
-        if p.scores.sink.is_none() {
+    check_d_sink(gpu, &p.scores, p.heads_q, d_sink.as_deref())?;
+    if gpu.capturing() {
+        return Err(AttnError::InvalidInput {
+            what: "the varlen backward copies cu_seqlens from host memory, which a CUDA graph capture cannot record: call it outside the capture (or pass the offsets on the device: backward_device_offsets)".into(),
+        });
+    }
+    let stream = gpu.stream();
+    let up = |x: &[i32], what: &str| -> Result<CudaSlice<i32>> {
+        stream.clone_htod(x).map_err(cuda_err(format!(
+            "varlen backward: copying {what} to the device"
+        )))
+    };
+    let (cu_q, cu_k) = (
+        up(&p.cu_seqlens_q, "cu_seqlens_q")?,
+        up(&p.cu_seqlens_k, "cu_seqlens_k")?,
+    );
+    device_ptrs!(stream; qp = q, kp = k, vp = v, op = o, lp = lse, dop = d_o, dqp = mut dq, dkp = mut dk, dvp = mut dv, cq = cu_q, ck = cu_k);
+    packed::<T>(
+        gpu,
+        &DeviceVarlenProblem::from(p),
+        opts,
+        [qp, kp, vp, op, lp, dop, dqp, dkp, dvp],
+        [cq, ck],
+        d_sink,
+    )
+}
+
+/// [`backward_device`] on a packed batch whose offsets are on the device (`cu_seqlens_q`,
+/// `cu_seqlens_k`: i32, `batch + 1` entries each, read by the kernels and never copied to the
+/// host), so that a CUDA graph can capture it and replay it with new offsets (without ALiBi
+/// slopes or a sink's gradient: their values are host memory, copied per call). The offsets
+/// are not validated ([`crate::problem::varlen_device`] says what the kernels do with bad
+/// ones); valid offsets give [`backward_device`]'s gradients.
+///
+/// # Errors
+/// As [`backward_device`], less the capture refusal, plus [`AttnError::BufferTooShort`] for
+/// offsets shorter than `batch + 1`; [`AttnError::InvalidInput`] for ALiBi slopes or a sink's
+/// gradient inside a capture.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_device_offsets<T, C, Q, K, V, O, L, G, DQ, DK, DV>(
+    gpu: &Gpu,
+    p: &DeviceVarlenProblem,
+    opts: BackwardOptions,
+    [cu_seqlens_q, cu_seqlens_k]: [&C; 2],
+    q: &Q,
+    k: &K,
+    v: &V,
+    o: &O,
+    lse: &L,
+    d_o: &G,
+    dq: &mut DQ,
+    dk: &mut DK,
+    dv: &mut DV,
+    d_sink: Option<&mut dyn DevicePtrMut<f32>>,
+) -> Result<BackwardInfo>
+where
+    T: GpuElement,
+    C: DevicePtr<i32>,
+    Q: DevicePtr<T>,
+    K: DevicePtr<T>,
+    V: DevicePtr<T>,
+    O: DevicePtr<T>,
+    L: DevicePtr<f32>,
+    G: DevicePtr<T>,
+    DQ: DevicePtrMut<T>,
+    DK: DevicePtrMut<T>,
+    DV: DevicePtrMut<T>,
+{
+    p.validate()?;
+    refuse_wgmma(opts)?;
+    p.check_lengths(
+        [cu_seqlens_q.len(), cu_seqlens_k.len()],
+        [q.len(), k.len(), v.len(), o.len(), lse.len(), d_o.len()],
+        [dq.len(), dk.len(), dv.len()],
+    )?;
+    check_contexts!(gpu; "q" => q, "k" => k, "v" => v, "o" => o, "lse" => lse, "do" => d_o,
+        "dq" => dq, "dk" => dk, "dv" => dv, "cu_seqlens_q" => cu_seqlens_q,
+        "cu_seqlens_k" => cu_seqlens_k)?;
+    check_d_sink(gpu, &p.scores, p.heads_q, d_sink.as_deref())?;
+    let stream = gpu.stream();
+    device_ptrs!(stream; qp = q, kp = k, vp = v, op = o, lp = lse, dop = d_o, dqp = mut dq, dkp = mut dk, dvp = mut dv, cq = cu_seqlens_q, ck = cu_seqlens_k);
+    packed::<T>(
+        gpu,
+        p,
+        opts,
+        [qp, kp, vp, op, lp, dop, dqp, dkp, dvp],
+        [cq, ck],
+        d_sink,
+    )
+}
+
+/// Checks `d_sink` (when given): the problem has a sink, it holds `heads_q` values, it lives in
+/// `gpu`'s context.
+fn check_d_sink(
+    gpu: &Gpu,
+    scores: &crate::scores::ScoreMods,
+    heads_q: usize,
+    d_sink: Option<&dyn DevicePtrMut<f32>>,
+) -> Result<()> {
+    if let Some(ds) = d_sink {
+        if scores.sink.is_none() {
             return Err(AttnError::InvalidInput {
                 what: "d_sink was given, but the problem has no learnable sink (ScoreMods::sink): pass None, or set the sink".into(),
             });
         }
-        crate::error::check_len("d_sink", ds.len(), p.heads_q)?;
+        crate::error::check_len("d_sink", ds.len(), heads_q)?;
         check_contexts!(gpu; "d_sink" => ds)?;
     }
-    if gpu.capturing() {
-        return Err(AttnError::InvalidInput {
-            what: "the varlen backward copies cu_seqlens from host memory, which a CUDA graph capture cannot record: call it outside the capture".into(),
-        });
-    }
+    Ok(())
+}
+
+/// The packed backward over every sequence: the tensors at the device addresses `[q, k, v, o,
+/// lse, do, dq, dk, dv]` and the offsets at `[cu_seqlens_q, cu_seqlens_k]`, all validated by the
+/// caller against `p`.
+fn packed<T: GpuElement>(
+    gpu: &Gpu,
+    p: &DeviceVarlenProblem,
+    opts: BackwardOptions,
+    ptrs: [u64; 9],
+    [cq, ck]: [u64; 2],
+    d_sink: Option<&mut dyn DevicePtrMut<f32>>,
+) -> Result<BackwardInfo> {
+    let [qp, kp, vp, op, lp, dop, dqp, dkp, dvp] = ptrs;
     let stream = gpu.stream();
-    device_ptrs!(stream; qp = q, kp = k, vp = v, op = o, lp = lse, dop = d_o, dqp = mut dq, dkp = mut dk, dvp = mut dv);
+    let (total_q, total_k) = (p.total_q, p.total_k);
     if total_q == 0 || total_k == 0 {
         // No query or no key anywhere: nothing to compute, the gradients are zero.
-        let (nq, nk) = (
-            total_q * p.heads_q * p.head_dim,
-            total_k * p.heads_kv * p.head_dim,
-        );
+        let (nq, nk) = p.packed_lens()?;
         for (ptr, n, what) in [(dqp, nq, "dq"), (dkp, nk, "dk"), (dvp, nk, "dv")] {
             if n > 0 {
-                // SAFETY: the buffer holds at least n 16-bit elements (checked above); the
-                // memset is ordered on this stream.
+                // SAFETY: the buffer holds at least n 16-bit elements (checked by the caller);
+                // the memset is ordered on this stream.
                 unsafe { sys::cuMemsetD16Async(ptr, 0, n, stream.cu_stream()) }
                     .result()
                     .map_err(cuda_err(format!("varlen backward: zeroing {what}")))?;
@@ -144,8 +251,8 @@ where
             // No row sees a key, so every o (the forward's) is 0, every D = do . o = 0, and
             // so is the sink's gradient.
             let (ptr, _g) = ds.device_ptr_mut(stream);
-            // SAFETY: d_sink holds at least heads_q f32 elements (checked above); ordered on
-            // this stream.
+            // SAFETY: d_sink holds at least heads_q f32 elements (checked by the caller);
+            // ordered on this stream.
             unsafe { sys::cuMemsetD32Async(ptr, 0, p.heads_q, stream.cu_stream()) }
                 .result()
                 .map_err(cuda_err("varlen backward: zeroing d_sink"))?;
@@ -154,14 +261,7 @@ where
     }
     let d = p.head_dim;
     if run_head_dim(d) != d {
-        return padded::<T, L>(
-            gpu,
-            p,
-            opts,
-            [qp, kp, vp, op, dop, dqp, dkp, dvp],
-            lse,
-            d_sink,
-        );
+        return padded::<T>(gpu, p, opts, ptrs, [cq, ck], d_sink);
     }
     check_aligned([
         ("q", qp),
@@ -173,7 +273,7 @@ where
         ("dk", dkp),
         ("dv", dvp),
     ])?;
-    let env = crate::cuda::fwd::varlen::envelope(p)?;
+    let env = crate::cuda::fwd::varlen::device_envelope(p)?;
     check_gpu_problem(&env, KernelKind::Mma)?;
     let ctx = format!("varlen {}", launch_context("attn_bwd", &env));
     let info = gpu.info();
@@ -200,17 +300,8 @@ where
     let mut dq_order: CudaSlice<i32> = stream
         .alloc_zeros(n_order)
         .map_err(cuda_err(format!("{ctx}: allocating the dQ order counters")))?;
-    let up = |x: &[i32], what: &str| -> Result<CudaSlice<i32>> {
-        stream
-            .clone_htod(x)
-            .map_err(cuda_err(format!("{ctx}: copying {what} to the device")))
-    };
-    let (cu_q, cu_k) = (
-        up(&p.cu_seqlens_q, "cu_seqlens_q")?,
-        up(&p.cu_seqlens_k, "cu_seqlens_k")?,
-    );
     let slopes = upload_slopes(gpu, &p.scores)?;
-    device_ptrs!(stream; dsp = mut dsum, dap = mut dq_accum, orp = mut dq_order, cq = cu_q, ck = cu_k);
+    device_ptrs!(stream; dsp = mut dsum, dap = mut dq_accum, orp = mut dq_order);
     let alibi = slopes.as_ref().map(|x| x.device_ptr(stream));
     let launch = Launch {
         alibi: alibi.as_ref().map_or(0, |(ptr, _)| *ptr),
@@ -218,6 +309,7 @@ where
             cu_seqlens_q: cq,
             cu_seqlens_k: ck,
             total_q,
+            total_k,
         }),
         ..Launch::dense(&env, T::DTYPE, [qp, kp, vp, op, lp])
     };
@@ -304,6 +396,8 @@ where
         block_dim: (32 * tile.nwarps as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
+    // attn_bwd's IS_VARLEN parameter after BwdParams (VARLEN_PARAM): it bounds the offsets.
+    let total_k_arg = total_k as i32;
     for (pass, k) in mains.iter().enumerate() {
         // Each pass counts its own dQ order: counters of pass i start at i x per_pass.
         let pass_params = BwdParams {
@@ -315,9 +409,10 @@ where
             ..params
         };
         let mut b = stream.launch_builder(&k.function);
-        b.arg(&pass_params);
-        // SAFETY: the parameters mirror BwdParams; every block stays inside its sequence's
-        // rows of the packed buffers (checked above), the dQ workspace holds n_q floats and
+        b.arg(&pass_params).arg(&total_k_arg);
+        // SAFETY: the parameters mirror BwdParams and VARLEN_PARAM; every block stays inside
+        // its sequence's rows of the packed buffers (checked by the caller; the offsets
+        // clamped by the kernel to total_q and total_k), the dQ workspace holds n_q floats and
         // the order counters passes x per_pass.
         unsafe { b.launch(cfg) }.map_err(cuda_err(format!(
             "{ctx} (attn_bwd, channels from {})",
@@ -390,12 +485,12 @@ fn nothing_launched(opts: BackwardOptions) -> BackwardInfo {
 /// [`run_head_dim`], the packed backward run on the copies (lse as it is), the gradients copied
 /// back (`d_sink` passed on: it reads only lse and D). `ptrs`: q, k, v, o, do, dq, dk, dv,
 /// validated by the caller (total_q, total_k > 0).
-fn padded<T: GpuElement, L: DevicePtr<f32>>(
+fn padded<T: GpuElement>(
     gpu: &Gpu,
-    p: &VarlenProblem,
+    p: &DeviceVarlenProblem,
     opts: BackwardOptions,
-    [q, k, v, o, d_o, dq, dk, dv]: [u64; 8],
-    lse: &L,
+    [q, k, v, o, lse, d_o, dq, dk, dv]: [u64; 9],
+    offsets: [u64; 2],
     d_sink: Option<&mut dyn DevicePtrMut<f32>>,
 ) -> Result<BackwardInfo> {
     let dp = run_head_dim(p.head_dim);
@@ -403,13 +498,13 @@ fn padded<T: GpuElement, L: DevicePtr<f32>>(
     // modifiers: only its layout is used).
     let rows = AttnProblem::new(AttnShape {
         batch: 1,
-        seqlen_q: p.total_q(),
-        seqlen_k: p.total_k(),
+        seqlen_q: p.total_q,
+        seqlen_k: p.total_k,
         heads_q: p.heads_q,
         heads_kv: p.heads_kv,
         head_dim: p.head_dim,
     })?;
-    let wide = VarlenProblem {
+    let wide = DeviceVarlenProblem {
         head_dim: dp,
         ..p.clone()
     };
@@ -423,13 +518,20 @@ fn padded<T: GpuElement, L: DevicePtr<f32>>(
         dk,
         dv,
     };
-    let mut info =
-        crate::cuda::runtime::pad::backward_padded::<T, _, _>(gpu, &rows, dp, &b, |_, x| {
-            backward_device(
-                gpu, &wide, opts, &x.q, &x.k, &x.v, &x.o, lse, &x.d_o, &mut x.dq, &mut x.dk,
-                &mut x.dv, d_sink,
-            )
-        })?;
+    let stream = gpu.stream();
+    let mut info = crate::cuda::runtime::pad::backward_padded::<T, _, _>(
+        gpu,
+        &rows,
+        dp,
+        &b,
+        |_, x| {
+            let (q, k, v, o, d_o) = (&x.q, &x.k, &x.v, &x.o, &x.d_o);
+            let (dq, dk, dv) = (&mut x.dq, &mut x.dk, &mut x.dv);
+            device_ptrs!(stream; qp = q, kp = k, vp = v, op = o, dop = d_o, dqp = mut dq, dkp = mut dk, dvp = mut dv);
+            let ptrs = [qp, kp, vp, op, lse, dop, dqp, dkp, dvp];
+            packed::<T>(gpu, &wide, opts, ptrs, offsets, d_sink)
+        },
+    )?;
     info.padded_head_dim = Some(dp);
     Ok(info)
 }

@@ -6,10 +6,13 @@
 //! `attn_wgmma` does not take packed batches yet: its TMA boxes would cross a sequence's end
 //! (the copy engine zero-fills only at the end of the whole tensor). Where it serves (sm_90),
 //! a call that asks for it runs each sequence as its own `attn_wgmma` launch instead, writing
-//! into the packed o and lse in place, for batches of up to [`PER_SEQUENCE_MAX`] sequences:
+//! into the packed o and lse in place, for batches of up to [`PER_SEQUENCE_MAX`] sequences
+//! of [`PER_SEQUENCE_MIN_MEAN_ROWS`] query rows or more on average ([`per_sequence_pays`]):
 //! measured on the H200 (run 38), 8 x 2k and a ragged mix of 64..8k ran 1.3-1.6x faster that
-//! way than as one packed `attn_mma` launch. Larger batches (where per-launch costs add up)
-//! and other GPUs take the packed `attn_mma` launch. The [`LaunchInfo`] says which ran.
+//! way than as one packed `attn_mma` launch; on the H100 shorter sequences ran faster packed
+//! (the launches cost more than the kernel saves). Other batches, other GPUs and offsets on the
+//! device ([`forward_device_offsets`]) take the packed `attn_mma` launch. The [`LaunchInfo`]
+//! says which ran.
 
 use crate::cuda::runtime::args::{check_aligned, check_contexts, check_gpu_problem, device_ptrs};
 use crate::cuda::runtime::device::{Gpu, cuda_err};
@@ -18,11 +21,27 @@ use crate::cuda::runtime::launch::{
 };
 use crate::error::{AttnError, Result};
 use crate::problem::varlen::VarlenProblem;
+use crate::problem::varlen_device::DeviceVarlenProblem;
 use crate::shape::{AttnProblem, AttnShape, Strides};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, sys};
 
 /// Largest batch that [`forward_device`] runs as one `attn_wgmma` launch per sequence.
 pub const PER_SEQUENCE_MAX: usize = 64;
+
+/// The fewest query rows per sequence, on average, for which [`forward_device`] runs one
+/// `attn_wgmma` launch per sequence: below it the launches cost more than the better kernel
+/// saves. Measured on the H100 (scripts/device/varlen-offsets.py threshold, causal, d64 and
+/// d128, 8-64 equal sequences): the packed `attn_mma` launch took 0.19-0.87x the time at 256-1k
+/// rows, 1.03-1.44x at 2k, 1.55-1.91x at 4k.
+pub const PER_SEQUENCE_MIN_MEAN_ROWS: usize = 2048;
+
+/// Whether [`forward_device`] runs `p` as one `attn_wgmma` launch per sequence (where
+/// attn_wgmma serves it): at most [`PER_SEQUENCE_MAX`] sequences of
+/// [`PER_SEQUENCE_MIN_MEAN_ROWS`] query rows or more on average.
+pub fn per_sequence_pays(p: &VarlenProblem) -> bool {
+    let batch = p.batch();
+    batch <= PER_SEQUENCE_MAX && p.total_q() >= PER_SEQUENCE_MIN_MEAN_ROWS * batch
+}
 
 /// The dense problem a packed batch is launched as: batch = sequences, seqlen_q / seqlen_k =
 /// the longest (at least 1), rows `heads * head_dim` apart (the kernel offsets each sequence
@@ -35,6 +54,16 @@ pub const PER_SEQUENCE_MAX: usize = 64;
 /// by one through padded copies); the validation errors of the problem.
 pub fn envelope(p: &VarlenProblem) -> Result<AttnProblem> {
     p.validate()?;
+    device_envelope(&DeviceVarlenProblem::from(p))
+}
+
+/// [`envelope`] of a batch whose offsets stay on the device: the longest sequences as
+/// [`DeviceVarlenProblem::covered`] says.
+///
+/// # Errors
+/// As [`envelope`].
+pub fn device_envelope(p: &DeviceVarlenProblem) -> Result<AttnProblem> {
+    p.validate()?;
     if !p.head_dim.is_multiple_of(8) {
         return Err(AttnError::UnsupportedHeadDim {
             head_dim: p.head_dim,
@@ -42,10 +71,11 @@ pub fn envelope(p: &VarlenProblem) -> Result<AttnProblem> {
             supported: "multiples of 8 (other head dims run sequence by sequence)".into(),
         });
     }
+    let (seqlen_q, seqlen_k) = p.covered();
     let shape = AttnShape {
-        batch: p.batch(),
-        seqlen_q: p.max_seqlen_q().max(1),
-        seqlen_k: p.max_seqlen_k().max(1),
+        batch: p.batch,
+        seqlen_q,
+        seqlen_k,
         heads_q: p.heads_q,
         heads_kv: p.heads_kv,
         head_dim: p.head_dim,
@@ -69,7 +99,8 @@ pub fn envelope(p: &VarlenProblem) -> Result<AttnProblem> {
 
 /// Runs a packed batch on device buffers: `q` `[total_q, heads_q, head_dim]`, `k`/`v`
 /// `[total_k, heads_kv, head_dim]`, `o` like q, `lse` `[heads_q, total_q]` f32, all dense.
-/// Asynchronous on `gpu.stream()` (the offsets and slopes are copied to the device first).
+/// Asynchronous on `gpu.stream()` (the offsets and slopes are copied to the device first, so
+/// not inside a CUDA graph capture: [`forward_device_offsets`] takes offsets already there).
 /// Rows of sequences that see no key get o = 0 and lse = -inf (the sink's logit with a learnable
 /// sink); sequences without queries write nothing.
 ///
@@ -101,13 +132,31 @@ where
     check_gpu_problem(&env, KernelKind::Mma)?;
     check_buffers(p, [q.len(), k.len(), v.len(), o.len(), lse.len()])?;
     check_contexts!(gpu; "q" => q, "k" => k, "v" => v, "o" => o, "lse" => lse)?;
-    let total_q = p.total_q();
-    if total_q == 0 {
+    if p.total_q() == 0 {
         return Ok(nothing_launched());
     }
     let stream = gpu.stream();
     device_ptrs!(stream; qp = q, kp = k, vp = v, op = mut o, lp = mut lse);
     check_aligned([("q", qp), ("k", kp), ("v", vp), ("o", op)])?;
+    if kernel == KernelKind::Wgmma
+        && per_sequence_pays(p)
+        && crate::cuda::fwd::wgmma::unsupported(gpu.info(), &env).is_none()
+    {
+        let slopes = upload_slopes(gpu, &p.scores)?;
+        let sink_logits = upload_sink(gpu, &p.scores)?;
+        let alibi = slopes.as_ref().map(|d| d.device_ptr(stream));
+        let sink = sink_logits.as_ref().map(|d| d.device_ptr(stream));
+        let ptrs = [
+            qp,
+            kp,
+            vp,
+            op,
+            lp,
+            alibi.as_ref().map_or(0, |(ptr, _)| *ptr),
+            sink.as_ref().map_or(0, |(ptr, _)| *ptr),
+        ];
+        return per_sequence(gpu, p, T::DTYPE, ptrs);
+    }
     // Stream-ordered copies: they precede the launch, and the buffers' frees follow it.
     let up = |x: &[i32], what: &str| -> Result<CudaSlice<i32>> {
         stream
@@ -116,29 +165,113 @@ where
     };
     let cu_q = up(&p.cu_seqlens_q, "cu_seqlens_q")?;
     let cu_k = up(&p.cu_seqlens_k, "cu_seqlens_k")?;
+    device_ptrs!(stream; cq = cu_q, ck = cu_k);
+    let dp = DeviceVarlenProblem::from(p);
+    packed_mma(
+        gpu,
+        kernel,
+        &dp,
+        &env,
+        T::DTYPE,
+        [qp, kp, vp, op, lp],
+        [cq, ck],
+    )
+}
+
+/// Runs a packed batch whose offsets are on the device (`cu_seqlens_q`, `cu_seqlens_k`: i32,
+/// `batch + 1` entries each, read by the kernel and never copied to the host), on device
+/// buffers laid out as [`forward_device`]'s: one `attn_mma` launch, asynchronous on
+/// `gpu.stream()`, so a CUDA graph can capture it and replay it with new offsets (without ALiBi
+/// slopes or a sink: their values are host memory, copied per call). The offsets are not
+/// validated ([`crate::problem::varlen_device`] says what the kernel does with bad ones);
+/// valid offsets give [`forward_device`]'s results.
+///
+/// # Errors
+/// Those of [`device_envelope`] and [`check_gpu_problem`]; [`AttnError::BufferTooShort`]
+/// (offsets shorter than `batch + 1` included); [`AttnError::ShapeMismatch`] for a buffer of
+/// another device or context; [`AttnError::InvalidStrides`] for a base address not 16-byte
+/// aligned; [`AttnError::InvalidInput`] for ALiBi slopes or a sink inside a capture;
+/// [`AttnError::Compile`]/[`AttnError::Cuda`].
+#[allow(clippy::too_many_arguments)]
+pub fn forward_device_offsets<T, C, Q, K, V, O, L>(
+    gpu: &Gpu,
+    p: &DeviceVarlenProblem,
+    cu_seqlens_q: &C,
+    cu_seqlens_k: &C,
+    q: &Q,
+    k: &K,
+    v: &V,
+    o: &mut O,
+    lse: &mut L,
+) -> Result<LaunchInfo>
+where
+    T: GpuElement,
+    C: DevicePtr<i32>,
+    Q: DevicePtr<T>,
+    K: DevicePtr<T>,
+    V: DevicePtr<T>,
+    O: DevicePtrMut<T>,
+    L: DevicePtrMut<f32>,
+{
+    let env = device_envelope(p)?;
+    check_gpu_problem(&env, KernelKind::Mma)?;
+    let (nq, _) = p.packed_lens()?;
+    p.check_lengths(
+        [cu_seqlens_q.len(), cu_seqlens_k.len()],
+        [q.len(), k.len(), v.len(), o.len(), lse.len(), nq],
+        [nq, k.len(), k.len()],
+    )?;
+    check_contexts!(gpu; "q" => q, "k" => k, "v" => v, "o" => o, "lse" => lse,
+        "cu_seqlens_q" => cu_seqlens_q, "cu_seqlens_k" => cu_seqlens_k)?;
+    if p.total_q == 0 {
+        return Ok(nothing_launched());
+    }
+    let stream = gpu.stream();
+    device_ptrs!(stream; qp = q, kp = k, vp = v, op = mut o, lp = mut lse, cq = cu_seqlens_q, ck = cu_seqlens_k);
+    check_aligned([("q", qp), ("k", kp), ("v", vp), ("o", op)])?;
+    let mut info = packed_mma(
+        gpu,
+        KernelKind::Mma,
+        p,
+        &env,
+        T::DTYPE,
+        [qp, kp, vp, op, lp],
+        [cq, ck],
+    )?;
+    info.why =
+        "packed variable-length batch with its offsets on the device (one launch, no host copy)"
+            .into();
+    Ok(info)
+}
+
+/// The packed `attn_mma` launch over every sequence, its offsets at the device addresses
+/// `[cu_seqlens_q, cu_seqlens_k]` and the tensors at `[q, k, v, o, lse]` (validated by the
+/// caller); the ALiBi slopes and the sink's logits copied here. `kernel`: what the caller
+/// asked for (the report says why attn_mma ran).
+fn packed_mma(
+    gpu: &Gpu,
+    kernel: KernelKind,
+    p: &DeviceVarlenProblem,
+    env: &AttnProblem,
+    dtype: crate::DType,
+    tensors: [u64; 5],
+    [cq, ck]: [u64; 2],
+) -> Result<LaunchInfo> {
+    let stream = gpu.stream();
     let slopes = upload_slopes(gpu, &p.scores)?;
     let sink_logits = upload_sink(gpu, &p.scores)?;
-    device_ptrs!(stream; cq = cu_q, ck = cu_k);
     let alibi = slopes.as_ref().map(|d| d.device_ptr(stream));
-    let alibi_ptr = alibi.as_ref().map_or(0, |(ptr, _)| *ptr);
     let sink = sink_logits.as_ref().map(|d| d.device_ptr(stream));
-    let sink_ptr = sink.as_ref().map_or(0, |(ptr, _)| *ptr);
-    if kernel == KernelKind::Wgmma
-        && p.batch() <= PER_SEQUENCE_MAX
-        && crate::cuda::fwd::wgmma::unsupported(gpu.info(), &env).is_none()
-    {
-        let ptrs = [qp, kp, vp, op, lp, alibi_ptr, sink_ptr];
-        return per_sequence(gpu, p, T::DTYPE, ptrs);
-    }
     let launch = Launch {
-        alibi: alibi_ptr,
-        sink: sink_ptr,
+        alibi: alibi.as_ref().map_or(0, |(ptr, _)| *ptr),
+        sink: sink.as_ref().map_or(0, |(ptr, _)| *ptr),
         varlen: Some(PackedBatch {
             cu_seqlens_q: cq,
             cu_seqlens_k: ck,
-            total_q,
+            total_q: p.total_q,
+            total_k: p.total_k,
         }),
-        ..Launch::dense(&env, T::DTYPE, [qp, kp, vp, op, lp])
+        ..Launch::dense(env, dtype, tensors)
     };
     let mut info = crate::cuda::fwd::mma::launch(gpu, &launch, None)?;
     info.why = match kernel {
@@ -223,7 +356,7 @@ fn per_sequence(
     }
     let mut info = last.unwrap_or_else(nothing_launched);
     info.why = format!(
-        "{} sequences, one attn_{} launch each (wgmma does not take packed batches yet; at most {PER_SEQUENCE_MAX} sequences run this way)",
+        "{} sequences, one attn_{} launch each (wgmma does not take packed batches yet; at most {PER_SEQUENCE_MAX} sequences of {PER_SEQUENCE_MIN_MEAN_ROWS} rows or more on average run this way)",
         p.batch(),
         info.kernel
     );
@@ -311,4 +444,21 @@ pub fn forward_host<T: GpuElement>(
         .clone_dtoh(&d_lse)
         .map_err(cuda_err("varlen launch: copying lse back"))?;
     Ok((o, lse, info))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::varlen::offsets;
+
+    #[test]
+    fn one_launch_per_sequence_only_for_few_long_sequences() {
+        let p = |lens: &[usize]| {
+            VarlenProblem::new(offsets(lens), offsets(lens), 4, 2, 64).expect("valid batch")
+        };
+        assert!(per_sequence_pays(&p(&[2048; 8])));
+        assert!(per_sequence_pays(&p(&[64, 8192, 100])));
+        assert!(!per_sequence_pays(&p(&[1024; 8])));
+        assert!(!per_sequence_pays(&p(&[2048; 65])));
+    }
 }

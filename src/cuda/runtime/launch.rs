@@ -145,6 +145,9 @@ pub struct PackedBatch {
     pub cu_seqlens_k: u64,
     /// Packed query rows (lse is `[heads_q, total_q]`).
     pub total_q: usize,
+    /// Packed key rows: the IS_VARLEN kernels' last parameter (attn_common.cuh
+    /// `VARLEN_PARAM`), which bounds the offsets they read.
+    pub total_k: usize,
 }
 
 /// Kernel parameters of attn_mma.cu's `Params` (same field order and types).
@@ -412,9 +415,14 @@ pub(crate) fn launch_flash(gpu: &Gpu, l: &Launch, f: FlashKernel) -> Result<Laun
     let mut b = gpu.stream().launch_builder(&k.function);
     b.arg(&params);
     push_sink(&mut b, l)?;
-    // SAFETY: the parameters mirror the kernel's struct (and its sink parameter, with one);
-    // forward_device checked every buffer against the shape and strides, and the kernel
-    // reads/writes only inside those bounds (the sink's heads_q logits included).
+    let total_k = l.varlen.map(|v| v.total_k as i32);
+    if let Some(total_k) = &total_k {
+        b.arg(total_k);
+    }
+    // SAFETY: the parameters mirror the kernel's struct (and its sink and packed-batch
+    // parameters, with them); forward_device checked every buffer against the shape and
+    // strides, and the kernel reads/writes only inside those bounds (the sink's heads_q logits
+    // included; a packed batch's offsets clamped to total_q and total_k).
     unsafe { b.launch(cfg) }.map_err(cuda_err(ctx))?;
     Ok(LaunchInfo {
         kernel: f.kernel,

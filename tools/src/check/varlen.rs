@@ -14,7 +14,7 @@ use flashattn::dtype::DType;
 use flashattn::error::Result;
 use flashattn::mask::Mask;
 use flashattn::scores::{Alibi, ScoreMods, Window};
-use flashattn::varlen::{self, VarlenOutput, VarlenProblem, offsets};
+use flashattn::varlen::{self, DeviceVarlenProblem, VarlenOutput, VarlenProblem, offsets};
 use half::{bf16, f16};
 
 /// One packed batch of the sweep.
@@ -64,6 +64,17 @@ pub fn cases() -> Vec<VarlenCase> {
             8,
             1,
             128,
+            Mask::Causal,
+            plain(),
+        ),
+        // Long enough sequences to run one attn_wgmma launch each (per_sequence_pays),
+        // among them one without queries and one with fewer keys than queries.
+        (
+            vec![2048, 2300, 0, 4000],
+            vec![2048, 2000, 5, 4000],
+            2,
+            1,
+            64,
             Mask::Causal,
             plain(),
         ),
@@ -241,7 +252,66 @@ fn run_typed<T: GpuElement>(
         result.conclude(problems.into_iter().collect(), Vec::new());
         out.push(result);
     }
+    if p.head_dim.is_multiple_of(8) && kernels.contains(&KernelKind::Mma) {
+        out.push(device_offsets::<T>(gpu, case, [&dq, &dk, &dv], &exact)?);
+    }
     Ok(out)
+}
+
+/// The case with its offsets copied to the device first and the call made with them there
+/// ([`flashattn::cuda::varlen::forward_device_offsets`], as a CUDA graph would replay it):
+/// labelled `offsets-on-device`, checked against the same oracle.
+fn device_offsets<T: GpuElement>(
+    gpu: &Gpu,
+    case: &VarlenCase,
+    [dq, dk, dv]: [&cudarc::driver::CudaSlice<T>; 3],
+    exact: &flashattn::reference::Reference,
+) -> Result<CaseResult> {
+    let p = &case.problem;
+    let stream = gpu.stream();
+    let (nq, n_lse) = (
+        p.total_q() * p.heads_q * p.head_dim,
+        p.heads_q * p.total_q(),
+    );
+    let up = |x: &[i32]| {
+        stream
+            .clone_htod(x)
+            .map_err(cuda_err("copying the offsets"))
+    };
+    let (cq, ck) = (up(&p.cu_seqlens_q)?, up(&p.cu_seqlens_k)?);
+    let kernel = KernelKind::Mma;
+    let mut result = CaseResult::new(&format!("{} offsets-on-device", case.label), kernel);
+    let mut outs = Poisoned::<T>::new(gpu, nq, n_lse)?;
+    let launched = flashattn::cuda::varlen::forward_device_offsets(
+        gpu,
+        &DeviceVarlenProblem::from(p),
+        &cq,
+        &ck,
+        dq,
+        dk,
+        dv,
+        &mut outs.o.slice_mut(0..nq),
+        &mut outs.lse.slice_mut(0..n_lse),
+    );
+    let what = "varlen launch, offsets on the device".to_string();
+    let Some((o, lse)) = outs.collect(gpu, &mut result, kernel, launched, what)? else {
+        return Ok(result);
+    };
+    let got = VarlenOutput {
+        o,
+        lse,
+        ran: String::new(),
+    };
+    let (od, ld) = varlen::diff_reference(p, &got, exact);
+    result.o_rel_l2 = od.rel_l2;
+    result.o_max_abs = od.max_abs;
+    result.lse_max_abs = ld.max_abs;
+    let problems = Tolerance::for_dtype(case.dtype)
+        .check(&case.label, &od, &ld)
+        .err()
+        .map(|e| e.to_string());
+    result.conclude(problems.into_iter().collect(), Vec::new());
+    Ok(result)
 }
 
 #[cfg(test)]
@@ -262,6 +332,9 @@ mod tests {
             &|p| lens(&p.cu_seqlens_q).iter().all(|&l| l == 1) && p.heads_q == 8 * p.heads_kv
         ));
         assert!(has(&|p| p.max_seqlen_q() >= 3000));
+        // both ways of the sm_90 forward: one launch per sequence, and packed
+        assert!(has(&flashattn::cuda::varlen::per_sequence_pays));
+        assert!(has(&|p| !flashattn::cuda::varlen::per_sequence_pays(p)));
         assert!(has(&|p| p
             .scores
             .alibi

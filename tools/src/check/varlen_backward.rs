@@ -14,14 +14,14 @@ use super::outcome::{CaseResult, GUARD, POISON16, synced, to_bits};
 use flashattn::BackendChoice;
 use flashattn::compare::{Tolerance, diff, random_vec, widen};
 use flashattn::cuda::backward::{BackwardOptions, BwdKernel};
-use flashattn::cuda::bwd::varlen::backward_device;
+use flashattn::cuda::bwd::varlen::{backward_device, backward_device_offsets};
 use flashattn::cuda::device::cuda_err;
 use flashattn::cuda::{Gpu, GpuElement, KernelKind};
 use flashattn::dtype::DType;
 use flashattn::error::Result;
 use flashattn::mask::Mask;
 use flashattn::scores::{Alibi, ScoreMods, Window};
-use flashattn::varlen::{self, VarlenProblem, offsets};
+use flashattn::varlen::{self, DeviceVarlenProblem, VarlenProblem, offsets};
 use half::{bf16, f16};
 
 /// One packed batch of the backward sweep.
@@ -233,8 +233,11 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &VarlenBwdCase, seed: u64) -> Resul
         1
     };
     let mut got: Vec<Run<T>> = Vec::new();
+    let inputs = [&q[..], &k, &v, &fwd.o, &d_o];
+    // Deterministic runs alternate the host offsets with offsets already on the device
+    // (backward_device_offsets): the same bytes either way.
     for run in 1..=runs {
-        match launch(gpu, p, opts, [&q, &k, &v, &fwd.o, &d_o], &fwd.lse) {
+        match launch(gpu, p, opts, inputs, &fwd.lse, run % 2 == 0) {
             Ok(r) => got.push(r),
             Err(e) => {
                 result.message = format!("run {run}: {e}");
@@ -299,7 +302,31 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &VarlenBwdCase, seed: u64) -> Resul
         }
     }
     if case.deterministic && problems.is_empty() {
-        notes.push(format!("{runs} runs identical"));
+        notes.push(format!(
+            "{runs} runs identical (runs 2 and 4 with the offsets on the device)"
+        ));
+    }
+    if !case.deterministic {
+        // The offsets on the device (backward_device_offsets): the same bound.
+        match launch(gpu, p, opts, inputs, &fwd.lse, true) {
+            Ok(r) => {
+                result.guard_overwritten += r.guard;
+                for ((name, g), want) in ["dq", "dk", "dv"]
+                    .into_iter()
+                    .zip(&r.grads)
+                    .zip([&exact.dq, &exact.dk, &exact.dv])
+                {
+                    let d = diff(widen(g), want);
+                    if !d.is_clean() || d.rel_l2.is_nan() || d.rel_l2 > bound {
+                        problems.push(format!(
+                            "{name} (offsets on the device): {d} (bound {bound:.1e})"
+                        ));
+                    }
+                }
+                notes.push("offsets on the device: within the bound".into());
+            }
+            Err(e) => problems.push(format!("offsets on the device: {e}")),
+        }
     }
     result.o_rel_l2 = worst_rel;
     result.o_max_abs = worst_abs;
@@ -310,13 +337,15 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &VarlenBwdCase, seed: u64) -> Resul
 
 /// One backward call on the device: inputs copied in, dq, dk and dv poisoned with a guard
 /// each, the call, the stream synchronised (a fault is the call's error), the gradients read
-/// back.
+/// back. `device_offsets`: the offsets copied to the device first and the call made with them
+/// there ([`backward_device_offsets`], as a CUDA graph would replay it).
 fn launch<T: GpuElement>(
     gpu: &Gpu,
     p: &VarlenProblem,
     opts: BackwardOptions,
     [q, k, v, o, d_o]: [&[T]; 5],
     lse: &[f32],
+    device_offsets: bool,
 ) -> Result<Run<T>> {
     let stream = gpu.stream();
     // Device buffers of at least one element (empty allocations are refused): the packed
@@ -369,22 +398,44 @@ fn launch<T: GpuElement>(
             g_dv.slice_mut(0..nk),
         );
         let mut vs = g_ds.as_mut().map(|x| x.slice_mut(0..hq));
-        let called = backward_device(
-            gpu,
-            p,
-            opts,
-            &g_q.slice(0..nq),
-            &g_k.slice(0..nk),
-            &g_v.slice(0..nk),
-            &g_o.slice(0..nq),
-            &g_lse.slice(0..lse.len()),
-            &g_do.slice(0..nq),
-            &mut vq,
-            &mut vk,
-            &mut vv,
-            vs.as_mut()
-                .map(|x| x as &mut dyn cudarc::driver::DevicePtrMut<f32>),
+        let d_sink = vs
+            .as_mut()
+            .map(|x| x as &mut dyn cudarc::driver::DevicePtrMut<f32>);
+        let (vq_in, vk_in, vv_in) = (g_q.slice(0..nq), g_k.slice(0..nk), g_v.slice(0..nk));
+        let (vo, vl, vdo) = (
+            g_o.slice(0..nq),
+            g_lse.slice(0..lse.len()),
+            g_do.slice(0..nq),
         );
+        let called = if device_offsets {
+            let up = |x: &[i32]| {
+                stream
+                    .clone_htod(x)
+                    .map_err(cuda_err("copying the offsets to the device"))
+            };
+            let (cq, ck) = (up(&p.cu_seqlens_q)?, up(&p.cu_seqlens_k)?);
+            backward_device_offsets(
+                gpu,
+                &DeviceVarlenProblem::from(p),
+                opts,
+                [&cq, &ck],
+                &vq_in,
+                &vk_in,
+                &vv_in,
+                &vo,
+                &vl,
+                &vdo,
+                &mut vq,
+                &mut vk,
+                &mut vv,
+                d_sink,
+            )
+        } else {
+            backward_device(
+                gpu, p, opts, &vq_in, &vk_in, &vv_in, &vo, &vl, &vdo, &mut vq, &mut vk, &mut vv,
+                d_sink,
+            )
+        };
         // Only the stream's outcome matters here: a stand-in LaunchInfo carries the call's
         // result through `synced`.
         let stand_in = called.map(|info| {
