@@ -45,8 +45,8 @@ an alias), one logit per query head ``[heads_q]`` (float32, bfloat16 or float16;
 tensor on q's device, or a host array) that joins every row's softmax denominator with no
 value row: ``o = sum_j exp(s_j - m) v_j / (sum_j exp(s_j - m) + exp(sink_h - m))``, and
 ``softmax_lse`` includes it (a row that sees no key gets ``o = 0``, ``lse = sink_h``). A sink
-that requires grad gets its gradient through autograd (``flash_attn_func`` and the packed
-forms): ``d sink_h = -sum_{b,i} exp(sink_h - lse_bhi) (dout_bhi . out_bhi)``. The logits are
+that requires grad gets its gradient through autograd (``flash_attn_func``, the packed forms
+and the variable-length functions, summed over every packed row): ``d sink_h = -sum_{b,i} exp(sink_h - lse_bhi) (dout_bhi . out_bhi)``. The logits are
 copied to the host for the call (on CUDA a synchronisation, and not inside a graph capture).
 
 ``return_attn_probs=True`` returns ``(out, softmax_lse, S_dmask)`` as FlashAttention-2 does:
@@ -723,14 +723,15 @@ def _host_ints(name, x, ndim, what):
     return [int(v) for v in a.reshape(-1)], a.shape
 
 
-def _varlen_backward(saved, dout, call):
+def _varlen_backward(saved, dout, call, sink_grad=False):
     """The backward of the variable-length functions (autograd and the
     ``flashattn::varlen_bwd`` op): `saved` is (q, k, v, out, lse) as the forward took and wrote
     them (packed, compact; lse ``[heads_q, total_q]``), `call` the :class:`_Varlen` (its
     `scores`, `cu_seqlens_q`, `cu_seqlens_k`, `deterministic`); returns dq, dk, dv (dk, dv
-    summed over the query heads of each kv head). On CUDA one launch per kernel over every
-    sequence; the offsets are those the forward took (host lists, or int32 tensors on the
-    device with the stated ``max_seqlen_*``)."""
+    summed over the query heads of each kv head) and d_sink (float32 ``[heads_q]`` on q's
+    device when `sink_grad`, the call having a sink; else None). On CUDA one launch per kernel
+    over every sequence; the offsets are those the forward took (host lists, or int32 tensors
+    on the device with the stated ``max_seqlen_*``)."""
     q, k, v, out, lse = saved
     import torch
 
@@ -738,13 +739,16 @@ def _varlen_backward(saved, dout, call):
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    d_sink = None
+    if sink_grad:
+        d_sink = torch.empty((q.shape[1],), dtype=torch.float32, device=q.device)
     stream, current = _stream(q)
     _native.varlen_backward(
         _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(dout), dq, dk, dv,
         call.cu_seqlens_q, call.cu_seqlens_k, *call.scores, call.deterministic,
-        stream, current, torch=True, **call.stated(),
+        stream, current, torch=True, **call.stated(), learnable_sink=call.sink, d_sink=d_sink,
     )
-    return dq, dk, dv
+    return dq, dk, dv, d_sink
 
 
 class _Varlen:
@@ -799,18 +803,12 @@ class _Varlen:
 
     def backward(self, saved, dout):
         if self.sink_tensor is None:
-            return _varlen_backward(saved, dout, self)
-        # dq, dk, dv need only the sink-aware lse; the sink's own gradient through a packed
-        # batch is not written yet: refused by name rather than left at None (a silent zero).
+            return _varlen_backward(saved, dout, self)[:3]
         q, k, v, sink, out, lse = saved
-        grads = _varlen_backward((q, k, v, out, lse), dout, self)
-        if sink.requires_grad:
-            raise FlashAttnUnsupportedError(
-                "the gradient of learnable_sink through flash_attn_varlen_func is not "
-                "supported yet: detach the sink for this call (its forward ran), or use "
-                "flash_attn_func, whose backward gives it"
-            )
-        return (*grads, None)
+        dq, dk, dv, d_sink = _varlen_backward(
+            (q, k, v, out, lse), dout, self, sink_grad=sink.requires_grad
+        )
+        return dq, dk, dv, None if d_sink is None else d_sink.to(sink.dtype)
 
 
 def _device_offsets(q, cu_seqlens_q, cu_seqlens_k):
@@ -925,10 +923,10 @@ def flash_attn_varlen_func(
     longer sequence is cut to them. Offsets on the host are checked against them.
     ``block_table`` (paged K/V) must be None, else
     :class:`FlashAttnUnsupportedError`. ``learnable_sink`` (keyword only; alias ``s_aux``) as
-    :func:`flash_attn_func`'s. Differentiable in q, k, v (PyTorch autograd): the backward runs
-    on the same backend as the forward (on CUDA one launch per kernel over every sequence,
-    ``attn_bwd``; every score argument; ``deterministic=True`` gives dq the same bytes run to
-    run); a gradient through a learnable sink raises :class:`FlashAttnUnsupportedError`."""
+    :func:`flash_attn_func`'s. Differentiable in q, k, v and a learnable sink (PyTorch
+    autograd): the backward runs on the same backend as the forward (on CUDA one launch per
+    kernel over every sequence, ``attn_bwd``, and one for the sink's gradient; every score
+    argument; ``deterministic=True`` gives dq the same bytes run to run)."""
     out, lse = _varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
         softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, block_table,

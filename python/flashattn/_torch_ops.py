@@ -225,44 +225,49 @@ def varlen_bwd(
     softcap: float,
     alibi_slopes: Optional[Tensor],
     deterministic: bool,
-) -> Tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv of ``flashattn::varlen_fwd``'s out: ``flashattn._varlen_backward``, the
-    eager path's."""
+    learnable_sink: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv of ``flashattn::varlen_fwd``'s out (``flashattn._varlen_backward``, the
+    eager path's), and the learnable sink's gradient, float32 ``[heads_q]`` (an empty tensor
+    without a sink)."""
     call, q, k, v = _varlen_call(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-        causal, window_left, window_right, softcap, alibi_slopes, deterministic,
+        causal, window_left, window_right, softcap, alibi_slopes, deterministic, learnable_sink,
     )
-    return tuple(_fa._varlen_backward((q, k, v, out, lse), dout, call))
+    dq, dk, dv, d_sink = _fa._varlen_backward(
+        (q, k, v, out, lse), dout, call, sink_grad=learnable_sink is not None
+    )
+    if d_sink is None:
+        d_sink = q.new_empty((0,), dtype=torch.float32)
+    return dq, dk, dv, d_sink
 
 
 @varlen_bwd.register_fake
 def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-      softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+      softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic,
+      learnable_sink=None):
+    sinks = 0 if learnable_sink is None else q.shape[1]
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            q.new_empty((sinks,), dtype=torch.float32))
 
 
 def _varlen_setup(ctx, inputs, output):
     q, k, v, cu_q, cu_k, *rest, sink = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, rest[-2])
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, rest[-2], sink)
     ctx.args = rest  # max_seqlen_q, max_seqlen_k, scale, causal, left, right, softcap, slopes, deterministic
-    ctx.sink_grad = sink is not None and sink.requires_grad
     ctx.mark_non_differentiable(lse)
 
 
 def _varlen_backward(ctx, dout, _dlse):
-    q, k, v, out, lse, cu_q, cu_k, slopes = ctx.saved_tensors
+    q, k, v, out, lse, cu_q, cu_k, slopes, sink = ctx.saved_tensors
     max_q, max_k, scale, causal, left, right, softcap, _, deterministic = ctx.args
-    dq, dk, dv = varlen_bwd(
+    wants_sink = sink is not None and ctx.needs_input_grad[-1]
+    dq, dk, dv, d_sink = varlen_bwd(
         dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, left, right,
-        softcap, slopes, deterministic,
+        softcap, slopes, deterministic, sink.detach() if wants_sink else None,
     )
-    if ctx.sink_grad:  # as the eager path (flashattn._Varlen.backward): refused by name
-        raise _fa.FlashAttnUnsupportedError(
-            "the gradient of learnable_sink through flash_attn_varlen_func is not supported "
-            "yet: detach the sink for this call, or use flash_attn_func"
-        )
-    return (dq, dk, dv) + (None,) * 12
+    return (dq, dk, dv) + (None,) * 11 + (d_sink.to(sink.dtype) if wants_sink else None,)
 
 
 varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup)

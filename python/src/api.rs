@@ -414,7 +414,7 @@ pub(crate) fn backward<'py>(
     let p = bshd_problem([&tq, &tk, &tv, &to, &tl], &scores)?;
     check_grads([&tq, &tk, &to, &tdo], grads)?;
     if let Some(t) = &tds {
-        check_d_sink(t, &p)?;
+        check_d_sink(t, &p.scores, p.shape.heads_q)?;
     }
     let (stream, deterministic) = (stream.unwrap_or(0), deterministic);
     let job = Backward {
@@ -520,6 +520,8 @@ struct VarlenBackward<'a> {
     p: Packed,
     ins: [&'a Borrowed; 6],
     grads: [&'a Borrowed; 3],
+    /// The learnable sink's gradient, float32 `[heads_q]`, when wanted.
+    d_sink: Option<&'a Borrowed>,
     deterministic: bool,
     stream: usize,
 }
@@ -552,6 +554,9 @@ impl Job for VarlenBackward<'_> {
             dq.slice_mut::<T>()?.copy_from_slice(&g.dq);
             dk.slice_mut::<T>()?.copy_from_slice(&g.dk);
             dv.slice_mut::<T>()?.copy_from_slice(&g.dv);
+            if let (Some(ds), Some(got)) = (self.d_sink, &g.d_sink) {
+                ds.slice_mut::<f32>()?.copy_from_slice(got);
+            }
             Ok(g.ran)
         }
     }
@@ -560,10 +565,13 @@ impl Job for VarlenBackward<'_> {
         let det = self.deterministic;
         // SAFETY: the caller's contract.
         unsafe {
-            gpu::on_device(id, self.stream, |g| match &self.p {
-                Packed::Host(p) => gpu::varlen_backward::<T>(g, p, det, self.ins, self.grads),
-                Packed::Device(p, cu) => {
-                    gpu::varlen_backward_offsets::<T>(g, p, cu, det, self.ins, self.grads)
+            gpu::on_device(id, self.stream, |g| {
+                let grads = (self.grads, self.d_sink);
+                match &self.p {
+                    Packed::Host(p) => gpu::varlen_backward::<T>(g, p, det, self.ins, grads),
+                    Packed::Device(p, cu) => {
+                        gpu::varlen_backward_offsets::<T>(g, p, cu, det, self.ins, grads)
+                    }
                 }
             })
         }
@@ -575,10 +583,13 @@ impl Job for VarlenBackward<'_> {
 /// like `out`; writes `dq` (like q), `dk`, `dv` (like k; summed over the query heads of each
 /// kv head), every tensor compact `[total, heads, head_dim]`. Rows that see no key get dq = 0,
 /// keys no query sees dk = dv = 0. CPU tensors run sequence by sequence on the CPU backward,
-/// CUDA tensors in one launch per kernel over every sequence (`attn_bwd`; not inside a CUDA
-/// graph capture: the offsets are host arrays). `deterministic`: dq the same bytes run to run.
+/// CUDA tensors in one launch per kernel over every sequence (`attn_bwd`; offsets as lists
+/// are host arrays, copied, so not inside a CUDA graph capture; as int32 tensors on the device
+/// with `max_seqlen_q`/`max_seqlen_k` they are read there). `deterministic`: dq the same bytes
+/// run to run. `learnable_sink` as [`varlen_forward`] took it; `d_sink` (float32 `[heads_q]`,
+/// on the tensors' device) receives its gradient, summed over every packed row.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic, stream=None, current=false, torch=false, max_seqlen_q=None, max_seqlen_k=None))]
+#[pyo3(signature = (q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic, stream=None, current=false, torch=false, max_seqlen_q=None, max_seqlen_k=None, learnable_sink=None, d_sink=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn varlen_backward<'py>(
     q: &Bound<'py, PyAny>,
@@ -604,6 +615,8 @@ pub(crate) fn varlen_backward<'py>(
     torch: bool,
     max_seqlen_q: Option<usize>,
     max_seqlen_k: Option<usize>,
+    learnable_sink: Option<Bound<'py, PyAny>>,
+    d_sink: Option<Bound<'py, PyAny>>,
 ) -> PyResult<String> {
     let offsets = Offsets::take(
         [cu_seqlens_q, cu_seqlens_k],
@@ -615,20 +628,38 @@ pub(crate) fn varlen_backward<'py>(
         handshake(stream, current),
         torch,
     )?;
+    let tds = match &d_sink {
+        Some(x) => {
+            let [t] = take_all([(x, "d_sink")], handshake(stream, current), torch)?;
+            Some(t)
+        }
+        None => None,
+    };
     let all = [&tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv];
-    let place = placement(&all)?;
+    let placed: Vec<&Borrowed> = all.iter().copied().chain(tds.as_ref()).collect();
+    let place = placement(&placed)?;
     let dtype = one_dtype(&all)?;
     let (ins, grads) = ([&tq, &tk, &tv, &to, &tl, &tdo], [&tdq, &tdk, &tdv]);
-    check_disjoint(&grads, &ins)?;
+    let written: Vec<&Borrowed> = grads.iter().copied().chain(tds.as_ref()).collect();
+    check_disjoint(&written, &ins)?;
     let window = (window_left, window_right);
-    let scores = Scores::new(softmax_scale, causal, window, softcap, alibi_slopes);
+    let scores =
+        Scores::new(softmax_scale, causal, window, softcap, alibi_slopes).with_sink(learnable_sink);
     let t = [&tq, &tk, &tv, &to, &tl];
     let p = offsets.problem(t, &scores)?;
     check_varlen_grads([&tq, &tk, &tdo], grads)?;
+    if let Some(t) = &tds {
+        let (mods, hq) = match &p {
+            Packed::Host(p) => (&p.scores, p.heads_q),
+            Packed::Device(p, _) => (&p.scores, p.heads_q),
+        };
+        check_d_sink(t, mods, hq)?;
+    }
     let job = VarlenBackward {
         p,
         ins,
         grads,
+        d_sink: tds.as_ref(),
         deterministic,
         stream: stream.unwrap_or(0),
     };

@@ -194,7 +194,8 @@ pub unsafe fn backward<T: GpuElement>(
 /// on `gpu`'s device, dtype `T`, every tensor compact and packed as
 /// [`flashattn::cuda::bwd::varlen::backward_device`] takes them). One launch per kernel over
 /// every sequence (`attn_bwd`); `cu_seqlens` are copied from the host, so not inside a CUDA
-/// graph capture.
+/// graph capture. `d_sink` (float32 `[heads_q]` on the device, the problem with a sink)
+/// receives the learnable sink's gradient.
 ///
 /// # Safety
 /// As [`foreign`].
@@ -203,7 +204,7 @@ pub unsafe fn varlen_backward<T: GpuElement>(
     p: &flashattn::varlen::VarlenProblem,
     deterministic: bool,
     [q, k, v, o, lse, d_o]: [&Borrowed; 6],
-    [dq, dk, dv]: [&Borrowed; 3],
+    ([dq, dk, dv], d_sink): ([&Borrowed; 3], Option<&Borrowed>),
 ) -> PyResult<(String, String)> {
     not_capturing(gpu, "the backward of flash_attn_varlen_func")?;
     // SAFETY: forwarded to the caller.
@@ -218,10 +219,25 @@ pub unsafe fn varlen_backward<T: GpuElement>(
         deterministic,
         ..Default::default()
     };
-    // dq, dk, dv need only the sink-aware lse; the sink's own gradient through a packed
-    // batch is refused by the Python layer (no d_sink buffer here).
+    // SAFETY: forwarded to the caller (a float32 CUDA tensor on this device).
+    let mut fds = d_sink
+        .map(|t| unsafe { foreign::<f32>(t, gpu) })
+        .transpose()?;
     let info = flashattn::cuda::bwd::varlen::backward_device(
-        gpu, p, opts, &fq, &fk, &fv, &fo, &fl, &fdo, &mut fdq, &mut fdk, &mut fdv, None,
+        gpu,
+        p,
+        opts,
+        &fq,
+        &fk,
+        &fv,
+        &fo,
+        &fl,
+        &fdo,
+        &mut fdq,
+        &mut fdk,
+        &mut fdv,
+        fds.as_mut()
+            .map(|x| x as &mut dyn flashattn::cuda::DevicePtrMut<f32>),
     )
     .map_err(err)?;
     Ok((info.kernel.to_string(), info.why_not_wgmma))
@@ -239,7 +255,7 @@ pub unsafe fn varlen_backward_offsets<T: GpuElement>(
     [cq, ck]: &[Borrowed; 2],
     deterministic: bool,
     [q, k, v, o, lse, d_o]: [&Borrowed; 6],
-    [dq, dk, dv]: [&Borrowed; 3],
+    ([dq, dk, dv], d_sink): ([&Borrowed; 3], Option<&Borrowed>),
 ) -> PyResult<(String, String)> {
     // SAFETY: forwarded to the caller.
     let (([fq, fk, fv, fo], fl), [fdo, fdq, fdk, fdv], (fcq, fck)) = unsafe {
@@ -250,6 +266,10 @@ pub unsafe fn varlen_backward_offsets<T: GpuElement>(
         )
     };
     let (fdo, mut fdq, mut fdk, mut fdv) = (fdo?, fdq?, fdk?, fdv?);
+    // SAFETY: forwarded to the caller (a float32 CUDA tensor on this device).
+    let mut fds = d_sink
+        .map(|t| unsafe { foreign::<f32>(t, gpu) })
+        .transpose()?;
     let opts = BackwardOptions {
         deterministic,
         ..Default::default()
@@ -268,7 +288,8 @@ pub unsafe fn varlen_backward_offsets<T: GpuElement>(
         &mut fdq,
         &mut fdk,
         &mut fdv,
-        None,
+        fds.as_mut()
+            .map(|x| x as &mut dyn flashattn::cuda::DevicePtrMut<f32>),
     )
     .map_err(err)?;
     Ok((info.kernel.to_string(), info.why_not_wgmma))

@@ -297,9 +297,8 @@ fn sink(logits: Option<&Bound<'_, PyAny>>, heads_q: usize) -> PyResult<Option<Ve
 
 /// The gradient buffer of a learnable sink, `d_sink`: float32, compact `[heads_q]`, on the
 /// call's device (checked with the others), and the problem must have a sink.
-pub(crate) fn check_d_sink(t: &Borrowed, p: &AttnProblem) -> PyResult<()> {
-    let hq = p.shape.heads_q;
-    if p.scores.sink.is_none() {
+pub(crate) fn check_d_sink(t: &Borrowed, scores: &ScoreMods, hq: usize) -> PyResult<()> {
+    if scores.sink.is_none() {
         return Err(invalid(
             "d_sink was given without learnable_sink: pass both, or neither".into(),
         ));

@@ -1147,10 +1147,9 @@ def test_learnable_sink_gradients_against_pytorch(sink_dtype, shape, causal, win
     assert sink.grad.abs().sum() > 0  # a check that can fail
 
 
-def test_learnable_sink_gradient_alone_and_the_varlen_refusal():
-    """Only the sink requires grad: it alone gets a gradient. Through varlen (the sink's
-    gradient not wired there yet) the forward runs and a backward raises the documented type
-    naming the sink."""
+def test_learnable_sink_gradient_alone_and_through_varlen():
+    """Only the sink requires grad: it alone gets a gradient. Through varlen the sink's
+    gradient is the sum of the sequences' dense ones (and q's gradient theirs)."""
     torch = pytest.importorskip("torch")
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(1, 20, 2, 16, generator=g) for _ in range(3))
@@ -1168,10 +1167,21 @@ def test_learnable_sink_gradient_alone_and_the_varlen_refusal():
     with pytest.raises(flashattn.FlashAttnError, match="PyTorch tensor but q is not"):
         flashattn.flash_attn_func(q.numpy(), k.numpy(), v.numpy(), learnable_sink=torch.zeros(2))
     cu = torch.tensor([0, 7, 20], dtype=torch.int32)
-    got = flashattn.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 13, 13, learnable_sink=sink)
-    assert got.requires_grad
-    with pytest.raises(flashattn.FlashAttnUnsupportedError, match="gradient of learnable_sink"):
-        got.sum().backward()
+    qv = q[0].clone().requires_grad_(True)
+    sv = sink.detach().clone().requires_grad_(True)
+    got = flashattn.flash_attn_varlen_func(qv, k[0], v[0], cu, cu, 13, 13, causal=True,
+                                           learnable_sink=sv)
+    do = torch.randn(got.shape, generator=g)
+    got.backward(do)
+    qd = q[0].clone().requires_grad_(True)
+    sd = sink.detach().clone().requires_grad_(True)
+    for a, e in ((0, 7), (7, 20)):
+        part = flashattn.flash_attn_func(qd[None, a:e], k[:, a:e], v[:, a:e], causal=True,
+                                         learnable_sink=sd)
+        part.backward(do[None, a:e])
+    assert torch.allclose(sv.grad, sd.grad, rtol=1e-4, atol=1e-6), (sv.grad, sd.grad)
+    assert torch.allclose(qv.grad, qd.grad, rtol=1e-4, atol=1e-5)
+    assert sv.grad.abs().sum() > 0  # a check that can fail
 
 
 def test_learnable_sink_custom_ops_and_torch_compile():
@@ -1193,6 +1203,12 @@ def test_learnable_sink_custom_ops_and_torch_compile():
     torch.library.opcheck(ops.bwd, (do, *plain, lse, None, True, -1, -1, 0.0, None, False, sink.detach()))
     qs, cu = torch.randn(12, 4, 16, generator=g), torch.tensor([0, 5, 12], dtype=torch.int32)
     torch.library.opcheck(ops.varlen_fwd, (qs, qs, qs, cu, cu, 7, 7, None, True, -1, -1, 0.0, None, False, sink.detach()))
+    vout, vlse = ops.varlen_fwd(qs, qs, qs, cu, cu, 7, 7, None, True, -1, -1, 0.0, None, False, sink.detach())
+    vargs = (torch.randn(vout.shape, generator=g), qs, qs, qs, vout, vlse, cu, cu, 7, 7, None, True,
+             -1, -1, 0.0, None, False)
+    torch.library.opcheck(ops.varlen_bwd, (*vargs, sink.detach()))
+    assert ops.varlen_bwd(*vargs, sink.detach())[3].shape == (4,)
+    assert ops.varlen_bwd(*vargs)[3].shape == (0,)
 
     class Block(torch.nn.Module):
         def __init__(self):

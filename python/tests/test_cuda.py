@@ -839,6 +839,33 @@ def test_learnable_sink_forward_and_backward(dtype, shape, causal, window, softc
         close(x.grad, xr.grad, name)
 
 
+@pytest.mark.parametrize("device_offsets", [True, False])
+def test_learnable_sink_gradient_through_varlen_on_cuda(device_offsets):
+    """The sink's gradient through a packed batch (offsets on the device or the host) is the
+    sum of the sequences' dense ones, and dq, dk, dv theirs."""
+    hq, d = 4, 64
+    lens = [65, 0, 200]
+    cu = _cu(lens)
+    offsets = (cu, cu) if device_offsets else (cu.tolist(), cu.tolist())
+    x = [rand(265, hq, d, seed=s) for s in (1, 2, 3)]
+    do = rand(265, hq, d, seed=4)
+    sink0 = torch.tensor([0.5, -1.0, 2.0, 4.0], device="cuda")
+    q, k, v = (t.clone().requires_grad_(True) for t in x)
+    sink = sink0.clone().requires_grad_(True)
+    out = flashattn.flash_attn_varlen_func(q, k, v, *offsets, 200, 200, causal=True,
+                                           learnable_sink=sink)
+    out.backward(do)
+    qd, kd, vd = (t.clone().requires_grad_(True) for t in x)
+    sd = sink0.clone().requires_grad_(True)
+    for a, e in ((0, 65), (65, 265)):
+        part = flash_attn_func(qd[None, a:e], kd[None, a:e], vd[None, a:e], causal=True,
+                               learnable_sink=sd)
+        part.backward(do[None, a:e])
+    for name, a, b in (("dq", q, qd), ("dk", k, kd), ("dv", v, vd), ("d_sink", sink, sd)):
+        close(a.grad, b.grad, name)
+    assert sink.grad.abs().sum() > 0
+
+
 def test_learnable_sink_varlen_and_capture():
     """A packed batch with a sink (a sequence without keys: its lse is the sink) against the
     dense calls; a sink inside a CUDA graph capture is refused with the package's error."""
