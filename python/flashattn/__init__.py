@@ -39,15 +39,16 @@ synchronises); GQA/MQA when k and v have fewer heads than q; head dims that are 
 multiple of 8 run padded with zero channels on the GPU. ``softmax_scale`` must be finite and
 above 0.
 
-Attention sinks (gpt-oss): ``flash_attn_func``, its packed forms and the variable-length
-functions take ``learnable_sink`` (keyword only; ``s_aux``, vLLM's name for it, is accepted as
+Attention sinks (gpt-oss): ``flash_attn_func``, its packed forms, the variable-length
+functions and ``flash_attn_with_kvcache`` take ``learnable_sink`` (keyword only; ``s_aux``, vLLM's name for it, is accepted as
 an alias), one logit per query head ``[heads_q]`` (float32, bfloat16 or float16; a PyTorch
 tensor on q's device, or a host array) that joins every row's softmax denominator with no
 value row: ``o = sum_j exp(s_j - m) v_j / (sum_j exp(s_j - m) + exp(sink_h - m))``, and
 ``softmax_lse`` includes it (a row that sees no key gets ``o = 0``, ``lse = sink_h``). A sink
 that requires grad gets its gradient through autograd (``flash_attn_func``, the packed forms
-and the variable-length functions, summed over every packed row): ``d sink_h = -sum_{b,i} exp(sink_h - lse_bhi) (dout_bhi . out_bhi)``. The logits are
-copied to the host for the call (on CUDA a synchronisation, and not inside a graph capture).
+and the variable-length functions, summed over every packed row):
+``d sink_h = -sum_{b,i} exp(sink_h - lse_bhi) (dout_bhi . out_bhi)``. The logits are copied to
+the host for the call (on CUDA a synchronisation, and not inside a graph capture).
 
 ``return_attn_probs=True`` returns ``(out, softmax_lse, S_dmask)`` as FlashAttention-2 does:
 ``softmax_lse`` float32 ``[batch, heads, seqlen_q]`` (``[heads, total_q]`` for the
@@ -1048,10 +1049,11 @@ class _KvCache:
     """A KV-cache call (arguments checked) for :func:`_function` or for a direct run:
     `forward(q, k, v)` with the caches, index arrays and rotary tables held here."""
 
-    def __init__(self, k_cache, v_cache, index, rotary, scores, num_splits):
+    def __init__(self, k_cache, v_cache, index, rotary, scores, num_splits, sink=None):
         self.k_cache, self.v_cache = k_cache, v_cache
         self.index, self.rotary = index, rotary
         self.scores, self.num_splits = scores, num_splits
+        self.sink = sink
 
     def forward(self, q, k, v):
         caches = (self.k_cache, self.v_cache)
@@ -1074,7 +1076,7 @@ class _KvCache:
         _native.kvcache_forward(
             _dl(q), _dl(k_cache), _dl(v_cache), *new, out, lse, *self.index,
             None if cos is None else _dl(cos), None if sin is None else _dl(sin), interleaved,
-            *scores, self.num_splits, workspace, stream, current,
+            *scores, self.num_splits, workspace, stream, current, learnable_sink=self.sink,
         )
         return out, lse
 
@@ -1149,9 +1151,12 @@ def _device_lens(q, value):
 
 
 def _kvcache_call(q, k_cache, v_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad,
-                  block_table, rotary_cos, rotary_sin, rotary_interleaved, scores, num_splits):
+                  block_table, rotary_cos, rotary_sin, rotary_interleaved, scores, num_splits,
+                  learnable_sink=None):
     """A KV-cache call with its index arguments in the form the native call takes (see
-    :func:`_index_tensor`; on CUDA nothing is read from the device)."""
+    :func:`_index_tensor`; on CUDA nothing is read from the device but a learnable sink's
+    logits, copied to the host as :func:`_sink` says)."""
+    sink = _sink(learnable_sink, q)
     cuda = _on_cuda(q)
     if isinstance(cache_seqlens, (numbers.Integral, bool)):
         lens = _int("cache_seqlens", cache_seqlens, -(2**31), 2**31 - 1)  # every sequence's
@@ -1170,7 +1175,7 @@ def _kvcache_call(q, k_cache, v_cache, k, cache_seqlens, cache_batch_idx, cache_
     # 0: the library picks (the native calls take no negative count).
     num_splits = _int("num_splits", num_splits, 0, 2**63 - 1)
     rotary = (rotary_cos, rotary_sin, bool(rotary_interleaved))
-    return _KvCache(k_cache, v_cache, index, rotary, scores, num_splits)
+    return _KvCache(k_cache, v_cache, index, rotary, scores, num_splits, sink)
 
 
 def flash_attn_with_kvcache(
@@ -1193,6 +1198,9 @@ def flash_attn_with_kvcache(
     alibi_slopes=None,
     num_splits=0,
     return_softmax_lse=False,
+    *,
+    learnable_sink=None,
+    s_aux=None,
 ):
     """Decoding against a KV cache: q ``[batch, seqlen_q, heads_q, head_dim]``; ``k_cache``,
     ``v_cache`` ``[batch_cache, seqlen_cache, heads_kv, head_dim]`` or, with ``block_table``
@@ -1232,6 +1240,9 @@ def flash_attn_with_kvcache(
     so that no value reads or writes outside the tensors, and a call with out-of-range values
     computes the call with the clamped ones. On the CPU every value is checked. ALiBi slopes
     are copied to the host (on CUDA that call synchronises and cannot be captured).
+    ``learnable_sink`` (keyword only; alias ``s_aux``): one logit per query head, as
+    :func:`flash_attn_func`'s (it joins every row's softmax denominator, lse included; a row
+    that sees no key gets ``o = 0``, ``lse = sink_h``), copied to the host as the slopes are.
 
     Every head_dim up to 256 runs. On CUDA, a head_dim that is not a multiple of 8 runs as
     FlashAttention-2 runs it: q, the caches and the new rows are copied padded with zero
@@ -1241,11 +1252,12 @@ def flash_attn_with_kvcache(
 
     No backward (FlashAttention-2 has none either): tensors that require grad are fine, but a
     backward through the output raises :class:`FlashAttnUnsupportedError`."""
+    sink = _sink_arg(learnable_sink, s_aux)
     if _compiling():
         out, lse = _ops().kvcache(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-            rotary_interleaved, alibi_slopes, num_splits,
+            rotary_interleaved, alibi_slopes, num_splits, sink,
         )
         return (out, lse) if return_softmax_lse else out
     scores = _scores(softmax_scale, causal, window_size, softcap, alibi_slopes)
@@ -1253,7 +1265,7 @@ def flash_attn_with_kvcache(
              k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin)
     call = _kvcache_call(
         q, k_cache, v_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-        rotary_cos, rotary_sin, rotary_interleaved, scores, num_splits,
+        rotary_cos, rotary_sin, rotary_interleaved, scores, num_splits, sink,
     )
     if _wants_grad(q, k, v):
         out, lse = _function().apply(call, q, k, v)

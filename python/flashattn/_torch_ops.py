@@ -298,6 +298,7 @@ def kvcache_fwd(
     rotary_interleaved: bool,
     alibi_slopes: Optional[Tensor],
     num_splits: int,
+    learnable_sink: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """out like q and lse float32 ``[batch, heads_q, seqlen_q]`` (``flash_attn_with_kvcache``;
     the new rows k, v written into the caches in place). ``cache_seqlens`` per sequence, or
@@ -307,7 +308,7 @@ def kvcache_fwd(
     scores = (softmax_scale, causal, window_left, window_right, softcap, _fa._slopes(alibi_slopes))
     call = _fa._kvcache_call(
         q, k_cache, v_cache, k, lens, cache_batch_idx, cache_leftpad, block_table, rotary_cos,
-        rotary_sin, rotary_interleaved, scores, num_splits,
+        rotary_sin, rotary_interleaved, scores, num_splits, learnable_sink,
     )
     return call.forward(q, k, v)
 
@@ -315,7 +316,7 @@ def kvcache_fwd(
 @kvcache_fwd.register_fake
 def _(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlens_all,
       cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_left,
-      window_right, softcap, rotary_interleaved, alibi_slopes, num_splits):
+      window_right, softcap, rotary_interleaved, alibi_slopes, num_splits, learnable_sink=None):
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=torch.float32)
 
 
@@ -411,7 +412,7 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, soft
 
 def kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-            rotary_interleaved, alibi_slopes, num_splits):
+            rotary_interleaved, alibi_slopes, num_splits, learnable_sink=None):
     """``flash_attn_with_kvcache``'s (out, lse) through ``flashattn::kvcache_fwd``, which
     writes the caches in place and so can carry no autograd formula: with gradients wanted it
     runs on detached q, k, v and its out goes through ``flashattn::no_backward``, whose
@@ -432,6 +433,7 @@ def kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
         _tensor(cache_batch_idx, torch.int32), _tensor(cache_leftpad, torch.int32),
         _tensor(block_table, torch.int32), scale, causal, left, right, float(softcap),
         bool(rotary_interleaved), _tensor(alibi_slopes, torch.float32), int(num_splits),
+        None if learnable_sink is None else _sink_tensor(learnable_sink, q).detach(),
     )
     if grads:
         out = no_backward(out, grads, "flash_attn_with_kvcache")

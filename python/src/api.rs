@@ -737,8 +737,9 @@ impl Job for KvCache<'_, '_> {
 /// seqlen_q]`). `num_splits`: 0 for one on the CPU and the library's heuristic on the GPU.
 /// `workspace`: on CUDA, a callable that returns a float32 tensor of `n` elements on q's
 /// device (the split-KV partials), called when the call has more than one split.
+/// `learnable_sink`: host float32 `[heads_q]`, as [`forward`] takes it.
 #[pyfunction]
-#[pyo3(signature = (q, k_cache, v_cache, k_new, v_new, out, lse, cache_seqlens, block_table, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, num_splits, workspace=None, stream=None, current=false))]
+#[pyo3(signature = (q, k_cache, v_cache, k_new, v_new, out, lse, cache_seqlens, block_table, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, num_splits, workspace=None, stream=None, current=false, learnable_sink=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn kvcache_forward<'py>(
     q: &Bound<'py, PyAny>,
@@ -765,6 +766,7 @@ pub(crate) fn kvcache_forward<'py>(
     workspace: Option<Bound<'py, PyAny>>,
     stream: Option<usize>,
     current: bool,
+    learnable_sink: Option<Bound<'py, PyAny>>,
 ) -> PyResult<String> {
     let hs = handshake(stream, current);
     let named = [
@@ -808,7 +810,8 @@ pub(crate) fn kvcache_forward<'py>(
     let place = placement(&all)?;
     let dtype = one_dtype(&all)?;
     let window = (window_left, window_right);
-    let scores = Scores::new(softmax_scale, causal, window, softcap, alibi_slopes);
+    let scores =
+        Scores::new(softmax_scale, causal, window, softcap, alibi_slopes).with_sink(learnable_sink);
     let shape = kvcache_shape(
         [&tq, &tkc, &tvc, &to, &tl],
         new.as_ref(),

@@ -1024,6 +1024,37 @@ def test_learnable_sink_forward(dtype, shape, causal, window):
     assert np.abs(plain.astype(np.float64) - want).max() > 1e-2
 
 
+def test_learnable_sink_in_flash_attn_with_kvcache():
+    """flash_attn_with_kvcache takes learnable_sink (and s_aux): each sequence as the dense call
+    on its cache rows with the same sink, lse included; a sequence with an empty cache gets
+    o = 0 and lse = the sink."""
+    rng = np.random.default_rng(8)
+    b, hq, hkv, d, cap = 3, 4, 2, 16, 20
+    q = rng.standard_normal((b, 1, hq, d), dtype=np.float32)
+    kc = rng.standard_normal((b, cap, hkv, d), dtype=np.float32)
+    vc = rng.standard_normal((b, cap, hkv, d), dtype=np.float32)
+    sink = np.array([0.5, -1.0, 2.0, 0.25], dtype=np.float32)
+    lens = np.array([12, 20, 0], dtype=np.int32)
+    out, lse = flashattn.flash_attn_with_kvcache(
+        q, kc, vc, cache_seqlens=lens, learnable_sink=sink, return_softmax_lse=True
+    )
+    for i in range(2):
+        n = int(lens[i])
+        want, want_lse, _ = flashattn.flash_attn_func(
+            q[i:i + 1], kc[i:i + 1, :n], vc[i:i + 1, :n], learnable_sink=sink,
+            return_attn_probs=True,
+        )
+        assert np.abs(out[i:i + 1] - want).max() < 1e-5, i
+        assert np.abs(lse[i:i + 1] - want_lse).max() < 1e-5, i
+    assert not out[2].any() and np.allclose(lse[2, :, 0], sink)
+    alias = flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, s_aux=sink)
+    assert np.array_equal(alias, out)
+    plain = flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)
+    assert np.abs(plain - out).max() > 1e-3  # the sink changed the rows: a check that can fail
+    with pytest.raises(flashattn.FlashAttnError, match="learnable_sink"):
+        flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, learnable_sink=sink[:3])
+
+
 def test_learnable_sink_varlen_and_qkvpacked():
     q, k, v, cq, ck = varlen_inputs([5, 30, 9], [7, 40, 0], hq=4, hkv=2, d=16, seed=5)
     sink = np.array([0.5, -1.0, 2.0, 4.0], dtype=np.float32)

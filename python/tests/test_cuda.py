@@ -866,6 +866,36 @@ def test_learnable_sink_gradient_through_varlen_on_cuda(device_offsets):
     assert sink.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_learnable_sink_in_flash_attn_with_kvcache_on_cuda(paged):
+    """flash_attn_with_kvcache with a sink on CUDA (split-KV included: a long cache) against
+    the CPU path."""
+    from flashattn import flash_attn_with_kvcache
+
+    b, hq, hkv, d, cap = 3, 8, 2, 128, 4096
+    q = rand(b, 1, hq, d, seed=1)
+    lens = torch.tensor([0, 1000, 4096], dtype=torch.int32, device="cuda")
+    if paged:
+        page, nblocks = 256, b * cap // 256
+        kc, vc = rand(nblocks, page, hkv, d, seed=2), rand(nblocks, page, hkv, d, seed=3)
+        g = torch.Generator().manual_seed(0)
+        table = torch.randperm(nblocks, generator=g).view(b, -1).to(torch.int32).cuda()
+    else:
+        kc, vc = rand(b, cap, hkv, d, seed=2), rand(b, cap, hkv, d, seed=3)
+        table = None
+    sink = torch.linspace(-2, 3, hq, device="cuda")
+    got, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table,
+                                       learnable_sink=sink, return_softmax_lse=True)
+    want, want_lse = flash_attn_with_kvcache(
+        q.cpu(), kc.cpu(), vc.cpu(), cache_seqlens=lens.cpu(),
+        block_table=None if table is None else table.cpu(), learnable_sink=sink.cpu(),
+        return_softmax_lse=True,
+    )
+    close(got[1:].cpu(), want[1:], "out")
+    assert not got[0].any()
+    torch.testing.assert_close(lse.cpu(), want_lse, rtol=1e-3, atol=1e-3)
+
+
 def test_learnable_sink_varlen_and_capture():
     """A packed batch with a sink (a sequence without keys: its lse is the sink) against the
     dense calls; a sink inside a CUDA graph capture is refused with the package's error."""
