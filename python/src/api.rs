@@ -567,12 +567,11 @@ impl Job for VarlenBackward<'_> {
         unsafe {
             gpu::on_device(id, self.stream, |g| {
                 let grads = (self.grads, self.d_sink);
-                match &self.p {
-                    Packed::Host(p) => gpu::varlen_backward::<T>(g, p, det, self.ins, grads),
-                    Packed::Device(p, cu) => {
-                        gpu::varlen_backward_offsets::<T>(g, p, cu, det, self.ins, grads)
-                    }
-                }
+                let call = match &self.p {
+                    Packed::Host(p) => gpu::PackedCall::Host(p),
+                    Packed::Device(p, cu) => gpu::PackedCall::Device(p, cu),
+                };
+                gpu::varlen_backward::<T>(g, call, det, self.ins, grads)
             })
         }
     }

@@ -190,23 +190,35 @@ pub unsafe fn backward<T: GpuElement>(
     Ok((info.kernel.to_string(), info.why_not_wgmma))
 }
 
+/// A packed batch as [`varlen_backward`] takes it: its offsets on the host (copied to the
+/// device per call, so not inside a CUDA graph capture), or int32 tensors `[batch + 1]` on
+/// `gpu`'s device (read by the kernels only: the call can be captured).
+pub enum PackedCall<'a> {
+    Host(&'a flashattn::varlen::VarlenProblem),
+    Device(
+        &'a flashattn::varlen::DeviceVarlenProblem,
+        &'a [Borrowed; 2],
+    ),
+}
+
 /// The backward of a packed variable-length batch on CUDA tensors (checked by the caller:
 /// on `gpu`'s device, dtype `T`, every tensor compact and packed as
 /// [`flashattn::cuda::bwd::varlen::backward_device`] takes them). One launch per kernel over
-/// every sequence (`attn_bwd`); `cu_seqlens` are copied from the host, so not inside a CUDA
-/// graph capture. `d_sink` (float32 `[heads_q]` on the device, the problem with a sink)
-/// receives the learnable sink's gradient.
+/// every sequence (`attn_bwd`). `d_sink` (float32 `[heads_q]` on the device, the problem with a
+/// sink) receives the learnable sink's gradient.
 ///
 /// # Safety
 /// As [`foreign`].
 pub unsafe fn varlen_backward<T: GpuElement>(
     gpu: &Gpu,
-    p: &flashattn::varlen::VarlenProblem,
+    call: PackedCall<'_>,
     deterministic: bool,
     [q, k, v, o, lse, d_o]: [&Borrowed; 6],
     ([dq, dk, dv], d_sink): ([&Borrowed; 3], Option<&Borrowed>),
 ) -> PyResult<(String, String)> {
-    not_capturing(gpu, "the backward of flash_attn_varlen_func")?;
+    if let PackedCall::Host(_) = call {
+        not_capturing(gpu, "the backward of flash_attn_varlen_func")?;
+    }
     // SAFETY: forwarded to the caller.
     let (([fq, fk, fv, fo], fl), [fdo, fdq, fdk, fdv]) = unsafe {
         (
@@ -215,82 +227,42 @@ pub unsafe fn varlen_backward<T: GpuElement>(
         )
     };
     let (fdo, mut fdq, mut fdk, mut fdv) = (fdo?, fdq?, fdk?, fdv?);
-    let opts = BackwardOptions {
-        deterministic,
-        ..Default::default()
-    };
     // SAFETY: forwarded to the caller (a float32 CUDA tensor on this device).
     let mut fds = d_sink
         .map(|t| unsafe { foreign::<f32>(t, gpu) })
         .transpose()?;
-    let info = flashattn::cuda::bwd::varlen::backward_device(
-        gpu,
-        p,
-        opts,
-        &fq,
-        &fk,
-        &fv,
-        &fo,
-        &fl,
-        &fdo,
-        &mut fdq,
-        &mut fdk,
-        &mut fdv,
-        fds.as_mut()
-            .map(|x| x as &mut dyn flashattn::cuda::DevicePtrMut<f32>),
-    )
-    .map_err(err)?;
-    Ok((info.kernel.to_string(), info.why_not_wgmma))
-}
-
-/// [`varlen_backward`] with the offsets on the device (`cu`: int32 tensors `[batch + 1]` on
-/// `gpu`'s device, checked by the caller), read by the kernels only: no host copy, so the call
-/// can be captured in a CUDA graph.
-///
-/// # Safety
-/// As [`foreign`].
-pub unsafe fn varlen_backward_offsets<T: GpuElement>(
-    gpu: &Gpu,
-    p: &flashattn::varlen::DeviceVarlenProblem,
-    [cq, ck]: &[Borrowed; 2],
-    deterministic: bool,
-    [q, k, v, o, lse, d_o]: [&Borrowed; 6],
-    ([dq, dk, dv], d_sink): ([&Borrowed; 3], Option<&Borrowed>),
-) -> PyResult<(String, String)> {
-    // SAFETY: forwarded to the caller.
-    let (([fq, fk, fv, fo], fl), [fdo, fdq, fdk, fdv], (fcq, fck)) = unsafe {
-        (
-            qkvo_lse::<T>(gpu, [q, k, v, o, lse])?,
-            [d_o, dq, dk, dv].map(|t| foreign::<T>(t, gpu)),
-            (foreign::<i32>(cq, gpu)?, foreign::<i32>(ck, gpu)?),
-        )
-    };
-    let (fdo, mut fdq, mut fdk, mut fdv) = (fdo?, fdq?, fdk?, fdv?);
-    // SAFETY: forwarded to the caller (a float32 CUDA tensor on this device).
-    let mut fds = d_sink
-        .map(|t| unsafe { foreign::<f32>(t, gpu) })
-        .transpose()?;
+    let fds = fds
+        .as_mut()
+        .map(|x| x as &mut dyn flashattn::cuda::DevicePtrMut<f32>);
     let opts = BackwardOptions {
         deterministic,
         ..Default::default()
     };
-    let info = flashattn::cuda::bwd::varlen::backward_device_offsets(
-        gpu,
-        p,
-        opts,
-        [&fcq, &fck],
-        &fq,
-        &fk,
-        &fv,
-        &fo,
-        &fl,
-        &fdo,
-        &mut fdq,
-        &mut fdk,
-        &mut fdv,
-        fds.as_mut()
-            .map(|x| x as &mut dyn flashattn::cuda::DevicePtrMut<f32>),
-    )
+    let info = match call {
+        PackedCall::Host(p) => flashattn::cuda::bwd::varlen::backward_device(
+            gpu, p, opts, &fq, &fk, &fv, &fo, &fl, &fdo, &mut fdq, &mut fdk, &mut fdv, fds,
+        ),
+        PackedCall::Device(p, [cq, ck]) => {
+            // SAFETY: int32 tensors on this device (checked by the caller).
+            let (fcq, fck) = unsafe { (foreign::<i32>(cq, gpu)?, foreign::<i32>(ck, gpu)?) };
+            flashattn::cuda::bwd::varlen::backward_device_offsets(
+                gpu,
+                p,
+                opts,
+                [&fcq, &fck],
+                &fq,
+                &fk,
+                &fv,
+                &fo,
+                &fl,
+                &fdo,
+                &mut fdq,
+                &mut fdk,
+                &mut fdv,
+                fds,
+            )
+        }
+    }
     .map_err(err)?;
     Ok((info.kernel.to_string(), info.why_not_wgmma))
 }

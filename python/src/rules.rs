@@ -389,22 +389,12 @@ pub(crate) fn check_grads(
 /// `[total_k, heads_kv, head_dim]`, out like q, lse `[heads_q, total_q]`, all compact, with the
 /// offsets' totals.
 pub(crate) fn varlen_problem(
-    [tq, tk, tv, to, tl]: [&Borrowed; 5],
+    t: [&Borrowed; 5],
     cu_seqlens_q: Vec<i32>,
     cu_seqlens_k: Vec<i32>,
     scores: &Scores,
 ) -> PyResult<VarlenProblem> {
-    let packed = "[total, heads, head_dim]";
-    let qs = compact(tq, 3, packed)?;
-    let ks = compact(tk, 3, packed)?;
-    let vs = compact(tv, 3, packed)?;
-    let os = compact(to, 3, packed)?;
-    let ls = compact(tl, 2, "[heads_q, total_q]")?;
-    if ks != vs || ks[2] != qs[2] || os != qs || ls != [qs[1], qs[0]] {
-        return Err(invalid(format!(
-            "shapes disagree: q {qs:?}, k {ks:?}, v {vs:?}, out {os:?}, lse {ls:?}"
-        )));
-    }
+    let (qs, ks) = packed_shapes(t)?;
     let batch = cu_seqlens_q.len().saturating_sub(1);
     let p = VarlenProblem::new(cu_seqlens_q, cu_seqlens_k, qs[1], ks[1], qs[2]).map_err(err)?;
     let p = scores.apply(p, batch, qs[1])?;
@@ -420,17 +410,10 @@ pub(crate) fn varlen_problem(
     Ok(p)
 }
 
-/// The packed problem of a varlen call whose offsets stay on the device: q, k, v, out, lse
-/// as [`varlen_problem`] checks them; `cu_seqlens_q`/`cu_seqlens_k` int32, compact `[batch + 1]`
-/// (the same length), on q's device (`place`); `max_seqlen` the caller's (FlashAttention-2's
-/// `max_seqlen_q`, `max_seqlen_k`: the kernels cover no more, the offsets are not read here).
-pub(crate) fn device_varlen_problem(
-    [tq, tk, tv, to, tl]: [&Borrowed; 5],
-    [cq, ck]: [&Borrowed; 2],
-    (max_seqlen_q, max_seqlen_k): (usize, usize),
-    scores: &Scores,
-    place: Option<i32>,
-) -> PyResult<DeviceVarlenProblem> {
+/// The shapes of a packed call's q, k, v, out, lse: each compact, q and out `[total_q,
+/// heads_q, head_dim]`, k and v `[total_k, heads_kv, head_dim]`, lse `[heads_q, total_q]`.
+/// Returns q's and k's.
+fn packed_shapes([tq, tk, tv, to, tl]: [&Borrowed; 5]) -> PyResult<(Vec<usize>, Vec<usize>)> {
     let packed = "[total, heads, head_dim]";
     let qs = compact(tq, 3, packed)?;
     let ks = compact(tk, 3, packed)?;
@@ -442,6 +425,21 @@ pub(crate) fn device_varlen_problem(
             "shapes disagree: q {qs:?}, k {ks:?}, v {vs:?}, out {os:?}, lse {ls:?}"
         )));
     }
+    Ok((qs, ks))
+}
+
+/// The packed problem of a varlen call whose offsets stay on the device: q, k, v, out, lse
+/// as [`varlen_problem`] checks them; `cu_seqlens_q`/`cu_seqlens_k` int32, compact `[batch + 1]`
+/// (the same length), on q's device (`place`); `max_seqlen` the caller's (FlashAttention-2's
+/// `max_seqlen_q`, `max_seqlen_k`: the kernels cover no more, the offsets are not read here).
+pub(crate) fn device_varlen_problem(
+    t: [&Borrowed; 5],
+    [cq, ck]: [&Borrowed; 2],
+    (max_seqlen_q, max_seqlen_k): (usize, usize),
+    scores: &Scores,
+    place: Option<i32>,
+) -> PyResult<DeviceVarlenProblem> {
+    let (qs, ks) = packed_shapes(t)?;
     let mut batch = None;
     for t in [cq, ck] {
         if t.place()? != place {

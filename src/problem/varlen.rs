@@ -257,22 +257,7 @@ impl VarlenProblem {
     /// # Errors
     /// [`AttnError::Overflow`] when a count does not fit in an i64.
     pub fn packed_lens(&self) -> Result<(usize, usize)> {
-        let size = |tensor: &str, total: usize, heads: usize| {
-            [total, heads, self.head_dim]
-                .iter()
-                .try_fold(1usize, |a, &x| a.checked_mul(x))
-                .filter(|&n| n <= i64::MAX as usize)
-                .ok_or_else(|| AttnError::Overflow {
-                    what: format!(
-                        "the element count of {tensor} ({total} x {heads} x {})",
-                        self.head_dim
-                    ),
-                })
-        };
-        Ok((
-            size("q", self.total_q(), self.heads_q)?,
-            size("k", self.total_k(), self.heads_kv)?,
-        ))
+        crate::problem::varlen_device::DeviceVarlenProblem::from(self).packed_lens()
     }
 
     /// The length checks of a varlen backward (CPU and GPU): `[q, k, v, o, lse, do]` and
@@ -287,24 +272,10 @@ impl VarlenProblem {
         inputs: [usize; 6],
         grads: [usize; 3],
     ) -> Result<()> {
-        let (nq, nk) = self.packed_lens()?;
-        let nl = self.heads_q * self.total_q();
-        let [q, k, v, o, lse, d_o] = inputs;
-        let [dq, dk, dv] = grads;
-        for (tensor, len, required) in [
-            ("q", q, nq),
-            ("k", k, nk),
-            ("v", v, nk),
-            ("o", o, nq),
-            ("lse", lse, nl),
-            ("do", d_o, nq),
-            ("dq", dq, nq),
-            ("dk", dk, nk),
-            ("dv", dv, nk),
-        ] {
-            crate::error::check_len(tensor, len, required)?;
-        }
-        Ok(())
+        // The offsets are the host's own (batch + 1 each): only the buffers are judged.
+        let offsets = [self.cu_seqlens_q.len(), self.cu_seqlens_k.len()];
+        crate::problem::varlen_device::DeviceVarlenProblem::from(self)
+            .check_lengths(offsets, inputs, grads)
     }
 }
 
