@@ -381,11 +381,7 @@ FA2_SIGNATURES = {
 
 
 # flashattn's own arguments after FA2's: keyword only, so that no FA2 call changes meaning.
-EXTENSIONS = {
-    name: [("learnable_sink", None), ("s_aux", None)]
-    for name in FA2_SIGNATURES
-    if name != "flash_attn_with_kvcache"
-}
+EXTENSIONS = {name: [("learnable_sink", None), ("s_aux", None)] for name in FA2_SIGNATURES}
 
 
 def test_signatures_are_flash_attn_2s():
