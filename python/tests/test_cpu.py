@@ -408,6 +408,33 @@ def varlen_inputs(lens_q, lens_k, hq=4, hkv=2, d=16, seed=11, dtype=np.float16):
     return q, k, v, cq, ck
 
 
+def test_native_varlen_offsets_are_lists_or_device_tensors():
+    """The native varlen calls take the offsets as host lists (validated), or both as tensors
+    with max_seqlen_q/k (read on the device: a CPU call refuses them by name); mixing the two,
+    or tensors without max_seqlen, is refused with the package's error."""
+    q, k, v, cq, ck = varlen_inputs([5, 30], [7, 40])
+    out = np.empty_like(q)
+    lse = np.empty((q.shape[1], q.shape[0]), np.float32)
+    args = (None, False, -1, -1, 0.0, None)
+    _native.varlen_forward(q, k, v, out, lse, cq.tolist(), ck.tolist(), *args)
+    want = flashattn.flash_attn_varlen_func(q, k, v, cq, ck, 30, 40)
+    np.testing.assert_array_equal(out, want)
+    for bad, match in (
+        ((cq.tolist(), ck), "pass both as lists"),
+        ((cq, ck), "need max_seqlen_q and max_seqlen_k"),
+    ):
+        with pytest.raises(flashattn.FlashAttnError, match=match):
+            _native.varlen_forward(q, k, v, out, lse, *bad, *args)
+    with pytest.raises(flashattn.FlashAttnError, match="read on the device, but q is on the CPU"):
+        _native.varlen_forward(q, k, v, out, lse, cq, ck, *args, max_seqlen_q=30, max_seqlen_k=40)
+    with pytest.raises(flashattn.FlashAttnError, match="int32"):
+        _native.varlen_forward(q, k, v, out, lse, cq.astype(np.int64), ck, *args,
+                               max_seqlen_q=30, max_seqlen_k=40)
+    with pytest.raises(flashattn.FlashAttnError, match="batch \\+ 1"):
+        _native.varlen_forward(q, k, v, out, lse, cq, ck[:2], *args,
+                               max_seqlen_q=30, max_seqlen_k=40)
+
+
 def test_every_argument_positionally_in_fa2s_order():
     """FA2 code that passes every argument positionally (softcap 5, ALiBi, a window,
     deterministic, return_attn_probs) gets FA2's three values."""
