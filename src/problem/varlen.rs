@@ -20,6 +20,7 @@
 use crate::dtype::Element;
 use crate::error::{AttnError, Result};
 use crate::mask::Mask;
+use crate::problem::varlen_device::DeviceVarlenProblem;
 use crate::reference::{self, RowPrecision};
 use crate::scores::{Alibi, ScoreMods};
 use crate::shape::{AttnProblem, AttnShape, check_scale};
@@ -257,7 +258,7 @@ impl VarlenProblem {
     /// # Errors
     /// [`AttnError::Overflow`] when a count does not fit in an i64.
     pub fn packed_lens(&self) -> Result<(usize, usize)> {
-        crate::problem::varlen_device::DeviceVarlenProblem::from(self).packed_lens()
+        DeviceVarlenProblem::from(self).packed_lens()
     }
 
     /// The length checks of a varlen backward (CPU and GPU): `[q, k, v, o, lse, do]` and
@@ -274,8 +275,26 @@ impl VarlenProblem {
     ) -> Result<()> {
         // The offsets are the host's own (batch + 1 each): only the buffers are judged.
         let offsets = [self.cu_seqlens_q.len(), self.cu_seqlens_k.len()];
-        crate::problem::varlen_device::DeviceVarlenProblem::from(self)
-            .check_lengths(offsets, inputs, grads)
+        DeviceVarlenProblem::from(self).check_lengths(offsets, inputs, grads)
+    }
+}
+
+impl From<&VarlenProblem> for DeviceVarlenProblem {
+    /// The sizes of a batch whose offsets the host holds: exact (the longest as read).
+    fn from(p: &VarlenProblem) -> Self {
+        DeviceVarlenProblem {
+            batch: p.batch(),
+            total_q: p.total_q(),
+            total_k: p.total_k(),
+            max_seqlen_q: p.max_seqlen_q(),
+            max_seqlen_k: p.max_seqlen_k(),
+            heads_q: p.heads_q,
+            heads_kv: p.heads_kv,
+            head_dim: p.head_dim,
+            mask: p.mask,
+            softmax_scale: p.softmax_scale,
+            scores: p.scores.clone(),
+        }
     }
 }
 
@@ -501,4 +520,27 @@ pub fn diff_reference<T: Element>(
         d,
         |n| ((n / d) % hq) * total + n / d / hq,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_sizes_come_from_host_offsets() {
+        let host = VarlenProblem::new(vec![0, 3, 3, 10], vec![0, 5, 6, 6], 4, 2, 64).unwrap();
+        let d = DeviceVarlenProblem::from(&host);
+        assert_eq!(
+            (
+                d.batch,
+                d.total_q,
+                d.total_k,
+                d.max_seqlen_q,
+                d.max_seqlen_k
+            ),
+            (3, 10, 6, 7, 5)
+        );
+        d.validate().unwrap();
+        assert_eq!(host.packed_lens().unwrap(), (10 * 4 * 64, 6 * 2 * 64));
+    }
 }

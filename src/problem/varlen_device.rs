@@ -12,13 +12,13 @@
 
 use crate::error::{AttnError, Result};
 use crate::mask::Mask;
-use crate::problem::varlen::VarlenProblem;
 use crate::scores::ScoreMods;
 use crate::shape::AttnShape;
 
 /// A packed batch described by its sizes, its offsets on the device (see the module docs). q
 /// packed `[total_q, heads_q, head_dim]`, k and v `[total_k, heads_kv, head_dim]`, o like q,
-/// lse `[heads_q, total_q]` f32, as [`VarlenProblem`].
+/// lse `[heads_q, total_q]` f32, as a `VarlenProblem` (the host-offset form, which converts
+/// into this one with `From`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeviceVarlenProblem {
     /// Sequences (the offsets hold `batch + 1` entries).
@@ -189,44 +189,12 @@ impl DeviceVarlenProblem {
     }
 }
 
-impl From<&VarlenProblem> for DeviceVarlenProblem {
-    /// The sizes of a batch whose offsets the host holds: exact (the longest as read).
-    fn from(p: &VarlenProblem) -> Self {
-        DeviceVarlenProblem {
-            batch: p.batch(),
-            total_q: p.total_q(),
-            total_k: p.total_k(),
-            max_seqlen_q: p.max_seqlen_q(),
-            max_seqlen_k: p.max_seqlen_k(),
-            heads_q: p.heads_q,
-            heads_kv: p.heads_kv,
-            head_dim: p.head_dim,
-            mask: p.mask,
-            softmax_scale: p.softmax_scale,
-            scores: p.scores.clone(),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn sizes_come_from_host_offsets_and_the_envelope_is_bounded() {
-        let host = VarlenProblem::new(vec![0, 3, 3, 10], vec![0, 5, 6, 6], 4, 2, 64).unwrap();
-        let d = DeviceVarlenProblem::from(&host);
-        assert_eq!(
-            (
-                d.batch,
-                d.total_q,
-                d.total_k,
-                d.max_seqlen_q,
-                d.max_seqlen_k
-            ),
-            (3, 10, 6, 7, 5)
-        );
-        d.validate().unwrap();
+    fn the_envelope_is_bounded() {
         // A stated longest past the packed rows is cut to them; 0 rows cover 1.
         let wide = DeviceVarlenProblem::new(2, [10, 0], [1 << 20, 0], 4, 2, 64).unwrap();
         assert_eq!(wide.covered(), (10, 1));
