@@ -40,8 +40,8 @@ multiple of 8 run padded with zero channels on the GPU. ``softmax_scale`` must b
 above 0.
 
 Attention sinks (gpt-oss): ``flash_attn_func``, its packed forms, the variable-length
-functions and ``flash_attn_with_kvcache`` take ``learnable_sink`` (keyword only; ``s_aux``, vLLM's name for it, is accepted as
-an alias), one logit per query head ``[heads_q]`` (float32, bfloat16 or float16; a PyTorch
+functions and ``flash_attn_with_kvcache`` take ``learnable_sink`` (keyword only; ``s_aux``,
+vLLM's name for it, is accepted as an alias), one logit per query head ``[heads_q]`` (float32, bfloat16 or float16; a PyTorch
 tensor on q's device, or a host array) that joins every row's softmax denominator with no
 value row: ``o = sum_j exp(s_j - m) v_j / (sum_j exp(s_j - m) + exp(sink_h - m))``, and
 ``softmax_lse`` includes it (a row that sees no key gets ``o = 0``, ``lse = sink_h``). A sink

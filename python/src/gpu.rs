@@ -117,6 +117,39 @@ unsafe fn qkvo_lse<T>(
 /// q, k, v of a forward call as device slices.
 pub type Qkv<T> = [ForeignSlice<T>; 3];
 
+/// A backward's CUDA tensors as device slices: `ins` q, k, v, o, do (`T`), `lse` (f32), `grads`
+/// dq, dk, dv (`T`) and, when given, `d_sink` (f32).
+struct BwdSlices<T> {
+    ins: [ForeignSlice<T>; 5],
+    lse: ForeignSlice<f32>,
+    grads: [ForeignSlice<T>; 3],
+    d_sink: Option<ForeignSlice<f32>>,
+}
+
+/// Takes a backward's tensors (checked by the caller: on `gpu`'s device, `T`, lse and d_sink
+/// float32) as [`BwdSlices`].
+///
+/// # Safety
+/// As [`foreign`].
+unsafe fn bwd_slices<T>(
+    gpu: &Gpu,
+    [q, k, v, o, lse, d_o]: [&Borrowed; 6],
+    [dq, dk, dv]: [&Borrowed; 3],
+    d_sink: Option<&Borrowed>,
+) -> PyResult<BwdSlices<T>> {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        let ([fq, fk, fv, fo], fl) = qkvo_lse::<T>(gpu, [q, k, v, o, lse])?;
+        let [fdo, fdq, fdk, fdv] = [d_o, dq, dk, dv].map(|t| foreign::<T>(t, gpu));
+        Ok(BwdSlices {
+            ins: [fq, fk, fv, fo, fdo?],
+            lse: fl,
+            grads: [fdq?, fdk?, fdv?],
+            d_sink: d_sink.map(|t| foreign::<f32>(t, gpu)).transpose()?,
+        })
+    }
+}
+
 /// A forward call on CUDA tensors q, k, v, out, lse (checked by the caller: on `gpu`'s
 /// device, dtype `T`, the layouts of its problem): `launch` runs the library's dense or packed
 /// forward on their device slices. `from_host`: the Python function, when the call copies
@@ -150,22 +183,17 @@ pub unsafe fn backward<T: GpuElement>(
     gpu: &Gpu,
     p: &AttnProblem,
     deterministic: bool,
-    [q, k, v, o, lse, d_o]: [&Borrowed; 6],
-    [dq, dk, dv]: [&Borrowed; 3],
+    ins: [&Borrowed; 6],
+    grads: [&Borrowed; 3],
     d_sink: Option<&Borrowed>,
 ) -> PyResult<(String, String)> {
     // SAFETY: forwarded to the caller.
-    let (([fq, fk, fv, fo], fl), [fdo, fdq, fdk, fdv]) = unsafe {
-        (
-            qkvo_lse::<T>(gpu, [q, k, v, o, lse])?,
-            [d_o, dq, dk, dv].map(|t| foreign::<T>(t, gpu)),
-        )
-    };
-    let (fdo, mut fdq, mut fdk, mut fdv) = (fdo?, fdq?, fdk?, fdv?);
-    // SAFETY: forwarded to the caller (a float32 CUDA tensor on this device).
-    let mut fds = d_sink
-        .map(|t| unsafe { foreign::<f32>(t, gpu) })
-        .transpose()?;
+    let BwdSlices {
+        ins: [fq, fk, fv, fo, fdo],
+        lse: fl,
+        grads: [mut fdq, mut fdk, mut fdv],
+        mut d_sink,
+    } = unsafe { bwd_slices::<T>(gpu, ins, grads, d_sink)? };
     let opts = BackwardOptions {
         deterministic,
         ..Default::default()
@@ -183,8 +211,7 @@ pub unsafe fn backward<T: GpuElement>(
         &mut fdq,
         &mut fdk,
         &mut fdv,
-        fds.as_mut()
-            .map(|x| x as &mut dyn flashattn::cuda::DevicePtrMut<f32>),
+        d_sink.as_mut().map(|x| x as &mut dyn DevicePtrMut<f32>),
     )
     .map_err(err)?;
     Ok((info.kernel.to_string(), info.why_not_wgmma))
@@ -213,27 +240,20 @@ pub unsafe fn varlen_backward<T: GpuElement>(
     gpu: &Gpu,
     call: PackedCall<'_>,
     deterministic: bool,
-    [q, k, v, o, lse, d_o]: [&Borrowed; 6],
-    ([dq, dk, dv], d_sink): ([&Borrowed; 3], Option<&Borrowed>),
+    ins: [&Borrowed; 6],
+    (grads, d_sink): ([&Borrowed; 3], Option<&Borrowed>),
 ) -> PyResult<(String, String)> {
     if let PackedCall::Host(_) = call {
         not_capturing(gpu, "the backward of flash_attn_varlen_func")?;
     }
     // SAFETY: forwarded to the caller.
-    let (([fq, fk, fv, fo], fl), [fdo, fdq, fdk, fdv]) = unsafe {
-        (
-            qkvo_lse::<T>(gpu, [q, k, v, o, lse])?,
-            [d_o, dq, dk, dv].map(|t| foreign::<T>(t, gpu)),
-        )
-    };
-    let (fdo, mut fdq, mut fdk, mut fdv) = (fdo?, fdq?, fdk?, fdv?);
-    // SAFETY: forwarded to the caller (a float32 CUDA tensor on this device).
-    let mut fds = d_sink
-        .map(|t| unsafe { foreign::<f32>(t, gpu) })
-        .transpose()?;
-    let fds = fds
-        .as_mut()
-        .map(|x| x as &mut dyn flashattn::cuda::DevicePtrMut<f32>);
+    let BwdSlices {
+        ins: [fq, fk, fv, fo, fdo],
+        lse: fl,
+        grads: [mut fdq, mut fdk, mut fdv],
+        mut d_sink,
+    } = unsafe { bwd_slices::<T>(gpu, ins, grads, d_sink)? };
+    let fds = d_sink.as_mut().map(|x| x as &mut dyn DevicePtrMut<f32>);
     let opts = BackwardOptions {
         deterministic,
         ..Default::default()

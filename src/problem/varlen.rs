@@ -275,7 +275,7 @@ impl VarlenProblem {
     ) -> Result<()> {
         // The offsets are the host's own (batch + 1 each): only the buffers are judged.
         let offsets = [self.cu_seqlens_q.len(), self.cu_seqlens_k.len()];
-        DeviceVarlenProblem::from(self).check_lengths(offsets, inputs, grads)
+        DeviceVarlenProblem::from(self).check_backward_lengths(offsets, inputs, grads)
     }
 }
 

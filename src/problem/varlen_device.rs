@@ -95,7 +95,7 @@ impl DeviceVarlenProblem {
         }
         if self.total_q > i32::MAX as usize || self.total_k > i32::MAX as usize {
             return Err(AttnError::TooLarge {
-                kernel: "attn_mma",
+                kernel: "attn_mma/attn_bwd (packed)",
                 reason: "more than 2^31-1 packed rows: split the batch".into(),
             });
         }
@@ -144,24 +144,18 @@ impl DeviceVarlenProblem {
         ))
     }
 
-    /// Checks `[q, k, v, o, lse, do]` and `[dq, dk, dv]` (the backward's; the forward passes
-    /// q's count for do and the gradients) against the packed sizes, and that the offsets hold
-    /// `batch + 1` entries (`cu_seqlens`: their lengths, q's then k's).
+    /// Checks a forward's buffers `[q, k, v, o, lse]` against the packed sizes (q and o
+    /// `total_q * heads_q * head_dim`, k and v `total_k * heads_kv * head_dim`, lse `heads_q *
+    /// total_q`), after the offsets' lengths `cu_seqlens` (q's then k's: `batch + 1` each).
     ///
     /// # Errors
     /// [`AttnError::BufferTooShort`] naming the first buffer that is too short;
     /// [`AttnError::Overflow`].
-    pub fn check_lengths(
-        &self,
-        cu_seqlens: [usize; 2],
-        inputs: [usize; 6],
-        grads: [usize; 3],
-    ) -> Result<()> {
+    pub fn check_lengths(&self, cu_seqlens: [usize; 2], buffers: [usize; 5]) -> Result<()> {
         let (nq, nk) = self.packed_lens()?;
         let nl = self.heads_q * self.total_q;
-        let [q, k, v, o, lse, d_o] = inputs;
-        let [dq, dk, dv] = grads;
         let offsets = self.batch + 1;
+        let [q, k, v, o, lse] = buffers;
         for (tensor, len, required) in [
             ("cu_seqlens_q", cu_seqlens[0], offsets),
             ("cu_seqlens_k", cu_seqlens[1], offsets),
@@ -170,6 +164,28 @@ impl DeviceVarlenProblem {
             ("v", v, nk),
             ("o", o, nq),
             ("lse", lse, nl),
+        ] {
+            crate::error::check_len(tensor, len, required)?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::check_lengths`] for a backward: `inputs` `[q, k, v, o, lse, do]`, then `grads`
+    /// `[dq, dk, dv]` (do and dq like q, dk and dv like k).
+    ///
+    /// # Errors
+    /// As [`Self::check_lengths`].
+    pub fn check_backward_lengths(
+        &self,
+        cu_seqlens: [usize; 2],
+        inputs: [usize; 6],
+        grads: [usize; 3],
+    ) -> Result<()> {
+        let [q, k, v, o, lse, d_o] = inputs;
+        self.check_lengths(cu_seqlens, [q, k, v, o, lse])?;
+        let (nq, nk) = self.packed_lens()?;
+        let [dq, dk, dv] = grads;
+        for (tensor, len, required) in [
             ("do", d_o, nq),
             ("dq", dq, nq),
             ("dk", dk, nk),
@@ -208,18 +224,19 @@ mod tests {
         assert!(e.to_string().contains("2^31-1"), "{e}");
         assert!(DeviceVarlenProblem::new(1, [1, 1], [1, 1], 4, 3, 64).is_err());
         let p = DeviceVarlenProblem::new(2, [4, 4], [2, 2], 4, 2, 64).unwrap();
-        p.check_lengths([3, 3], [1 << 20; 6], [1 << 20; 3]).unwrap();
+        p.check_backward_lengths([3, 3], [1 << 20; 6], [1 << 20; 3])
+            .unwrap();
         let e = p
-            .check_lengths([2, 3], [1 << 20; 6], [1 << 20; 3])
+            .check_backward_lengths([2, 3], [1 << 20; 6], [1 << 20; 3])
             .unwrap_err();
         assert!(e.to_string().contains("cu_seqlens_q"), "{e}");
         let e = p
-            .check_lengths(
-                [3, 3],
-                [4 * 4 * 64 - 1, 1 << 20, 1 << 20, 1 << 20, 16, 1 << 20],
-                [1 << 20; 3],
-            )
+            .check_lengths([3, 3], [4 * 4 * 64 - 1, 1 << 20, 1 << 20, 1 << 20, 16])
             .unwrap_err();
         assert!(e.to_string().starts_with("q buffer holds 1023"), "{e}");
+        let e = p
+            .check_backward_lengths([3, 3], [1 << 20; 6], [1 << 20, 1 << 20, 511])
+            .unwrap_err();
+        assert!(e.to_string().starts_with("dv buffer holds 511"), "{e}");
     }
 }

@@ -96,18 +96,14 @@ where
     DV: DevicePtrMut<T>,
 {
     p.validate()?;
+    let dp = DeviceVarlenProblem::from(p);
+    dp.validate()?;
     refuse_wgmma(opts)?;
-    p.check_backward_lengths(
+    dp.check_backward_lengths(
+        [p.cu_seqlens_q.len(), p.cu_seqlens_k.len()],
         [q.len(), k.len(), v.len(), o.len(), lse.len(), d_o.len()],
         [dq.len(), dk.len(), dv.len()],
     )?;
-    let (total_q, total_k) = (p.total_q(), p.total_k());
-    if total_q > i32::MAX as usize || total_k > i32::MAX as usize {
-        return Err(AttnError::TooLarge {
-            kernel: "attn_bwd",
-            reason: "more than 2^31-1 packed rows: split the batch".into(),
-        });
-    }
     check_contexts!(gpu; "q" => q, "k" => k, "v" => v, "o" => o, "lse" => lse, "do" => d_o,
         "dq" => dq, "dk" => dk, "dv" => dv)?;
     check_d_sink(gpu, &p.scores, p.heads_q, d_sink.as_deref())?;
@@ -129,7 +125,7 @@ where
     device_ptrs!(stream; qp = q, kp = k, vp = v, op = o, lp = lse, dop = d_o, dqp = mut dq, dkp = mut dk, dvp = mut dv, cq = cu_q, ck = cu_k);
     packed::<T>(
         gpu,
-        &DeviceVarlenProblem::from(p),
+        &dp,
         opts,
         [qp, kp, vp, op, lp, dop, dqp, dkp, dvp],
         [cq, ck],
@@ -180,7 +176,7 @@ where
 {
     p.validate()?;
     refuse_wgmma(opts)?;
-    p.check_lengths(
+    p.check_backward_lengths(
         [cu_seqlens_q.len(), cu_seqlens_k.len()],
         [q.len(), k.len(), v.len(), o.len(), lse.len(), d_o.len()],
         [dq.len(), dk.len(), dv.len()],

@@ -38,7 +38,9 @@ use launch::row_blocks;
 
 use crate::cuda::runtime::args::{check_aligned, check_contexts, check_streams};
 use crate::cuda::runtime::device::{Gpu, cuda_err};
-use crate::cuda::runtime::launch::{GpuElement, Launch, LaunchInfo, upload_sink, upload_slopes};
+use crate::cuda::runtime::launch::{
+    GpuElement, Launch, LaunchInfo, ScoreBuffers, upload_sink, upload_slopes,
+};
 use crate::dtype::DType;
 use crate::error::{AttnError, Result};
 use crate::problem::kvcache::{
@@ -417,20 +419,18 @@ impl DecodeLaunch {
             accum = [ptr, ptr + 4 * o_len as u64];
             ws_guard = Some(guard);
         }
-        let slopes = upload_slopes(gpu, &p.scores)?;
-        let alibi = slopes.as_ref().map(|d| d.device_ptr(stream));
-        let sink_logits = upload_sink(gpu, &p.scores)?;
-        let sink = sink_logits.as_ref().map(|d| d.device_ptr(stream));
+        let mods = ScoreBuffers::upload(gpu, &p.scores)?;
+        let ([slopes, sink], mod_guards) = mods.ptrs(stream);
         let extras = Extras {
             index: ptrs,
-            slopes: alibi.as_ref().map_or(0, |(ptr, _)| *ptr),
-            sink: sink.as_ref().map_or(0, |(ptr, _)| *ptr),
+            slopes,
+            sink,
             accum,
         };
         // SAFETY: every address in `extras` was checked against the shape above (lengths,
         // context, alignment) and stays alive with its guard to the end of this function.
         let result = unsafe { self.launch_all(gpu, t, &extras) };
-        drop((guards, ws_guard, alibi, sink));
+        drop((guards, ws_guard, mod_guards));
         result
     }
 

@@ -4,7 +4,7 @@
 use crate::cuda::runtime::args::{check_aligned, check_contexts, device_ptrs};
 use crate::cuda::runtime::device::{Gpu, cuda_err};
 use crate::cuda::runtime::launch::{
-    GpuElement, KernelKind, Launch, LaunchInfo, launch_context, upload_sink, upload_slopes,
+    GpuElement, KernelKind, Launch, LaunchInfo, ScoreBuffers, launch_context,
 };
 use crate::cuda::sources::KernelSource;
 use crate::dtype::DType;
@@ -68,13 +68,11 @@ where
     }
     let (lp, _gl) = lse.device_ptr_mut(stream);
     check_aligned([("q", qp), ("k", kp), ("v", vp), ("o", op)])?;
-    let slopes = upload_slopes(gpu, &p.scores)?;
-    let alibi = slopes.as_ref().map(|d| d.device_ptr(stream));
-    let sink_logits = upload_sink(gpu, &p.scores)?;
-    let sink = sink_logits.as_ref().map(|d| d.device_ptr(stream));
+    let mods = ScoreBuffers::upload(gpu, &p.scores)?;
+    let ([alibi, sink], _guards) = mods.ptrs(stream);
     let launch = Launch {
-        alibi: alibi.as_ref().map_or(0, |(ptr, _)| *ptr),
-        sink: sink.as_ref().map_or(0, |(ptr, _)| *ptr),
+        alibi,
+        sink,
         ..Launch::dense(p, T::DTYPE, [qp, kp, vp, op, lp])
     };
     match kernel {

@@ -17,7 +17,7 @@
 use crate::cuda::runtime::args::{check_aligned, check_contexts, check_gpu_problem, device_ptrs};
 use crate::cuda::runtime::device::{Gpu, cuda_err};
 use crate::cuda::runtime::launch::{
-    GpuElement, KernelKind, Launch, LaunchInfo, PackedBatch, upload_sink, upload_slopes,
+    GpuElement, KernelKind, Launch, LaunchInfo, PackedBatch, ScoreBuffers,
 };
 use crate::error::{AttnError, Result};
 use crate::problem::varlen::VarlenProblem;
@@ -128,9 +128,14 @@ where
     O: DevicePtrMut<T>,
     L: DevicePtrMut<f32>,
 {
-    let env = envelope(p)?;
+    p.validate()?;
+    let dp = DeviceVarlenProblem::from(p);
+    let env = device_envelope(&dp)?;
     check_gpu_problem(&env, KernelKind::Mma)?;
-    check_buffers(p, [q.len(), k.len(), v.len(), o.len(), lse.len()])?;
+    dp.check_lengths(
+        host_offsets(p),
+        [q.len(), k.len(), v.len(), o.len(), lse.len()],
+    )?;
     check_contexts!(gpu; "q" => q, "k" => k, "v" => v, "o" => o, "lse" => lse)?;
     if p.total_q() == 0 {
         return Ok(nothing_launched());
@@ -138,24 +143,13 @@ where
     let stream = gpu.stream();
     device_ptrs!(stream; qp = q, kp = k, vp = v, op = mut o, lp = mut lse);
     check_aligned([("q", qp), ("k", kp), ("v", vp), ("o", op)])?;
+    let mods = ScoreBuffers::upload(gpu, &p.scores)?;
+    let ([alibi, sink], _mod_guards) = mods.ptrs(stream);
     if kernel == KernelKind::Wgmma
         && per_sequence_pays(p)
         && crate::cuda::fwd::wgmma::unsupported(gpu.info(), &env).is_none()
     {
-        let slopes = upload_slopes(gpu, &p.scores)?;
-        let sink_logits = upload_sink(gpu, &p.scores)?;
-        let alibi = slopes.as_ref().map(|d| d.device_ptr(stream));
-        let sink = sink_logits.as_ref().map(|d| d.device_ptr(stream));
-        let ptrs = [
-            qp,
-            kp,
-            vp,
-            op,
-            lp,
-            alibi.as_ref().map_or(0, |(ptr, _)| *ptr),
-            sink.as_ref().map_or(0, |(ptr, _)| *ptr),
-        ];
-        return per_sequence(gpu, p, T::DTYPE, ptrs);
+        return per_sequence(gpu, p, T::DTYPE, [qp, kp, vp, op, lp, alibi, sink]);
     }
     // Stream-ordered copies: they precede the launch, and the buffers' frees follow it.
     let up = |x: &[i32], what: &str| -> Result<CudaSlice<i32>> {
@@ -166,16 +160,10 @@ where
     let cu_q = up(&p.cu_seqlens_q, "cu_seqlens_q")?;
     let cu_k = up(&p.cu_seqlens_k, "cu_seqlens_k")?;
     device_ptrs!(stream; cq = cu_q, ck = cu_k);
-    let dp = DeviceVarlenProblem::from(p);
-    packed_mma(
-        gpu,
-        kernel,
-        &dp,
-        &env,
-        T::DTYPE,
-        [qp, kp, vp, op, lp],
-        [cq, ck],
-    )
+    let totals = [dp.total_q, dp.total_k];
+    let tensors = [qp, kp, vp, op, lp];
+    let launch = packed_launch(&env, T::DTYPE, totals, tensors, [alibi, sink], [cq, ck]);
+    packed_mma(gpu, kernel, &launch)
 }
 
 /// Runs a packed batch whose offsets are on the device (`cu_seqlens_q`, `cu_seqlens_k`: i32,
@@ -215,11 +203,9 @@ where
 {
     let env = device_envelope(p)?;
     check_gpu_problem(&env, KernelKind::Mma)?;
-    let (nq, _) = p.packed_lens()?;
     p.check_lengths(
         [cu_seqlens_q.len(), cu_seqlens_k.len()],
-        [q.len(), k.len(), v.len(), o.len(), lse.len(), nq],
-        [nq, k.len(), k.len()],
+        [q.len(), k.len(), v.len(), o.len(), lse.len()],
     )?;
     check_contexts!(gpu; "q" => q, "k" => k, "v" => v, "o" => o, "lse" => lse,
         "cu_seqlens_q" => cu_seqlens_q, "cu_seqlens_k" => cu_seqlens_k)?;
@@ -229,51 +215,46 @@ where
     let stream = gpu.stream();
     device_ptrs!(stream; qp = q, kp = k, vp = v, op = mut o, lp = mut lse, cq = cu_seqlens_q, ck = cu_seqlens_k);
     check_aligned([("q", qp), ("k", kp), ("v", vp), ("o", op)])?;
-    let mut info = packed_mma(
-        gpu,
-        KernelKind::Mma,
-        p,
-        &env,
-        T::DTYPE,
-        [qp, kp, vp, op, lp],
-        [cq, ck],
-    )?;
+    let mods = ScoreBuffers::upload(gpu, &p.scores)?;
+    let (mod_ptrs, _mod_guards) = mods.ptrs(stream);
+    let totals = [p.total_q, p.total_k];
+    let tensors = [qp, kp, vp, op, lp];
+    let launch = packed_launch(&env, T::DTYPE, totals, tensors, mod_ptrs, [cq, ck]);
+    let mut info = packed_mma(gpu, KernelKind::Mma, &launch)?;
     info.why =
         "packed variable-length batch with its offsets on the device (one launch, no host copy)"
             .into();
     Ok(info)
 }
 
-/// The packed `attn_mma` launch over every sequence, its offsets at the device addresses
-/// `[cu_seqlens_q, cu_seqlens_k]` and the tensors at `[q, k, v, o, lse]` (validated by the
-/// caller); the ALiBi slopes and the sink's logits copied here. `kernel`: what the caller
-/// asked for (the report says why attn_mma ran).
-fn packed_mma(
-    gpu: &Gpu,
-    kernel: KernelKind,
-    p: &DeviceVarlenProblem,
+/// The launch of a packed batch over `env` (its envelope) with `[total_q, total_k]` rows, from
+/// the device addresses of the tensors `[q, k, v, o, lse]`, of the ALiBi slopes and sink logits
+/// `[alibi, sink]` (0 without) and of the offsets `[cu_seqlens_q, cu_seqlens_k]`.
+fn packed_launch(
     env: &AttnProblem,
     dtype: crate::DType,
+    [total_q, total_k]: [usize; 2],
     tensors: [u64; 5],
+    [alibi, sink]: [u64; 2],
     [cq, ck]: [u64; 2],
-) -> Result<LaunchInfo> {
-    let stream = gpu.stream();
-    let slopes = upload_slopes(gpu, &p.scores)?;
-    let sink_logits = upload_sink(gpu, &p.scores)?;
-    let alibi = slopes.as_ref().map(|d| d.device_ptr(stream));
-    let sink = sink_logits.as_ref().map(|d| d.device_ptr(stream));
-    let launch = Launch {
-        alibi: alibi.as_ref().map_or(0, |(ptr, _)| *ptr),
-        sink: sink.as_ref().map_or(0, |(ptr, _)| *ptr),
+) -> Launch<'_> {
+    Launch {
+        alibi,
+        sink,
         varlen: Some(PackedBatch {
             cu_seqlens_q: cq,
             cu_seqlens_k: ck,
-            total_q: p.total_q,
-            total_k: p.total_k,
+            total_q,
+            total_k,
         }),
         ..Launch::dense(env, dtype, tensors)
-    };
-    let mut info = crate::cuda::fwd::mma::launch(gpu, &launch, None)?;
+    }
+}
+
+/// The packed `attn_mma` launch over every sequence (validated by the caller). `kernel`: what
+/// the caller asked for (the report says why attn_mma ran).
+fn packed_mma(gpu: &Gpu, kernel: KernelKind, launch: &Launch) -> Result<LaunchInfo> {
+    let mut info = crate::cuda::fwd::mma::launch(gpu, launch, None)?;
     info.why = match kernel {
         KernelKind::Mma => "asked for (packed variable-length batch)".into(),
         other => format!(
@@ -363,29 +344,10 @@ fn per_sequence(
     Ok(info)
 }
 
-/// Checks the buffer lengths (q, k, v, o, lse) against the packed sizes, and the row counts
-/// against the kernel's 32-bit offsets.
-fn check_buffers(p: &VarlenProblem, lens: [usize; 5]) -> Result<()> {
-    let (total_q, total_k) = (p.total_q(), p.total_k());
-    if total_q > i32::MAX as usize || total_k > i32::MAX as usize {
-        return Err(AttnError::TooLarge {
-            kernel: "attn_mma",
-            reason: "more than 2^31-1 packed rows: split the batch".into(),
-        });
-    }
-    let (nq, nk) = (
-        total_q * p.heads_q * p.head_dim,
-        total_k * p.heads_kv * p.head_dim,
-    );
-    let required = [nq, nk, nk, nq, p.heads_q * total_q];
-    for ((tensor, len), required) in ["q", "k", "v", "o", "lse"]
-        .into_iter()
-        .zip(lens)
-        .zip(required)
-    {
-        crate::error::check_len(tensor, len, required)?;
-    }
-    Ok(())
+/// The lengths of a host problem's offsets, for [`DeviceVarlenProblem::check_lengths`]
+/// (`batch + 1` each once validated).
+fn host_offsets(p: &VarlenProblem) -> [usize; 2] {
+    [p.cu_seqlens_q.len(), p.cu_seqlens_k.len()]
 }
 
 /// What a call with no query rows reports: nothing to compute or write.
@@ -413,13 +375,12 @@ pub fn forward_host<T: GpuElement>(
     k: &[T],
     v: &[T],
 ) -> Result<(Vec<T>, Vec<f32>, LaunchInfo)> {
-    let env = envelope(p)?;
-    check_gpu_problem(&env, KernelKind::Mma)?;
-    let (nq, nl) = (
-        p.total_q() * p.heads_q * p.head_dim,
-        p.heads_q * p.total_q(),
-    );
-    check_buffers(p, [q.len(), k.len(), v.len(), nq, nl])?;
+    p.validate()?;
+    let dp = DeviceVarlenProblem::from(p);
+    check_gpu_problem(&device_envelope(&dp)?, KernelKind::Mma)?;
+    let (nq, _) = dp.packed_lens()?;
+    let nl = p.heads_q * p.total_q();
+    dp.check_lengths(host_offsets(p), [q.len(), k.len(), v.len(), nq, nl])?;
     if p.total_q() == 0 {
         return Ok((Vec::new(), Vec::new(), nothing_launched()));
     }

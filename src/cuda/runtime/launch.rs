@@ -481,3 +481,39 @@ pub(crate) fn upload_slopes(
         })
         .transpose()
 }
+
+/// The ALiBi slopes and the learnable sink's logits of one call on the device
+/// ([`upload_slopes`], [`upload_sink`]: stream-ordered, freed after the call on the same
+/// stream), for the launchers that take both as addresses.
+pub(crate) struct ScoreBuffers {
+    slopes: Option<CudaSlice<f32>>,
+    sink: Option<CudaSlice<f32>>,
+}
+
+impl ScoreBuffers {
+    /// Copies the call's slopes and sink logits (whichever it has) to the device.
+    ///
+    /// # Errors
+    /// Those of [`upload_slopes`] and [`upload_sink`].
+    pub(crate) fn upload(gpu: &Gpu, scores: &crate::scores::ScoreMods) -> Result<Self> {
+        Ok(ScoreBuffers {
+            slopes: upload_slopes(gpu, scores)?,
+            sink: upload_sink(gpu, scores)?,
+        })
+    }
+
+    /// Their device addresses `[alibi, sink]` (0 where the call has none), with the guards to
+    /// hold until the launch is enqueued.
+    pub(crate) fn ptrs<'a>(
+        &'a self,
+        stream: &'a cudarc::driver::CudaStream,
+    ) -> ([u64; 2], [Option<cudarc::driver::SyncOnDrop<'a>>; 2]) {
+        use cudarc::driver::DevicePtr;
+        let [(alibi, g_alibi), (sink, g_sink)] = [&self.slopes, &self.sink].map(|x| {
+            x.as_ref()
+                .map(|d| d.device_ptr(stream))
+                .map_or((0, None), |(ptr, guard)| (ptr, Some(guard)))
+        });
+        ([alibi, sink], [g_alibi, g_sink])
+    }
+}
