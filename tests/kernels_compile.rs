@@ -312,6 +312,35 @@ fn jobs() -> Vec<Job> {
             }
         }
     }
+    // The Hopper backward with the score modifiers: softcap, ALiBi and both, no mask and
+    // causal, both padded head dims, the default grid of each (persistent_default).
+    for d in [64, 128] {
+        for dtype in DTYPES {
+            for causal in [false, true] {
+                for (softcap, alibi) in [(true, false), (false, true), (true, true)] {
+                    let p = with_softcap_alibi(bwd_problem(d, causal, false), softcap, alibi);
+                    use flashattn::cuda::backward_wgmma as bw;
+                    let persistent = flashattn::cuda::backward::persistent_default(&p, false);
+                    out.push(Job {
+                        source: KernelSource::AttnBwdWgmma,
+                        arch: "sm_90a",
+                        d,
+                        dtype,
+                        causal,
+                        defines: bw::defines(dtype, &p, false, persistent),
+                        functions: &["attn_bwd_wgmma", "attn_bwd_dsum", "attn_bwd_dq_tiled"],
+                        smem: bw::smem_bytes(d, persistent),
+                        tile: format!(
+                            "bwd-wg{}{}",
+                            if softcap { " softcap" } else { "" },
+                            if alibi { " alibi" } else { "" }
+                        ),
+                        roles: Some((40, 232)),
+                    });
+                }
+            }
+        }
+    }
     // Packed variable-length batches (IS_VARLEN) on attn_mma, every arch, with the tile the
     // varlen launcher takes (at most two blocks per SM).
     for &arch in CI_ARCHS.iter() {

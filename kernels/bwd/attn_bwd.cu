@@ -29,8 +29,8 @@
 // dS^T = (P^T (1 - tanh^2)) (dP^T - D), one rounding as without it; those pairs wait in the
 // lane's own cells of the dS^T tile, not in registers (the kernel is at 255 registers at d128:
 // 8 more live through dV spilled). ALiBi's bias is constant: dS passes through. Without them
-// the kernel carries none of their code (scripts/sass-compare.sh: the same SASS). The host
-// routes both here (attn_bwd_wgmma has neither); src/backward_tiles.rs models them.
+// the kernel carries none of their code (scripts/sass-compare.sh: the same SASS).
+// attn_bwd_wgmma applies them the same way; src/backward_tiles.rs models them.
 // IS_VARLEN: packed variable-length batches in one launch (bwd_varlen.cuh: each block takes its
 // sequence as a batch entry of its own; attn_bwd_dsum and attn_bwd_dq run over the packed rows).
 #include "ptx.cuh"

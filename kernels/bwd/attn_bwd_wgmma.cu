@@ -49,8 +49,11 @@
 //
 // Specialised at NVRTC time by HEAD_DIM (the real head_dim: 64, or 72..128 padded to 128 by
 // TMA's zero fill), BWD_BR (rows per step), STAGES, IS_BF16, IS_CAUSAL, IS_LOCAL (attn_common.cuh's key range),
-// CONSUMER_REGS, PRODUCER_REGS, DETERMINISTIC and BWD_PERSISTENT; softcap, ALiBi and varlen stay on
-// attn_bwd.cu (the host routes them there).
+// CONSUMER_REGS, PRODUCER_REGS, DETERMINISTIC, BWD_PERSISTENT, HAS_SOFTCAP and HAS_ALIBI (the
+// forward's score modifiers, applied to S^T before P^T as attn_bwd.cu applies them: a softcap's
+// derivative 1 - tanh^2 goes into the 16-bit P that dS^T is formed from; ALiBi's bias is
+// constant, dS passes through). Without them the kernel carries none of their code (the same
+// SASS). Varlen and head_dim 256 stay on attn_bwd.cu (the host routes them there).
 #include "ptx.cuh"
 #include "attn_common.cuh"
 #include "hopper.cuh"
@@ -61,7 +64,7 @@
 #define WG_AB "f16"
 #endif
 #include "wgmma_ops.cuh"
-static_assert(!IS_VARLEN && !HAS_SOFTCAP && !HAS_ALIBI, "attn_bwd_wgmma: no varlen, softcap or ALiBi");
+static_assert(!IS_VARLEN, "attn_bwd_wgmma: no varlen");
 
 #ifndef STAGES
 #define STAGES 2
@@ -394,6 +397,10 @@ FA_DEVICE void consumer_tile(const BwdWgmmaParams &w, const Smem &sm, const KeyB
         const int gs = gs0 + s;
         const int stage = gs % STAGES;
         const int h = head_of(s), row0 = row0_of(s);
+#if HAS_ALIBI
+        // The slope's load issued before the stage's wait and the products (S's units).
+        const float coef = alibi_coef(p, b, h);
+#endif
         mbar_wait(sm.full(stage), (u32)(gs / STAGES) & 1);
         const u32 sq = sm.q(stage), sdo = sm.d_o(stage);
         // Descriptor low words (K-major: LBO 16; MN-major: LBO = the next 64 columns).
@@ -423,6 +430,25 @@ FA_DEVICE void consumer_tile(const BwdWgmmaParams &w, const Smem &sm, const KeyB
         // Steps where every row sees both of every lane's keys (most, without a mask) skip the
         // per-element test.
         const bool all_seen = !vote_any(rmin[0] > 0 || rmin[1] > 0 || rmax[0] < BR - 1 || rmax[1] < BR - 1);
+#if HAS_ALIBI
+        // i + diag - j of the lane's first row and key; element i is 8(i/4) + i%2 rows and
+        // 8((i/2)%2) keys on (exact in f32 below 2^24, as the forward's score_row).
+        const float center = (float)((i64)row0 + 2 * t + diag - kw);
+#endif
+#if HAS_SOFTCAP
+        // P (1 - tanh^2), what dS^T is formed from (the softcap's derivative, src/scores.rs
+        // score_grad), waits in this warp's own cells of the step's dS tile, which it
+        // overwrites later in the step (stmatrix below): in registers, it spilled. Lane
+        // 8q + 2i + e keeps pairs 4c .. 4c + 3 as 16 bytes in row 16c + 8(q/2) + 2i + q%2,
+        // chunk 2 warp + e of the row's keys (swizzled): a quarter-warp's 8 stores hit the 8
+        // chunk positions of 128 bytes, no bank conflict.
+        const u32 sg_at = [&] {
+            const int q = lane / 8, i2 = (lane / 2) % 4, e = lane % 2;
+            const u32 row = (u32)(8 * (q / 2) + 2 * i2 + q % 2);
+            return sm.ds(gs & 1) + (u32)cons * SUB_Q + row * 128 + ((((u32)(2 * warp + e)) ^ (row % 8)) * 16);
+        }();
+        u32 sg[4];
+#endif
 #pragma unroll
         for (int i = 0; i < NSC; i += 2) {
             const int rl = 8 * (i / 4) + 2 * t, r = (i / 2) % 2;
@@ -433,16 +459,35 @@ FA_DEVICE void consumer_tile(const BwdWgmmaParams &w, const Smem &sm, const KeyB
                 l0 = rl >= rmin[r] && rl <= rmax[r] ? l0 : __int_as_float(0x7f800000);
                 l1 = rl + 1 >= rmin[r] && rl + 1 <= rmax[r] ? l1 : __int_as_float(0x7f800000);
             }
+#if HAS_SOFTCAP
+            // S^T = softcap tanh(S^T / softcap), in scale_log2's units (attn_common.cuh's
+            // score_row).
+            const float tc0 = tanh_exp2(st[i] * p.softcap_pre), tc1 = tanh_exp2(st[i + 1] * p.softcap_pre);
+            st[i] = tc0;
+            st[i + 1] = tc1;
+#endif
+#if HAS_ALIBI
+            const float at = center + (float)(8 * (i / 4) - 8 * r);
+            st[i] -= coef * fabsf(at);
+            st[i + 1] -= coef * fabsf(at + 1.f);
+#endif
             st[i] = ex2(fmaf(st[i], scale_log2, -l0));
             st[i + 1] = ex2(fmaf(st[i + 1], scale_log2, -l1));
+#if HAS_SOFTCAP
+            sg[(i / 2) % 4] = pack2(st[i] * (1.f - tc0 * tc0), st[i + 1] * (1.f - tc1 * tc1));
+            if ((i / 2) % 4 == 3) st_shared_v4(sg_at + (u32)(i / 8) * 2048, sg[0], sg[1], sg[2], sg[3]);
+#endif
         }
-        u32 pf[NSC / 2], pd[NSC / 2];
+        u32 pf[NSC / 2];
 #pragma unroll
         for (int r = 0; r < NSC / 2; ++r) pf[r] = pack2(st[2 * r], st[2 * r + 1]);
+#if !HAS_SOFTCAP
         // dS reads P from a copy: the registers of a running wgmma's A operand may not be
         // accessed before the wait_group that covers it (PTX ISA, wgmma.wait_group).
+        u32 pd[NSC / 2];
 #pragma unroll
         for (int r = 0; r < NSC / 2; ++r) pd[r] = in_loop(pf[r]);
+#endif
         wgmma_wait<0>();
         fence_regs(dpt);
 
@@ -460,14 +505,23 @@ FA_DEVICE void consumer_tile(const BwdWgmmaParams &w, const Smem &sm, const KeyB
         for (int i = 0; i < NSC; i += 2) {
             const int rl = 8 * (i / 4) + 2 * t;
             // P from its 16-bit pair, the values dV used (the f32 ones are not kept live
-            // through dP^T: registers).
-            const float p0 = to_f32((u16)(pd[i / 2] & 0xffff)), p1 = to_f32((u16)(pd[i / 2] >> 16));
+            // through dP^T: registers); with a softcap, P (1 - tanh^2) from its cells.
+#if HAS_SOFTCAP
+            if ((i / 2) % 4 == 0) ld_shared_v4(sg[0], sg[1], sg[2], sg[3], sg_at + (u32)(i / 8) * 2048);
+            const u32 pair = sg[(i / 2) % 4];
+#else
+            const u32 pair = pd[i / 2];
+#endif
+            const float p0 = to_f32((u16)(pair & 0xffff)), p1 = to_f32((u16)(pair >> 16));
             float D0, D1;
             ld_shared_f32x2(sd + rl * 4, D0, D1);
             const float d0 = p0 * (dpt[i] - D0);
             const float d1 = p1 * (dpt[i + 1] - D1);
             dsf[i / 2] = pack2(d0, d1);
         }
+#if HAS_SOFTCAP
+        __syncwarp(); // every lane's cells read before the warp's stmatrix overwrites them
+#endif
         // To shared memory transposed, dS[row][key] (K-major for dQ = dS K), by
         // stmatrix.x4.trans: x4 number q stores the 8x8 tiles of pairs 4q .. 4q + 3 (rows
         // 16q + 8(m/2).., keys 16 warp + 8(m%2).. for tile m); lane 8m + i addresses row

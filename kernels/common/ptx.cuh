@@ -120,6 +120,9 @@ FA_DEVICE void ld_shared_v4(u32 &x0, u32 &x1, u32 &x2, u32 &x3, u32 addr) {
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(addr));
 }
+FA_DEVICE void st_shared_v4(u32 addr, u32 x0, u32 x1, u32 x2, u32 x3) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(x0), "r"(x1), "r"(x2), "r"(x3) : "memory");
+}
 FA_DEVICE void st_global_v4(void *p, u32 x0, u32 x1, u32 x2, u32 x3) {
     asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(x0), "r"(x1), "r"(x2), "r"(x3)
                  : "memory");

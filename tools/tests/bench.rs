@@ -785,10 +785,19 @@ fn backward_sweep_has_bwd_bwd_mma_and_bwd_det_lines_and_two_and_a_half_forward_f
     for bad in [
         &["--backward", "--kernels", "mma"][..],
         &["--backward", "--tiles", "2,4,64"],
-        &["--backward", "--softcap", "30"],
-        &["--backward", "--alibi"],
     ] {
         assert!(opts(bad).sweep().is_err(), "{bad:?}");
+    }
+    // The GPU backward has the score modifiers (no peers: SDPA's fused backends lack them).
+    for good in [
+        &["--backward", "--softcap", "30"][..],
+        &["--backward", "--alibi"],
+    ] {
+        let s = opts(good).sweep().expect("backward with a modifier");
+        assert!(
+            s.cases.iter().all(|c| c.backward && c.has_score_mods()),
+            "{good:?}"
+        );
     }
 }
 

@@ -112,7 +112,8 @@ fn backward_softcap_and_alibi_cases_are_labelled_and_within_reach() {
     labels.dedup();
     assert_eq!(labels.len(), n, "backward labels must be unique");
     let mods = mod_cases();
-    assert!(mods.len() >= 8 && mods.len() <= 16, "{} cases", mods.len());
+    // Each problem runs on up to three kernel/grid choices (attn_bwd_wgmma's head dims).
+    assert!(mods.len() >= 8 && mods.len() <= 40, "{} cases", mods.len());
     fn one<T: Element>(p: &flashattn::AttnProblem, label: &str) {
         let s = p.shape;
         let (q, k, v) = random_inputs::<T>(p, 11);
@@ -148,6 +149,12 @@ fn backward_softcap_and_alibi_cases_are_labelled_and_within_reach() {
             c.label
         );
         assert!(all.iter().any(|a| a.label == c.label));
+        // The CPU bound once per problem and dtype (the kernel and grid do not change it).
+        if c.kernel != flashattn::cuda::backward::BwdKernel::Auto
+            || c.grid != flashattn_tools::check::backward::Grid::Default
+        {
+            continue;
+        }
         match c.dtype {
             DType::BF16 => one::<bf16>(&c.problem, &c.label),
             _ => one::<f16>(&c.problem, &c.label),

@@ -3,9 +3,9 @@
 //! accumulating dK and dV in registers and adding dQ tiles to an f32 workspace, then the
 //! workspace converted to the element type. Two main kernels:
 //! - attn_bwd_wgmma ([`crate::cuda::bwd::backward_wgmma`]; wgmma + TMA, FlashAttention-3's structure):
-//!   the default on sm_90 at head_dim 64 and 72..=128;
+//!   the default on sm_90 at head_dim 64 and 72..=128 (every mask, softcap and ALiBi);
 //! - attn_bwd (`mma.sync`, bulk reductions on sm_90, atomics before): every other call
-//!   (softcap and ALiBi included), and any call that asks for it ([`BwdKernel::Mma`]).
+//!   (other head dims, other GPUs, varlen), and any call that asks for it ([`BwdKernel::Mma`]).
 //!
 //! Both have the deterministic mode.
 //!
@@ -397,7 +397,7 @@ unsafe impl DeviceRepr for BwdWgmmaParams {}
 /// # Errors
 /// [`unsupported`]'s errors; every error of [`check_gpu_problem`]; [`AttnError::InvalidInput`]
 /// for a malformed `FLASHATTN_BWD_TILE` ([`BwdTile::for_call`]), for [`BwdKernel::Wgmma`] on
-/// a call attn_bwd_wgmma cannot serve (softcap and ALiBi among them), for ALiBi or a sink's
+/// a call attn_bwd_wgmma cannot serve (another head_dim or GPU), for ALiBi or a sink's
 /// gradient inside a CUDA graph capture (slopes and logits are copied from host memory), and
 /// for `d_sink` given on a problem without a sink;
 /// [`AttnError::BufferTooShort`] for any buffer shorter than its layout needs (`do` named as

@@ -56,7 +56,7 @@ pub const STAGES: usize = 2;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub enum BwdKernel {
     /// attn_bwd_wgmma where it serves the call (sm_90, head_dim 64 or 72..=128,
-    /// TMA-describable strides, no softcap, no ALiBi), else attn_bwd.
+    /// TMA-describable strides; every mask and score modifier), else attn_bwd.
     #[default]
     Auto,
     /// attn_bwd (`mma.sync`) always.
@@ -83,9 +83,6 @@ pub fn unsupported(info: &DeviceInfo, p: &AttnProblem) -> Option<String> {
             "attn_bwd_wgmma needs sm_90 (wgmma, TMA); this device is {}",
             info.arch
         ));
-    }
-    if p.scores.softcap.is_some() || p.scores.alibi.is_some() {
-        return Some("softcap and ALiBi are attn_bwd's".into());
     }
     if padded_head_dim(p.shape.head_dim).is_none() {
         return Some(format!(

@@ -357,11 +357,6 @@ impl BenchOptions {
                     ),
                 });
             }
-            if self.softcap.is_some() || self.alibi {
-                return Err(AttnError::InvalidInput {
-                    what: "--backward with --softcap or --alibi: the GPU backward does not have them yet (the CPU backward does)".into(),
-                });
-            }
             // bwd: attn_bwd_wgmma where it serves the call; bwd-mma: attn_bwd; bwd-det: the
             // default kernel in the deterministic mode; bwd-persistent / bwd-grid:
             // attn_bwd_wgmma's persistent variant / one block per tile, by name.

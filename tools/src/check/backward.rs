@@ -3,7 +3,7 @@
 //! (the default and attn_bwd by name): both dtypes, head dims 8 to 256 (36 and 160 padded),
 //! no mask, causal (seqlen_q
 //! below, equal to and above seqlen_k) and sliding windows, GQA and MQA, lengths that are not
-//! multiples of the tiles; softcap and ALiBi (attn_bwd, [`mod_cases`]); a learnable sink on
+//! multiples of the tiles; softcap and ALiBi (both kernels, [`mod_cases`]); a learnable sink on
 //! both kernels, its gradient from sink_grad judged too ([`sink_cases`]). o and lse come from
 //! the CPU forward, so that a forward error cannot hide a backward one; the gradients start as
 //! NaN (an element the kernels skip fails). The deterministic mode runs 5 times per case and
@@ -159,7 +159,7 @@ pub fn cases() -> Vec<BwdCase> {
 /// A learnable sink (the forward's lse includes it; d sink comes from sink_grad): mild and
 /// strong sinks; no mask, causal with seqlen_q above seqlen_k (rows that see no key) and a
 /// window; GQA and MQA; head dims 64 and 128 on both kernels (attn_bwd_wgmma where it serves,
-/// attn_bwd by name), 96, 77 (padded), 256, with softcap and ALiBi (attn_bwd), and the
+/// attn_bwd by name), 96, 77 (padded), 256, with softcap and ALiBi (attn_bwd at d256), and the
 /// deterministic mode; both dtypes. Labels end in ` sink`.
 pub fn sink_cases() -> Vec<BwdCase> {
     let shape = |b, sq, sk, hq, hkv, d| {
@@ -345,12 +345,15 @@ pub fn persistent_cases() -> Vec<BwdCase> {
         .collect()
 }
 
-/// Softcap and ALiBi, which attn_bwd alone takes (the default routes them there): softcaps
+/// Softcap and ALiBi, on attn_bwd_wgmma where it takes the head_dim (on one block per tile
+/// or persistent as the default has it, and persistent on a few blocks) and on attn_bwd (by
+/// name there, the default elsewhere): softcaps
 /// small enough that tanh bends the random scores (2, 5) and FlashAttention's usual 30;
 /// slopes per head and per (batch, head); alone, together, with causal (seqlen_q above
 /// seqlen_k: rows that see no key) and a window; GQA and MQA; odd lengths; head dims 64, 128,
 /// 96, 36 (padded to 40) in both dtypes, 256 (two channel passes) and the deterministic mode
-/// in f16. Labels carry ` softcapC` and ` alibi` ([`super::cases::describe_scores`]).
+/// in f16 (at d96 and d64); several key blocks and steps at d128 and d64. Labels carry
+/// ` softcapC` and ` alibi` ([`super::cases::describe_scores`]), ` mma` for attn_bwd by name.
 pub fn mod_cases() -> Vec<BwdCase> {
     let shape = |b, sq, sk, hq, hkv, d| {
         let mut s = AttnShape::new(b, sq, hq, d);
@@ -427,6 +430,22 @@ pub fn mod_cases() -> Vec<BwdCase> {
             f16_only,
             false,
         ),
+        // Several key blocks and steps on attn_bwd_wgmma: both modifiers at d128, and the
+        // deterministic mode at d64 (128-row steps).
+        (
+            shape(1, 300, 400, 4, 2, 128),
+            Full,
+            mods(full, Some(30.0), per_head(4)),
+            both,
+            false,
+        ),
+        (
+            shape(2, 300, 300, 2, 1, 64),
+            Causal,
+            mods(full, Some(5.0), per_batch(2, 2)),
+            f16_only,
+            true,
+        ),
     ];
     let mut out = Vec::new();
     for (shape, mask, mods, dtypes, deterministic) in list {
@@ -444,18 +463,36 @@ pub fn mod_cases() -> Vec<BwdCase> {
             heads_kv: hkv,
             head_dim: d,
         } = shape;
-        for &dtype in dtypes {
-            out.push(BwdCase {
-                label: format!(
-                    "{dtype} backward b={b} sq={sq} sk={sk} hq={hq} hkv={hkv} d={d} {name}{}",
-                    if deterministic { " deterministic" } else { "" }
+        // Where attn_bwd_wgmma takes the head_dim: the default (it), its persistent variant
+        // on a few blocks, and attn_bwd by name.
+        let runs: &[(BwdKernel, Grid)] = if padded_head_dim(d).is_some() {
+            &[
+                (BwdKernel::Auto, Grid::Default),
+                (
+                    BwdKernel::Auto,
+                    Grid::Persistent(Some(PERSISTENT_SMALL_GRID)),
                 ),
-                dtype,
-                problem: problem.clone(),
-                deterministic,
-                kernel: BwdKernel::Auto,
-                grid: Grid::Default,
-            });
+                (BwdKernel::Mma, Grid::Default),
+            ]
+        } else {
+            &[(BwdKernel::Auto, Grid::Default)]
+        };
+        for &dtype in dtypes {
+            for &(kernel, grid) in runs {
+                out.push(BwdCase {
+                    label: format!(
+                        "{dtype} backward b={b} sq={sq} sk={sk} hq={hq} hkv={hkv} d={d} {name}{}{}{}",
+                        if deterministic { " deterministic" } else { "" },
+                        if kernel == BwdKernel::Mma { " mma" } else { "" },
+                        grid_label(grid)
+                    ),
+                    dtype,
+                    problem: problem.clone(),
+                    deterministic,
+                    kernel,
+                    grid,
+                });
+            }
         }
     }
     out
@@ -630,30 +667,25 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &BwdCase, seed: u64) -> Result<Case
 }
 
 /// Calls the GPU backward must refuse with a typed error, each checked through
-/// [`backward_host`]: softcap and ALiBi with attn_bwd_wgmma asked for by name (attn_bwd alone
-/// takes them; the error says attn_bwd_wgmma cannot serve the call, on any device).
-/// `(label, passed, message)`.
+/// [`backward_host`]: attn_bwd_wgmma asked for by name at head dims it does not take (256,
+/// and 40, which it does not pad; attn_bwd serves both by default; the error says
+/// attn_bwd_wgmma cannot serve the call, on any device). `(label, passed, message)`.
 pub fn refusals(gpu: &Gpu) -> Vec<(String, bool, String)> {
-    let with = |mods: ScoreMods| {
-        AttnProblem::new(AttnShape::new(1, 32, 2, 64))
+    let with = |d: usize| {
+        AttnProblem::new(AttnShape::new(1, 32, 2, d))
             .expect("valid shape")
-            .with_scores(mods)
+            .with_scores(ScoreMods {
+                softcap: Some(30.0),
+                ..ScoreMods::default()
+            })
             .expect("valid modifiers")
     };
-    let softcap = with(ScoreMods {
-        softcap: Some(30.0),
-        ..ScoreMods::default()
-    });
-    let alibi = with(ScoreMods {
-        alibi: Some(Alibi::geometric(2)),
-        ..ScoreMods::default()
-    });
     let wgmma = BackwardOptions {
         kernel: BwdKernel::Wgmma,
         ..BackwardOptions::default()
     };
     let want = "attn_bwd_wgmma cannot serve this call";
-    [("softcap", softcap), ("alibi", alibi)]
+    [("d=256 softcap30", with(256)), ("d=40 softcap30", with(40))]
         .into_iter()
         .map(|(label, prob)| {
             let label = format!("backward {label} on attn_bwd_wgmma");
