@@ -35,7 +35,7 @@ Semantics are FlashAttention-2's: ``[batch, seqlen, heads, head_dim]`` layout, c
 aligned bottom-right, ``window_size=(left, right)`` (a tuple, list or tensor of two ints)
 with -1 unbounded, ``softcap`` > 0 caps scores as ``softcap * tanh(s / softcap)``,
 ``alibi_slopes`` ``[heads]`` or ``[batch, heads]`` (copied to the host: on CUDA that call
-synchronises); GQA/MQA when k and v have fewer heads than q; head dims that are not a
+synchronises, but ``flash_attn_with_kvcache``'s, read on q's device); GQA/MQA when k and v have fewer heads than q; head dims that are not a
 multiple of 8 run padded with zero channels on the GPU. ``softmax_scale`` must be finite and
 above 0.
 
@@ -48,7 +48,9 @@ value row: ``o = sum_j exp(s_j - m) v_j / (sum_j exp(s_j - m) + exp(sink_h - m))
 that requires grad gets its gradient through autograd (``flash_attn_func``, the packed forms
 and the variable-length functions, summed over every packed row):
 ``d sink_h = -sum_{b,i} exp(sink_h - lse_bhi) (dout_bhi . out_bhi)``. The logits are copied to
-the host for the call (on CUDA a synchronisation, and not inside a graph capture).
+the host for the call (on CUDA a synchronisation, and not inside a graph capture), but
+``flash_attn_with_kvcache`` reads a sink on q's CUDA device there (a decoding step with a sink
+can be captured).
 
 ``return_attn_probs=True`` returns ``(out, softmax_lse, S_dmask)`` as FlashAttention-2 does:
 ``softmax_lse`` float32 ``[batch, heads, seqlen_q]`` (``[heads, total_q]`` for the
@@ -295,6 +297,23 @@ def _sink(learnable_sink, q):
 
 def _is_torch(x):
     return type(x).__module__.split(".")[0] == "torch"
+
+
+def _on_device_float32(name, x, q):
+    """A PyTorch tensor on q's CUDA device (ALiBi slopes, a sink's logits) as the CUDA KV-cache
+    call reads it in place: float32 and contiguous, still on the device (a conversion there
+    when needed; nothing copied to the host, no synchronisation). None for anything else,
+    which takes the host path."""
+    if not (_is_torch(x) and _is_torch(q) and x.is_cuda and x.device == q.device):
+        return None
+    dtype = str(x.dtype).replace("torch.", "")
+    if dtype not in _SINK_DTYPES:
+        raise FlashAttnError(
+            f"{name} is {dtype}: pass float32 (or bfloat16, float16) values"
+        )
+    import torch
+
+    return x.detach().to(torch.float32).contiguous()
 
 
 def _on_cuda(x):
@@ -1152,12 +1171,18 @@ def _device_lens(q, value):
 
 def _kvcache_call(q, k_cache, v_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad,
                   block_table, rotary_cos, rotary_sin, rotary_interleaved, scores, num_splits,
-                  learnable_sink=None):
+                  learnable_sink=None, alibi_slopes=None):
     """A KV-cache call with its index arguments in the form the native call takes (see
-    :func:`_index_tensor`; on CUDA nothing is read from the device but a learnable sink's
-    logits, copied to the host as :func:`_sink` says)."""
-    sink = _sink(learnable_sink, q)
+    :func:`_index_tensor`); `scores` without the slopes, which come as `alibi_slopes`. On
+    CUDA nothing is read from the device: the slopes and a learnable sink's logits as PyTorch
+    tensors on q's device stay there (:func:`_on_device_float32`); others are copied to the
+    host (:func:`_slopes`, :func:`_sink`)."""
     cuda = _on_cuda(q)
+    sink = _on_device_float32("learnable_sink", learnable_sink, q) if cuda else None
+    if sink is None:
+        sink = _sink(learnable_sink, q)
+    slopes = _on_device_float32("alibi_slopes", alibi_slopes, q) if cuda else None
+    scores = (*scores[:-1], _slopes(alibi_slopes) if slopes is None else slopes)
     if isinstance(cache_seqlens, (numbers.Integral, bool)):
         lens = _int("cache_seqlens", cache_seqlens, -(2**31), 2**31 - 1)  # every sequence's
         if cuda:
@@ -1238,11 +1263,14 @@ def flash_attn_with_kvcache(
     they by FlashAttention-2): the kernels clamp what they read (a length to the capacity
     minus the new rows, a first row to the length, a cache sequence and a page to the cache),
     so that no value reads or writes outside the tensors, and a call with out-of-range values
-    computes the call with the clamped ones. On the CPU every value is checked. ALiBi slopes
-    are copied to the host (on CUDA that call synchronises and cannot be captured).
+    computes the call with the clamped ones. On the CPU every value is checked.
     ``learnable_sink`` (keyword only; alias ``s_aux``): one logit per query head, as
     :func:`flash_attn_func`'s (it joins every row's softmax denominator, lse included; a row
-    that sees no key gets ``o = 0``, ``lse = sink_h``), copied to the host as the slopes are.
+    that sees no key gets ``o = 0``, ``lse = sink_h``). On CUDA, ALiBi slopes and the sink as
+    PyTorch tensors on q's device are read there too (converted to float32 there when they
+    are not): a step with them can be captured and replayed with new values written into
+    them. Given any other way (NumPy, lists, another device) they are copied to the host, and
+    that call synchronises and cannot be captured.
 
     Every head_dim up to 256 runs. On CUDA, a head_dim that is not a multiple of 8 runs as
     FlashAttention-2 runs it: q, the caches and the new rows are copied padded with zero
@@ -1260,12 +1288,12 @@ def flash_attn_with_kvcache(
             rotary_interleaved, alibi_slopes, num_splits, sink,
         )
         return (out, lse) if return_softmax_lse else out
-    scores = _scores(softmax_scale, causal, window_size, softcap, alibi_slopes)
+    scores = _scores(softmax_scale, causal, window_size, softcap, None)
     _tensors(("k", "v", "rotary_cos", "rotary_sin"), q=q, k_cache=k_cache, v_cache=v_cache,
              k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin)
     call = _kvcache_call(
         q, k_cache, v_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-        rotary_cos, rotary_sin, rotary_interleaved, scores, num_splits, sink,
+        rotary_cos, rotary_sin, rotary_interleaved, scores, num_splits, sink, alibi_slopes,
     )
     if _wants_grad(q, k, v):
         out, lse = _function().apply(call, q, k, v)

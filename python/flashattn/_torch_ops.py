@@ -305,10 +305,10 @@ def kvcache_fwd(
     ``cache_seqlens_all`` for every one, or neither (full caches). No synchronisation on CUDA
     (the index tensors are read on the device), so ``mode="reduce-overhead"`` may capture it."""
     lens = cache_seqlens if cache_seqlens is not None else cache_seqlens_all
-    scores = (softmax_scale, causal, window_left, window_right, softcap, _fa._slopes(alibi_slopes))
+    scores = (softmax_scale, causal, window_left, window_right, softcap, None)
     call = _fa._kvcache_call(
         q, k_cache, v_cache, k, lens, cache_batch_idx, cache_leftpad, block_table, rotary_cos,
-        rotary_sin, rotary_interleaved, scores, num_splits, learnable_sink,
+        rotary_sin, rotary_interleaved, scores, num_splits, learnable_sink, alibi_slopes,
     )
     return call.forward(q, k, v)
 

@@ -668,6 +668,8 @@ pub(crate) fn varlen_backward<'py>(
 
 struct KvCache<'a, 'py> {
     shape: KvCacheShape,
+    /// ALiBi slopes and sink logits on the device (CUDA), read there.
+    values: (Option<&'a Borrowed>, Option<&'a Borrowed>),
     index: &'a CacheIndex,
     /// q, k_cache, v_cache, out, lse.
     t: [&'a Borrowed; 5],
@@ -718,6 +720,7 @@ impl Job for KvCache<'_, '_> {
             splits: (self.num_splits > 0).then_some(self.num_splits),
             workspace: self.workspace,
             handshake: self.handshake,
+            values: self.values,
         };
         // SAFETY: the caller's contract.
         unsafe { gpu::on_device(id, self.stream, |g| gpu::kvcache::<T>(g, &call)) }
@@ -736,7 +739,9 @@ impl Job for KvCache<'_, '_> {
 /// seqlen_q]`). `num_splits`: 0 for one on the CPU and the library's heuristic on the GPU.
 /// `workspace`: on CUDA, a callable that returns a float32 tensor of `n` elements on q's
 /// device (the split-KV partials), called when the call has more than one split.
-/// `learnable_sink`: host float32 `[heads_q]`, as [`forward`] takes it.
+/// `learnable_sink`: float32 `[heads_q]`, as [`forward`] takes it; on CUDA, it and
+/// `alibi_slopes` may be float32 tensors on q's device, read there (no copy, no
+/// synchronisation: a call with them can be captured in a CUDA graph).
 #[pyfunction]
 #[pyo3(signature = (q, k_cache, v_cache, k_new, v_new, out, lse, cache_seqlens, block_table, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, num_splits, workspace=None, stream=None, current=false, learnable_sink=None))]
 #[allow(clippy::too_many_arguments)]
@@ -809,8 +814,32 @@ pub(crate) fn kvcache_forward<'py>(
     let place = placement(&all)?;
     let dtype = one_dtype(&all)?;
     let window = (window_left, window_right);
-    let scores =
+    // On CUDA, slopes and sink logits on the device are read there (nothing copied: a decoding
+    // step with them can be captured in a CUDA graph); on q's device only.
+    let device_value = |x: &Option<Bound<'py, PyAny>>, name| -> PyResult<Option<Borrowed>> {
+        let Some(x) = x.as_ref().filter(|_| place.is_some()) else {
+            return Ok(None);
+        };
+        let t = Borrowed::take_on(x, name, hs)?;
+        match t.place()? {
+            None => Ok(None),
+            d if d == place => Ok(Some(t)),
+            d => Err(crate::error::FlashAttnError::new_err(format!(
+                "{name} is on CUDA device {} but q is on CUDA device {}: pass it on q's device",
+                d.unwrap_or(-1),
+                place.unwrap_or(-1)
+            ))),
+        }
+    };
+    let values = (
+        device_value(&alibi_slopes, "alibi_slopes")?,
+        device_value(&learnable_sink, "learnable_sink")?,
+    );
+    let mut scores =
         Scores::new(softmax_scale, causal, window, softcap, alibi_slopes).with_sink(learnable_sink);
+    if place.is_some() {
+        scores = scores.with_device_values(hs);
+    }
     let shape = kvcache_shape(
         [&tq, &tkc, &tvc, &to, &tl],
         new.as_ref(),
@@ -822,6 +851,7 @@ pub(crate) fn kvcache_forward<'py>(
     check_disjoint(&[&tkc, &tvc, &to, &tl], &read)?;
     let job = KvCache {
         shape,
+        values: (values.0.as_ref(), values.1.as_ref()),
         index: &index,
         t: [&tq, &tkc, &tvc, &to, &tl],
         new: new.as_ref(),

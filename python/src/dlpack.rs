@@ -120,13 +120,9 @@ impl Drop for Borrowed {
 
 impl Borrowed {
     /// Takes `obj.__dlpack__()`: the versioned form when the producer offers it (NumPy 2.1+
-    /// exports read-only arrays only that way), else the legacy one.
-    pub(crate) fn take(obj: &Bound<'_, PyAny>, name: &'static str) -> PyResult<Self> {
-        Self::take_on(obj, name, None)
-    }
-
-    /// As [`Self::take`], with DLPack's stream handshake for a CUDA tensor: `handshake` is
-    /// the `stream` argument of `__dlpack__` ([`handshake`]).
+    /// exports read-only arrays only that way), else the legacy one; with DLPack's stream
+    /// handshake for a CUDA tensor: `handshake` is the `stream` argument of `__dlpack__`
+    /// ([`handshake`]; `None` for host arrays).
     pub(crate) fn take_on(
         obj: &Bound<'_, PyAny>,
         name: &'static str,

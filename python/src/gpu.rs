@@ -325,6 +325,9 @@ pub struct KvCall<'a, 'py> {
     pub workspace: Option<&'a Bound<'py, PyAny>>,
     /// DLPack's stream handshake for the workspace tensor.
     pub handshake: Option<i64>,
+    /// ALiBi slopes and sink logits on the device (float32, checked by the caller), read in
+    /// place of the shape's values (zeros that state the modifiers).
+    pub values: (Option<&'a Borrowed>, Option<&'a Borrowed>),
 }
 
 /// Decoding against a KV cache on CUDA tensors ([`flashattn::cuda::decode::DecodeLaunch`]):
@@ -332,8 +335,8 @@ pub struct KvCall<'a, 'py> {
 /// from the caller's framework (allocated on its current stream, so that a CUDA graph capture
 /// keeps it in the graph's pool), and nothing synchronises: the call can be captured in a
 /// CUDA graph (its kernels compiled by an earlier call: a warm-up) and replayed with new
-/// values in the index tensors. ALiBi slopes are copied from the host per call (refused
-/// inside a capture).
+/// values in the index tensors (and in the slopes and sink logits, when they are given on the
+/// device; host ones are copied per call, which a capture refuses).
 ///
 /// # Safety
 /// As [`foreign`].
@@ -373,11 +376,16 @@ pub unsafe fn kvcache<T: GpuElement>(gpu: &Gpu, c: &KvCall<'_, '_>) -> PyResult<
     fn dynp<U>(x: &Option<ForeignSlice<U>>) -> Option<&dyn DevicePtr<U>> {
         x.as_ref().map(|s| s as &dyn DevicePtr<U>)
     }
+    // SAFETY: float32 tensors on the device (checked by the caller).
+    let float = |t: Option<&Borrowed>| t.map(|t| unsafe { foreign::<f32>(t, gpu) }).transpose();
+    let (slopes, sink) = (float(c.values.0)?, float(c.values.1)?);
     let index = DeviceIndex {
-        cache_seqlens: &lens,
         block_table: dynp(&table),
         cache_batch_idx: dynp(&batch_idx),
         cache_leftpad: dynp(&leftpad),
+        alibi_slopes: dynp(&slopes),
+        sink: dynp(&sink),
+        ..DeviceIndex::new(&lens)
     };
     // The workspace, from the caller's framework.
     let n = launch.workspace_len();

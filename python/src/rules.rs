@@ -137,10 +137,18 @@ pub(crate) struct Scores<'py> {
     pub window: (i64, i64),
     /// 0 = off.
     pub softcap: f32,
-    /// A host float32 array `[heads_q]` or `[batch, heads_q]` (Python copies it there).
+    /// A host float32 array `[heads_q]` or `[batch, heads_q]` (Python copies it there), or a
+    /// device one where [`Scores::device_values`] allows it.
     pub alibi_slopes: Option<Bound<'py, PyAny>>,
-    /// A host float32 array `[heads_q]`: the learnable sink's logits (Python copies it there).
+    /// A host float32 array `[heads_q]`: the learnable sink's logits (Python copies it there),
+    /// or a device one where [`Scores::device_values`] allows it.
     pub learnable_sink: Option<Bound<'py, PyAny>>,
+    /// Whether the slopes and sink may be device arrays (the CUDA KV-cache call, which reads
+    /// them where they are): the problem then gets zeros of their shape, which only state the
+    /// modifier; the call passes the device arrays to the kernels.
+    pub device_values: bool,
+    /// DLPack's stream handshake for them ([`crate::dlpack::handshake`]).
+    pub handshake: Option<i64>,
 }
 
 impl<'py> Scores<'py> {
@@ -159,7 +167,17 @@ impl<'py> Scores<'py> {
             softcap,
             alibi_slopes,
             learnable_sink: None,
+            device_values: false,
+            handshake: None,
         }
+    }
+
+    /// These options with device slopes and sink logits allowed ([`Scores::device_values`]),
+    /// taken with the call's stream `handshake`.
+    pub(crate) fn with_device_values(mut self, handshake: Option<i64>) -> Self {
+        self.device_values = true;
+        self.handshake = handshake;
+        self
     }
 
     /// These options with a learnable sink (`None`: none).
@@ -173,13 +191,18 @@ impl<'py> Scores<'py> {
         Self::new(softmax_scale, causal, (-1, -1), 0.0, None)
     }
 
+    /// `Some(handshake)` where device values are allowed.
+    fn device_ok(&self) -> Option<Option<i64>> {
+        self.device_values.then_some(self.handshake)
+    }
+
     /// `p` with these options; `batch` and `heads_q` judge the slopes' shape.
     pub(crate) fn apply<P: Problem>(&self, p: P, batch: usize, heads_q: usize) -> PyResult<P> {
         let mods = ScoreMods {
             window: Window::from_fa(self.window.0, self.window.1).map_err(err)?,
             softcap: (self.softcap != 0.0).then_some(self.softcap),
-            alibi: alibi(self.alibi_slopes.as_ref(), batch, heads_q)?,
-            sink: sink(self.learnable_sink.as_ref(), heads_q)?,
+            alibi: alibi(self.alibi_slopes.as_ref(), batch, heads_q, self.device_ok())?,
+            sink: sink(self.learnable_sink.as_ref(), heads_q, self.device_ok())?,
         };
         let p = p.mask(if self.causal {
             Mask::Causal
@@ -244,11 +267,12 @@ fn alibi(
     slopes: Option<&Bound<'_, PyAny>>,
     batch: usize,
     heads_q: usize,
+    device_ok: Option<Option<i64>>,
 ) -> PyResult<Option<Alibi>> {
     let Some(x) = slopes else {
         return Ok(None);
     };
-    let t = Borrowed::take(x, "alibi_slopes")?;
+    let t = Borrowed::take_on(x, "alibi_slopes", device_ok.flatten())?;
     let shape = t.shape();
     if shape != [heads_q] && shape != [batch, heads_q] {
         return Err(invalid(format!(
@@ -256,14 +280,18 @@ fn alibi(
             tuple(&shape)
         )));
     }
-    if t.place()?.is_some() || t.dtype()? != "float32" {
+    if (t.place()?.is_some() && device_ok.is_none()) || t.dtype()? != "float32" {
         return Err(invalid(
             "alibi_slopes: pass a host float32 array (flashattn's functions copy it there)".into(),
         ));
     }
     compact(&t, shape.len(), "[heads_q] or [batch, heads_q]")?;
-    // SAFETY: a compact float32 tensor on the host.
-    let slopes = unsafe { t.slice::<f32>()? }.to_vec();
+    let slopes = if t.place()?.is_some() {
+        vec![0.0; t.extent()?] // the device array is the call's (device_values)
+    } else {
+        // SAFETY: a compact float32 tensor on the host.
+        unsafe { t.slice::<f32>()? }.to_vec()
+    };
     Ok(Some(Alibi {
         slopes,
         per_batch: shape.len() == 2 && batch > 1,
@@ -272,11 +300,15 @@ fn alibi(
 
 /// `learnable_sink` `[heads_q]` as the library's sink logits (their values are the library's
 /// to judge: finite).
-fn sink(logits: Option<&Bound<'_, PyAny>>, heads_q: usize) -> PyResult<Option<Vec<f32>>> {
+fn sink(
+    logits: Option<&Bound<'_, PyAny>>,
+    heads_q: usize,
+    device_ok: Option<Option<i64>>,
+) -> PyResult<Option<Vec<f32>>> {
     let Some(x) = logits else {
         return Ok(None);
     };
-    let t = Borrowed::take(x, "learnable_sink")?;
+    let t = Borrowed::take_on(x, "learnable_sink", device_ok.flatten())?;
     let shape = t.shape();
     if shape != [heads_q] {
         return Err(invalid(format!(
@@ -284,13 +316,16 @@ fn sink(logits: Option<&Bound<'_, PyAny>>, heads_q: usize) -> PyResult<Option<Ve
             tuple(&shape)
         )));
     }
-    if t.place()?.is_some() || t.dtype()? != "float32" {
+    if (t.place()?.is_some() && device_ok.is_none()) || t.dtype()? != "float32" {
         return Err(invalid(
             "learnable_sink: pass a host float32 array (flashattn's functions copy it there)"
                 .into(),
         ));
     }
     compact(&t, 1, "[heads_q]")?;
+    if t.place()?.is_some() {
+        return Ok(Some(vec![0.0; heads_q])); // the device array is the call's (device_values)
+    }
     // SAFETY: a compact float32 tensor on the host.
     Ok(Some(unsafe { t.slice::<f32>()? }.to_vec()))
 }

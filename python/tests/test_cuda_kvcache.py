@@ -3,7 +3,8 @@
 (append and attend) captured in a CUDA graph and replayed with new cache lengths written into
 the captured tensor, each replay giving eager's bytes; index arrays read on the device (on the
 host or of another type: refused); out-of-range device values clamped, never read past the
-tensors. Skipped where PyTorch or a CUDA GPU is missing (CI has neither)."""
+tensors; ALiBi slopes and a learnable sink on the device read there, in a captured step too.
+Skipped where PyTorch or a CUDA GPU is missing (CI has neither)."""
 
 import pytest
 
@@ -169,3 +170,60 @@ def test_first_decode_of_a_configuration_inside_a_capture_says_warm_up():
         chain.append(str(x))
         x = x.__cause__ or x.__context__
     assert any("warm-up" in m for m in chain), chain
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_a_decode_step_with_sink_and_alibi_on_the_device_replays_in_a_cuda_graph(splits):
+    """ALiBi slopes (per batch entry) and a learnable sink (bfloat16) as tensors on q's device
+    are read there (issue 40, item 4): a decoding step with both is captured in a CUDA graph
+    and replayed with new cache lengths, new slopes and new sink logits written into the
+    captured tensors; each replay gives the bytes of the same call with the values passed as
+    host arrays (the same kernels, the values copied per call), with one split and with the
+    split-KV combine (which reads the sink too)."""
+    gen = torch.Generator().manual_seed(11)
+    b, hq, hkv, d, cap = 4, 8, 2, 128, 512
+    rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    q = rnd(b, 1, hq, d).half().cuda()
+    k_cache, v_cache = (rnd(b, cap, hkv, d).half().cuda() for _ in range(2))
+    lens = ints([100, 511, 7, 300])
+    slopes = (torch.rand(b, hq, generator=gen) * 0.1).cuda()
+    sink = rnd(hq).bfloat16().cuda()
+    kw = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=lens, causal=True,
+              alibi_slopes=slopes, learnable_sink=sink, num_splits=splits)
+
+    def on_host():
+        return flash_attn_with_kvcache(**dict(kw, alibi_slopes=slopes.cpu().numpy(),
+                                              learnable_sink=sink.float().cpu().numpy()))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: compiles the kernels outside the capture
+        flash_attn_with_kvcache(**kw)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = flash_attn_with_kvcache(**kw)
+    for step in range(3):
+        lens.copy_(torch.randint(1, cap + 1, (b,), generator=gen).to(device="cuda", dtype=torch.int32))
+        slopes.copy_((torch.rand(b, hq, generator=gen) * 0.2).cuda())
+        sink.copy_(rnd(hq).mul(3).bfloat16().cuda())
+        g.replay()
+        want = on_host()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want), f"step {step}: the replay did not read the new values"
+    # The device values are the ones read: a step with other host values differs.
+    other = flash_attn_with_kvcache(**dict(kw, learnable_sink=sink.float().cpu().numpy() + 2.0,
+                                           alibi_slopes=slopes.cpu().numpy()))
+    assert not torch.equal(other, out)
+
+
+def test_sink_and_slopes_on_another_device_or_dtype_are_refused():
+    q = torch.randn(2, 1, 4, 64, device="cuda", dtype=torch.float16)
+    cache = torch.randn(2, 64, 4, 64, device="cuda", dtype=torch.float16)
+    call = dict(q=q, k_cache=cache, v_cache=cache.clone(), cache_seqlens=ints([10, 64]))
+    with pytest.raises(flashattn.FlashAttnError, match="learnable_sink is int32"):
+        flash_attn_with_kvcache(**call, learnable_sink=torch.zeros(4, dtype=torch.int32, device="cuda"))
+    with pytest.raises(flashattn.FlashAttnError, match="alibi_slopes has shape"):
+        flash_attn_with_kvcache(**call, alibi_slopes=torch.zeros(3, device="cuda"))
+    with pytest.raises(flashattn.FlashAttnError, match="learnable_sink has shape"):
+        flash_attn_with_kvcache(**call, learnable_sink=torch.zeros(5, device="cuda"))

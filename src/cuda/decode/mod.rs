@@ -13,11 +13,12 @@
 //!   end do nothing), the split count from the cache's capacity. [`DecodeLaunch::run`]
 //!   checks the buffers and enqueues the kernels on `gpu.stream()`, nothing else: no copy, no
 //!   allocation (the split-KV workspace is the caller's), no synchronisation, so that a call
-//!   can be captured in a CUDA graph and replayed with new values in the arrays. (ALiBi
-//!   slopes and a learnable sink's logits, which the problem holds on the host, are copied
-//!   per call, which a capture refuses; the first call of a configuration compiles its kernels, which a capture refuses
-//!   too: warm up first.) The arrays' values are not validated: the kernels clamp what they
-//!   read ([`crate::problem::kvcache::shape`] states the rule).
+//!   can be captured in a CUDA graph and replayed with new values in the arrays. ALiBi slopes
+//!   and a learnable sink's logits can be given there too ([`DeviceIndex::alibi_slopes`],
+//!   [`DeviceIndex::sink`]); those the shape holds on the host instead are copied per call,
+//!   which a capture refuses. The first call of a configuration compiles its kernels, which a
+//!   capture refuses too: warm up first. The arrays' values are not validated: the kernels
+//!   clamp what they read ([`crate::problem::kvcache::shape`] states the rule).
 //! - [`DecodePlan`]: a call whose index arrays are on the host, validated there
 //!   ([`KvCacheProblem::validate`]), copied to the device once (a decoding loop hands each
 //!   step's new values to [`DecodePlan::update`]), the split count chosen from the actual
@@ -166,6 +167,63 @@ pub struct DeviceIndex<'a> {
     pub cache_batch_idx: Option<&'a dyn DevicePtr<i32>>,
     /// `[batch]`: each sequence's first valid cache row (where the shape has it).
     pub cache_leftpad: Option<&'a dyn DevicePtr<i32>>,
+    /// ALiBi slopes on the device, f32, dense as the shape's `scores.alibi` lays them out
+    /// (`[heads_q]`, or `[batch, heads_q]` when `per_batch`), read in place of the shape's
+    /// host slopes (which then only state ALiBi and its layout): nothing is copied, so a call
+    /// with ALiBi can be captured in a CUDA graph and replayed with new slopes. `None`: the
+    /// shape's slopes are copied per call.
+    pub alibi_slopes: Option<&'a dyn DevicePtr<f32>>,
+    /// A learnable sink's logits on the device, f32 `[heads_q]`, read in place of the shape's
+    /// `scores.sink` (as `alibi_slopes`). `None`: the shape's logits are copied per call.
+    pub sink: Option<&'a dyn DevicePtr<f32>>,
+}
+
+impl<'a> DeviceIndex<'a> {
+    /// The cache lengths alone (no block table, batch index, left padding or score values on
+    /// the device): fill in the others with struct update syntax.
+    pub fn new(cache_seqlens: &'a dyn DevicePtr<i32>) -> Self {
+        DeviceIndex {
+            cache_seqlens,
+            block_table: None,
+            cache_batch_idx: None,
+            cache_leftpad: None,
+            alibi_slopes: None,
+            sink: None,
+        }
+    }
+}
+
+/// Checks the score values a call gives on the device against its shape: each only where the
+/// shape has the modifier, of the length the shape's host values have.
+fn given_values(p: &KvCacheShape, index: &DeviceIndex<'_>) -> Result<()> {
+    let want = [
+        (
+            "alibi_slopes",
+            index.alibi_slopes,
+            p.scores.alibi.as_ref().map(|a| a.slopes.len()),
+            "ALiBi (ScoreMods::alibi)",
+        ),
+        (
+            "sink",
+            index.sink,
+            p.scores.sink.as_ref().map(Vec::len),
+            "a learnable sink (ScoreMods::sink)",
+        ),
+    ];
+    for (name, array, len, what) in want {
+        match (array, len) {
+            (Some(_), None) => {
+                return Err(AttnError::InvalidInput {
+                    what: format!(
+                        "{name} was given on the device, but the call was planned without {what}: plan the shape with it, or pass None"
+                    ),
+                });
+            }
+            (Some(a), Some(n)) => crate::error::check_len(name, a.len(), n)?,
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The tensors of a decoding call on the device, all dense and 16-byte aligned (the rotary
@@ -353,8 +411,8 @@ impl DecodeLaunch {
     /// [`AttnError::DTypeMismatch`] for buffers of another element type than the plan's;
     /// [`AttnError::BufferTooShort`] (a tensor, an index array or the workspace);
     /// [`AttnError::InvalidInput`] for new rows, rotary tables, index arrays or a workspace
-    /// missing or given against the shape, or ALiBi slopes or a sink inside a CUDA graph
-    /// capture;
+    /// missing or given against the shape (device ALiBi slopes or sink logits included), or
+    /// host ALiBi slopes or sink logits (not given in `index`) inside a CUDA graph capture;
     /// [`AttnError::ShapeMismatch`] for a buffer of another context;
     /// [`AttnError::InvalidStrides`] for a misaligned buffer; [`AttnError::Cuda`].
     pub fn run<T: GpuElement>(
@@ -419,8 +477,42 @@ impl DecodeLaunch {
             accum = [ptr, ptr + 4 * o_len as u64];
             ws_guard = Some(guard);
         }
-        let mods = ScoreBuffers::upload(gpu, &p.scores)?;
-        let ([slopes, sink], mod_guards) = mods.ptrs(stream);
+        // The score values: the caller's device arrays where given, else the shape's host
+        // values copied for this call.
+        given_values(p, index)?;
+        let mut value_ptrs = [0u64; 2];
+        for (slot, (name, array)) in value_ptrs
+            .iter_mut()
+            .zip([("alibi_slopes", index.alibi_slopes), ("sink", index.sink)])
+        {
+            let Some(a) = array else { continue };
+            check_streams(gpu, [(name, a.stream())])?;
+            let (ptr, guard) = a.device_ptr(stream);
+            if !ptr.is_multiple_of(4) {
+                return Err(AttnError::InvalidStrides {
+                    tensor: name,
+                    reason: format!("device address {ptr:#x} is not 4-byte aligned (float32)"),
+                });
+            }
+            *slot = ptr;
+            guards.push(guard);
+        }
+        let host_scores = crate::scores::ScoreMods {
+            alibi: p
+                .scores
+                .alibi
+                .clone()
+                .filter(|_| index.alibi_slopes.is_none()),
+            sink: p.scores.sink.clone().filter(|_| index.sink.is_none()),
+            ..p.scores.clone()
+        };
+        let mods = ScoreBuffers::upload(gpu, &host_scores)?;
+        let ([host_slopes, host_sink], mod_guards) = mods.ptrs(stream);
+        let pick = |device: u64, host: u64| if device != 0 { device } else { host };
+        let (slopes, sink) = (
+            pick(value_ptrs[0], host_slopes),
+            pick(value_ptrs[1], host_sink),
+        );
         let extras = Extras {
             index: ptrs,
             slopes,

@@ -150,7 +150,22 @@ fn run_once<T: GpuElement>(
     let launched = match path {
         Path::Host => forward_device(gpu, p, tensors, splits),
         Path::Device => {
-            let shape = p.shape();
+            let mut shape = p.shape();
+            // ALiBi slopes and sink logits on the device too, the shape's host values made
+            // wrong (zeros): the result is right only if the device values are the ones read.
+            let dslopes = shape
+                .scores
+                .alibi
+                .as_ref()
+                .map(|a| up(gpu, &a.slopes))
+                .transpose()?;
+            let dsink = shape.scores.sink.as_ref().map(|s| up(gpu, s)).transpose()?;
+            if let Some(a) = shape.scores.alibi.as_mut() {
+                a.slopes.fill(0.0);
+            }
+            if let Some(s) = shape.scores.sink.as_mut() {
+                s.fill(0.0);
+            }
             let arrays = [
                 Some(&index.cache_seqlens),
                 shape.is_paged().then_some(&index.block_table),
@@ -164,10 +179,12 @@ fn run_once<T: GpuElement>(
             let view = |i: usize| dev[i].as_ref().map(|s| s as &dyn DevicePtr<i32>);
             let seqlens = dev[0].as_ref().expect("cache_seqlens");
             let ix = DeviceIndex {
-                cache_seqlens: seqlens,
                 block_table: view(1),
                 cache_batch_idx: view(2),
                 cache_leftpad: view(3),
+                alibi_slopes: dslopes.as_ref().map(|s| s as &dyn DevicePtr<f32>),
+                sink: dsink.as_ref().map(|s| s as &dyn DevicePtr<f32>),
+                ..DeviceIndex::new(seqlens)
             };
             match DecodeLaunch::new(gpu, &shape, T::DTYPE, splits) {
                 Err(e) => Err(e),
