@@ -9,8 +9,11 @@
 //! causal rows above the diagonal) dQ = 0.
 //!
 //! attn_bwd_wgmma does not take packed batches (its TMA boxes would cross sequence ends, as
-//! the forward's): every call runs attn_bwd, the deterministic mode included (its dQ order
-//! counters per (sequence, query head, step of rows)). Head dims that attn_bwd does not take
+//! the forward's): calls run attn_bwd, the deterministic mode included (its dQ order
+//! counters per (sequence, query head, step of rows)), but for one case: with host offsets,
+//! few long sequences (the forward's [`crate::cuda::varlen::per_sequence_pays`]) and no sink
+//! gradient, [`backward_device`] runs one dense backward per sequence on attn_bwd_wgmma where
+//! it serves them (`per_sequence`). Head dims that attn_bwd does not take
 //! as they are (not a multiple of 8, or between 128 and 256) run through padded copies of the
 //! packed tensors ([`crate::cuda::runtime::pad::backward_padded`]), still in one launch.
 //!
@@ -55,6 +58,10 @@ const WHY_NOT_WGMMA: &str = "attn_bwd_wgmma does not take packed variable-length
 /// sink: dq, dk, dv need only the forward's lse, which includes the sink). Asynchronous on
 /// `gpu.stream()`; `cu_seqlens`, the ALiBi slopes and the sink's logits are copied from host
 /// memory first (not inside a CUDA graph capture), the workspaces are freed in stream order.
+/// At most 64 sequences of 2048 query rows or more on average, without `d_sink`, run one
+/// attn_bwd_wgmma backward per sequence on sm_90 (head_dim 64, 72..=128): another
+/// summation order than the packed launch's, so the deterministic mode gives its own bytes
+/// there, the same every run.
 ///
 /// # Errors
 /// [`VarlenProblem::validate`]'s errors; [`AttnError::BufferTooShort`] naming the first buffer
@@ -123,6 +130,9 @@ where
         up(&p.cu_seqlens_k, "cu_seqlens_k")?,
     );
     device_ptrs!(stream; qp = q, kp = k, vp = v, op = o, lp = lse, dop = d_o, dqp = mut dq, dkp = mut dk, dvp = mut dv, cq = cu_q, ck = cu_k);
+    if d_sink.is_none() && per_sequence_serves(gpu, p, opts)? {
+        return per_sequence::<T>(gpu, p, opts, [qp, kp, vp, op, lp, dop, dqp, dkp, dvp]);
+    }
     packed::<T>(
         gpu,
         &dp,
@@ -449,6 +459,101 @@ fn packed<T: GpuElement>(
 }
 
 /// [`BwdKernel::Wgmma`] asked for by name: refused, it does not take packed batches.
+/// Whether a host-offset call runs one dense backward per sequence on attn_bwd_wgmma
+/// ([`per_sequence`]) instead of the packed attn_bwd: the library's choice (`opts.kernel`
+/// Auto), attn_bwd_wgmma serves the sequences (sm_90, its head dims), and the forward's rule
+/// for long sequences, few of them ([`crate::cuda::varlen::per_sequence_pays`]). Not with a
+/// sink's gradient (attn_bwd's packed launch computes it over every packed row at once).
+fn per_sequence_serves(gpu: &Gpu, p: &VarlenProblem, opts: BackwardOptions) -> Result<bool> {
+    if opts.kernel != BwdKernel::Auto || !crate::cuda::fwd::varlen::per_sequence_pays(p) {
+        return Ok(false);
+    }
+    let env = crate::cuda::fwd::varlen::envelope(p)?;
+    Ok(crate::cuda::bwd::backward_wgmma::unsupported(gpu.info(), &env).is_none())
+}
+
+/// One dense backward per sequence ([`crate::cuda::backward::backward_device`]: attn_bwd_wgmma,
+/// two to three times attn_bwd's speed at 2k+ rows) on its slices of the packed tensors, its
+/// lse first copied dense (`[heads_q, seqlen_q]` out of the packed `[heads_q, total_q]`, one
+/// 2-D copy); sequences without keys get dq = 0, without queries dk = dv = 0, as the packed
+/// launch gives them. `ptrs`: q, k, v, o, lse, do, dq, dk, dv, checked by the caller.
+fn per_sequence<T: GpuElement>(
+    gpu: &Gpu,
+    p: &VarlenProblem,
+    opts: BackwardOptions,
+    [qp, kp, vp, op, lp, dop, dqp, dkp, dvp]: [u64; 9],
+) -> Result<BackwardInfo> {
+    use crate::cuda::runtime::foreign::ForeignSlice;
+    let stream = gpu.stream();
+    let (hq, hkv, d) = (p.heads_q, p.heads_kv, p.head_dim);
+    let es = size_of::<T>() as u64;
+    let (row_q, row_k) = ((hq * d) as u64 * es, (hkv * d) as u64 * es);
+    let total_q = p.total_q();
+    let zero = |at: u64, n: usize, what: &str| -> Result<()> {
+        // SAFETY: n 16-bit elements inside a gradient the caller checked, on this stream.
+        unsafe { sys::cuMemsetD16Async(at, 0, n, stream.cu_stream()) }
+            .result()
+            .map_err(cuda_err(format!("varlen backward: zeroing {what}")))
+    };
+    let mut last = None;
+    for b in 0..p.batch() {
+        let (q0, q1) = (p.cu_seqlens_q[b] as usize, p.cu_seqlens_q[b + 1] as usize);
+        let (k0, k1) = (p.cu_seqlens_k[b] as usize, p.cu_seqlens_k[b + 1] as usize);
+        let (sq, sk) = (q1 - q0, k1 - k0);
+        let Some((sp, _, _)) = p.sequence(b)? else {
+            if sq > 0 {
+                zero(dqp + q0 as u64 * row_q, sq * hq * d, "dq of a sequence without keys")?;
+            }
+            if sk > 0 {
+                zero(dkp + k0 as u64 * row_k, sk * hkv * d, "dk of a sequence without queries")?;
+                zero(dvp + k0 as u64 * row_k, sk * hkv * d, "dv of a sequence without queries")?;
+            }
+            continue;
+        };
+        let lse_b: CudaSlice<f32> = stream
+            .alloc_zeros(hq * sq)
+            .map_err(cuda_err("varlen backward: allocating a sequence's lse"))?;
+        {
+            let (to, _g) = lse_b.device_ptr(stream);
+            let copy = sys::CUDA_MEMCPY2D_st {
+                srcXInBytes: 0,
+                srcY: 0,
+                srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                srcHost: std::ptr::null(),
+                srcDevice: lp + q0 as u64 * 4,
+                srcArray: std::ptr::null_mut(),
+                srcPitch: total_q * 4,
+                dstXInBytes: 0,
+                dstY: 0,
+                dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                dstHost: std::ptr::null_mut(),
+                dstDevice: to,
+                dstArray: std::ptr::null_mut(),
+                dstPitch: sq * 4,
+                WidthInBytes: sq * 4,
+                Height: hq,
+            };
+            // SAFETY: heads_q rows of sq floats, inside the packed lse (checked by the caller)
+            // and the new buffer, on this stream.
+            unsafe { sys::cuMemcpy2DAsync_v2(&copy, stream.cu_stream()) }
+                .result()
+                .map_err(cuda_err("varlen backward: copying a sequence's lse"))?;
+        }
+        // SAFETY: each view lies inside its packed tensor (the caller checked the packed
+        // lengths), in the Gpu's context; the calls run on its stream, in order.
+        let view = |at: u64, n: usize| unsafe { ForeignSlice::<T>::new(at, n, stream.clone()) };
+        let (nq, nk) = (sq * hq * d, sk * hkv * d);
+        let (qo, ko) = (q0 as u64 * row_q, k0 as u64 * row_k);
+        let (qv, kv, vv) = (view(qp + qo, nq), view(kp + ko, nk), view(vp + ko, nk));
+        let (ov, dov) = (view(op + qo, nq), view(dop + qo, nq));
+        let (mut dqv, mut dkv, mut dvv) = (view(dqp + qo, nq), view(dkp + ko, nk), view(dvp + ko, nk));
+        last = Some(crate::cuda::bwd::backward::backward_device(
+            gpu, &sp, opts, &qv, &kv, &vv, &ov, &lse_b, &dov, &mut dqv, &mut dkv, &mut dvv, None,
+        )?);
+    }
+    Ok(last.unwrap_or_else(|| nothing_launched(opts)))
+}
+
 fn refuse_wgmma(opts: BackwardOptions) -> Result<()> {
     if opts.kernel == BwdKernel::Wgmma {
         return Err(AttnError::InvalidInput {

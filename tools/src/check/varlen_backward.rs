@@ -130,6 +130,29 @@ pub fn cases() -> Vec<VarlenBwdCase> {
             f16_only,
             true,
         ),
+        // Long sequences (2048+ query rows on average): one attn_bwd_wgmma backward per
+        // sequence with host offsets (a sequence without queries and one without keys among
+        // them), the packed attn_bwd with device offsets; the deterministic mode too.
+        (
+            (vec![2100, 0, 2300, 1900, 4000], vec![2100, 300, 2500, 1800, 0]),
+            4,
+            2,
+            128,
+            masks,
+            plain(),
+            f16_only,
+            false,
+        ),
+        (
+            (vec![3000, 2048], vec![3000, 2048]),
+            4,
+            2,
+            64,
+            causal,
+            plain(),
+            &[DType::BF16][..],
+            true,
+        ),
         // No key at all (dq = 0, and d_sink = 0 with a sink), no query at all (dk = dv = 0).
         (
             (vec![3, 5], vec![0, 0]),
@@ -235,9 +258,12 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &VarlenBwdCase, seed: u64) -> Resul
     let mut got: Vec<Run<T>> = Vec::new();
     let inputs = [&q[..], &k, &v, &fwd.o, &d_o];
     // Deterministic runs alternate the host offsets with offsets already on the device
-    // (backward_device_offsets): the same bytes either way.
+    // (backward_device_offsets): the same bytes either way, where both run the packed
+    // attn_bwd (long sequences with host offsets run attn_bwd_wgmma per sequence: its own
+    // bytes, the same every run).
+    let alternate = !flashattn::cuda::varlen::per_sequence_pays(p);
     for run in 1..=runs {
-        match launch(gpu, p, opts, inputs, &fwd.lse, run % 2 == 0) {
+        match launch(gpu, p, opts, inputs, &fwd.lse, alternate && run % 2 == 0) {
             Ok(r) => got.push(r),
             Err(e) => {
                 result.message = format!("run {run}: {e}");
@@ -443,6 +469,11 @@ fn launch<T: GpuElement>(
                 Some(dp) => format!("{} blocks, head_dim padded to {dp}", info.blocks),
                 None => format!("{} blocks", info.blocks),
             };
+            // attn_bwd_wgmma: one dense backward per sequence (host offsets, long sequences).
+            let why = match info.kernel {
+                "attn_bwd" => why,
+                k => format!("{k} per sequence, the last {why}"),
+            };
             flashattn::cuda::LaunchInfo {
                 kernel: KernelKind::Mma,
                 why,
@@ -478,8 +509,11 @@ fn launch<T: GpuElement>(
         None => (None, 0),
     };
     let ran = format!(
-        "attn_bwd ({}; {} registers, {} spill bytes)",
-        info.why, info.registers, info.spill_bytes
+        "{} ({}; {} registers, {} spill bytes)",
+        if info.why.contains("per sequence") { "attn_bwd_wgmma" } else { "attn_bwd" },
+        info.why,
+        info.registers,
+        info.spill_bytes
     );
     Ok(Run {
         grads: [dq, dk, dv],
