@@ -945,8 +945,10 @@ def flash_attn_varlen_func(
     :class:`FlashAttnUnsupportedError`. ``learnable_sink`` (keyword only; alias ``s_aux``) as
     :func:`flash_attn_func`'s. Differentiable in q, k, v and a learnable sink (PyTorch
     autograd): the backward runs on the same backend as the forward (on CUDA one launch per
-    kernel over every sequence, ``attn_bwd``, and one for the sink's gradient; every score
-    argument; ``deterministic=True`` gives dq the same bytes run to run)."""
+    kernel over every sequence, ``attn_bwd``, and one for the sink's gradient, or with host
+    offsets for at most 64 sequences of 2048+ rows on average and no sink gradient one
+    ``attn_bwd_wgmma`` backward per sequence; every score argument; ``deterministic=True``
+    gives dq the same bytes run to run)."""
     out, lse = _varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
         softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, block_table,
