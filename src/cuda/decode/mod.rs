@@ -193,6 +193,25 @@ impl<'a> DeviceIndex<'a> {
     }
 }
 
+/// A device array of 4-byte elements (`kind` names them): on the Gpu's stream, its address
+/// 4-byte aligned; with the guard to hold until the launch is enqueued.
+fn word_array<'a, U>(
+    gpu: &'a Gpu,
+    name: &'static str,
+    a: &'a dyn DevicePtr<U>,
+    kind: &str,
+) -> Result<(u64, cudarc::driver::SyncOnDrop<'a>)> {
+    check_streams(gpu, [(name, a.stream())])?;
+    let (ptr, guard) = a.device_ptr(gpu.stream());
+    if !ptr.is_multiple_of(4) {
+        return Err(AttnError::InvalidStrides {
+            tensor: name,
+            reason: format!("device address {ptr:#x} is not 4-byte aligned ({kind})"),
+        });
+    }
+    Ok((ptr, guard))
+}
+
 /// Checks the score values a call gives on the device against its shape: each only where the
 /// shape has the modifier, of the length the shape's host values have.
 fn given_values(p: &KvCacheShape, index: &DeviceIndex<'_>) -> Result<()> {
@@ -455,14 +474,7 @@ impl DecodeLaunch {
         for (slot, (name, array, len)) in ptrs.iter_mut().zip(arrays) {
             let Some(a) = array else { continue };
             crate::error::check_len(name, a.len(), len)?;
-            check_streams(gpu, [(name, a.stream())])?;
-            let (ptr, guard) = a.device_ptr(stream);
-            if !ptr.is_multiple_of(4) {
-                return Err(AttnError::InvalidStrides {
-                    tensor: name,
-                    reason: format!("device address {ptr:#x} is not 4-byte aligned (int32)"),
-                });
-            }
+            let (ptr, guard) = word_array(gpu, name, a, "int32")?;
             *slot = ptr;
             guards.push(guard);
         }
@@ -486,14 +498,7 @@ impl DecodeLaunch {
             .zip([("alibi_slopes", index.alibi_slopes), ("sink", index.sink)])
         {
             let Some(a) = array else { continue };
-            check_streams(gpu, [(name, a.stream())])?;
-            let (ptr, guard) = a.device_ptr(stream);
-            if !ptr.is_multiple_of(4) {
-                return Err(AttnError::InvalidStrides {
-                    tensor: name,
-                    reason: format!("device address {ptr:#x} is not 4-byte aligned (float32)"),
-                });
-            }
+            let (ptr, guard) = word_array(gpu, name, a, "float32")?;
             *slot = ptr;
             guards.push(guard);
         }

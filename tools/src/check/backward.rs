@@ -47,6 +47,40 @@ pub struct BwdCase {
     pub grid: Grid,
 }
 
+impl BwdCase {
+    /// A case of `problem` (its mask and modifiers described by `name`) on `kernel` and
+    /// `grid`, labelled `{dtype} backward b=.. sq=.. sk=.. hq=.. hkv=.. d=.. {name}` and
+    /// ` deterministic`, ` mma` (attn_bwd by name) and the grid's label where they apply.
+    fn new(
+        dtype: DType,
+        problem: &AttnProblem,
+        name: &str,
+        deterministic: bool,
+        (kernel, grid): (BwdKernel, Grid),
+    ) -> Self {
+        let s = problem.shape;
+        BwdCase {
+            label: format!(
+                "{dtype} backward b={} sq={} sk={} hq={} hkv={} d={} {name}{}{}{}",
+                s.batch,
+                s.seqlen_q,
+                s.seqlen_k,
+                s.heads_q,
+                s.heads_kv,
+                s.head_dim,
+                if deterministic { " deterministic" } else { "" },
+                if kernel == BwdKernel::Mma { " mma" } else { "" },
+                grid_label(grid)
+            ),
+            dtype,
+            problem: problem.clone(),
+            deterministic,
+            kernel,
+            grid,
+        }
+    }
+}
+
 /// How a case asks attn_bwd_wgmma to lay out its blocks ([`BackwardOptions::persistent`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Grid {
@@ -131,19 +165,13 @@ pub fn cases() -> Vec<BwdCase> {
                             if grid != Grid::Default && kernel == BwdKernel::Mma {
                                 continue;
                             }
-                            out.push(BwdCase {
-                                label: format!(
-                                    "{dtype} backward b={b} sq={sq} sk={sk} hq={hq} hkv={hkv} d={d} {name}{}{}{}",
-                                    if deterministic { " deterministic" } else { "" },
-                                    if kernel == BwdKernel::Mma { " mma" } else { "" },
-                                    grid_label(grid)
-                                ),
+                            out.push(BwdCase::new(
                                 dtype,
-                                problem: problem.clone(),
+                                &problem,
+                                name,
                                 deterministic,
-                                kernel,
-                                grid,
-                            });
+                                (kernel, grid),
+                            ));
                         }
                     }
                 }
@@ -455,14 +483,7 @@ pub fn mod_cases() -> Vec<BwdCase> {
             .with_mask(mask)
             .with_scores(mods)
             .expect("valid modifiers");
-        let AttnShape {
-            batch: b,
-            seqlen_q: sq,
-            seqlen_k: sk,
-            heads_q: hq,
-            heads_kv: hkv,
-            head_dim: d,
-        } = shape;
+        let d = shape.head_dim;
         // Where attn_bwd_wgmma takes the head_dim: the default (it), its persistent variant
         // on a few blocks, and attn_bwd by name.
         let runs: &[(BwdKernel, Grid)] = if padded_head_dim(d).is_some() {
@@ -478,20 +499,8 @@ pub fn mod_cases() -> Vec<BwdCase> {
             &[(BwdKernel::Auto, Grid::Default)]
         };
         for &dtype in dtypes {
-            for &(kernel, grid) in runs {
-                out.push(BwdCase {
-                    label: format!(
-                        "{dtype} backward b={b} sq={sq} sk={sk} hq={hq} hkv={hkv} d={d} {name}{}{}{}",
-                        if deterministic { " deterministic" } else { "" },
-                        if kernel == BwdKernel::Mma { " mma" } else { "" },
-                        grid_label(grid)
-                    ),
-                    dtype,
-                    problem: problem.clone(),
-                    deterministic,
-                    kernel,
-                    grid,
-                });
+            for &run in runs {
+                out.push(BwdCase::new(dtype, &problem, &name, deterministic, run));
             }
         }
     }
