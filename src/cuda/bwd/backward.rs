@@ -89,9 +89,12 @@ pub struct BackwardOptions {
 /// interleaved run with the peers (docs/perf-notes.md): persistent +2-8 % on d64 causal,
 /// +1-4 % on d128 causal, 0-2 % on d64 without a mask; d128 without a mask 2-6 % slower at
 /// 4k and 16k, so it stays on one block per tile. The deterministic mode's persistent form is
-/// checked but was not timed.
+/// checked but was not timed. A softcap at head_dim 64 without a causal mask stays on one
+/// block per tile too: its persistent build spills 16 bytes (128-row steps, the softcap's
+/// MUFU work; 0 on one block per tile), which costs more than persistence gains there.
 pub fn persistent_default(p: &AttnProblem, deterministic: bool) -> bool {
-    !deterministic && (p.mask.is_causal() || p.shape.head_dim <= 64)
+    let small = p.shape.head_dim <= 64 && p.scores.softcap.is_none();
+    !deterministic && (p.mask.is_causal() || small)
 }
 
 /// What a backward call ran.
@@ -1030,6 +1033,20 @@ mod tests {
         assert!(persistent_default(&p(128).with_mask(Mask::Causal), false));
         // The deterministic mode keeps one block per tile (its persistent form is not timed).
         assert!(!persistent_default(&p(64).with_mask(Mask::Causal), true));
+        // A softcap at d64 without a causal mask: one block per tile (the persistent build
+        // spills).
+        let softcap = crate::scores::ScoreMods {
+            softcap: Some(30.0),
+            ..Default::default()
+        };
+        assert!(!persistent_default(
+            &p(64).with_scores(softcap.clone()).unwrap(),
+            false
+        ));
+        assert!(persistent_default(
+            &p(64).with_mask(Mask::Causal).with_scores(softcap).unwrap(),
+            false
+        ));
     }
 
     #[test]
