@@ -307,7 +307,8 @@ def _on_device_float32(name, x, q):
     if not (_is_torch(x) and _is_torch(q) and x.is_cuda and x.device == q.device):
         return None
     dtype = str(x.dtype).replace("torch.", "")
-    if dtype not in _SINK_DTYPES:
+    # (Slopes of any dtype are converted, as the host path's .float() does.)
+    if name == "learnable_sink" and dtype not in _SINK_DTYPES:
         raise FlashAttnError(
             f"{name} is {dtype}: pass float32 (or bfloat16, float16) values"
         )

@@ -502,11 +502,23 @@ fn per_sequence<T: GpuElement>(
         let (sq, sk) = (q1 - q0, k1 - k0);
         let Some((sp, _, _)) = p.sequence(b)? else {
             if sq > 0 {
-                zero(dqp + q0 as u64 * row_q, sq * hq * d, "dq of a sequence without keys")?;
+                zero(
+                    dqp + q0 as u64 * row_q,
+                    sq * hq * d,
+                    "dq of a sequence without keys",
+                )?;
             }
             if sk > 0 {
-                zero(dkp + k0 as u64 * row_k, sk * hkv * d, "dk of a sequence without queries")?;
-                zero(dvp + k0 as u64 * row_k, sk * hkv * d, "dv of a sequence without queries")?;
+                zero(
+                    dkp + k0 as u64 * row_k,
+                    sk * hkv * d,
+                    "dk of a sequence without queries",
+                )?;
+                zero(
+                    dvp + k0 as u64 * row_k,
+                    sk * hkv * d,
+                    "dv of a sequence without queries",
+                )?;
             }
             continue;
         };
@@ -546,7 +558,8 @@ fn per_sequence<T: GpuElement>(
         let (qo, ko) = (q0 as u64 * row_q, k0 as u64 * row_k);
         let (qv, kv, vv) = (view(qp + qo, nq), view(kp + ko, nk), view(vp + ko, nk));
         let (ov, dov) = (view(op + qo, nq), view(dop + qo, nq));
-        let (mut dqv, mut dkv, mut dvv) = (view(dqp + qo, nq), view(dkp + ko, nk), view(dvp + ko, nk));
+        let (mut dqv, mut dkv, mut dvv) =
+            (view(dqp + qo, nq), view(dkp + ko, nk), view(dvp + ko, nk));
         last = Some(crate::cuda::bwd::backward::backward_device(
             gpu, &sp, opts, &qv, &kv, &vv, &ov, &lse_b, &dov, &mut dqv, &mut dkv, &mut dvv, None,
         )?);

@@ -134,7 +134,10 @@ pub fn cases() -> Vec<VarlenBwdCase> {
         // sequence with host offsets (a sequence without queries and one without keys among
         // them), the packed attn_bwd with device offsets; the deterministic mode too.
         (
-            (vec![2100, 0, 2300, 1900, 4000], vec![2100, 300, 2500, 1800, 0]),
+            (
+                vec![2100, 0, 2300, 1900, 4000],
+                vec![2100, 300, 2500, 1800, 0],
+            ),
             4,
             2,
             128,
@@ -510,7 +513,11 @@ fn launch<T: GpuElement>(
     };
     let ran = format!(
         "{} ({}; {} registers, {} spill bytes)",
-        if info.why.contains("per sequence") { "attn_bwd_wgmma" } else { "attn_bwd" },
+        if info.why.contains("per sequence") {
+            "attn_bwd_wgmma"
+        } else {
+            "attn_bwd"
+        },
         info.why,
         info.registers,
         info.spill_bytes
