@@ -741,7 +741,8 @@ impl Job for KvCache<'_, '_> {
 /// device (the split-KV partials), called when the call has more than one split.
 /// `learnable_sink`: float32 `[heads_q]`, as [`forward`] takes it; on CUDA, it and
 /// `alibi_slopes` may be float32 tensors on q's device, read there (no copy, no
-/// synchronisation: a call with them can be captured in a CUDA graph).
+/// synchronisation: a call with them can be captured in a CUDA graph; their values are not
+/// checked there, where host ones are refused when not finite).
 #[pyfunction]
 #[pyo3(signature = (q, k_cache, v_cache, k_new, v_new, out, lse, cache_seqlens, block_table, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, num_splits, workspace=None, stream=None, current=false, learnable_sink=None))]
 #[allow(clippy::too_many_arguments)]
@@ -847,7 +848,9 @@ pub(crate) fn kvcache_forward<'py>(
         rotary.as_ref().map(|r| (r, rotary_interleaved)),
         (&scores, place),
     )?;
-    // The caches (new rows appended in place), out and lse are written.
+    // The caches (new rows appended in place), out and lse are written; the device slopes and
+    // sink logits are read with the rest.
+    read.extend(values.0.iter().chain(values.1.iter()));
     check_disjoint(&[&tkc, &tvc, &to, &tl], &read)?;
     let job = KvCache {
         shape,

@@ -281,9 +281,10 @@ fn alibi(
         )));
     }
     if (t.place()?.is_some() && device_ok.is_none()) || t.dtype()? != "float32" {
-        return Err(invalid(
-            "alibi_slopes: pass a host float32 array (flashattn's functions copy it there)".into(),
-        ));
+        return Err(invalid(match device_ok {
+            Some(_) => "alibi_slopes: pass float32 values, on the host or on q's device (flashattn's functions convert them)".into(),
+            None => "alibi_slopes: pass a host float32 array (flashattn's functions copy it there)".into(),
+        }));
     }
     compact(&t, shape.len(), "[heads_q] or [batch, heads_q]")?;
     let slopes = if t.place()?.is_some() {
@@ -317,10 +318,10 @@ fn sink(
         )));
     }
     if (t.place()?.is_some() && device_ok.is_none()) || t.dtype()? != "float32" {
-        return Err(invalid(
-            "learnable_sink: pass a host float32 array (flashattn's functions copy it there)"
-                .into(),
-        ));
+        return Err(invalid(match device_ok {
+            Some(_) => "learnable_sink: pass float32 logits, on the host or on q's device (flashattn's functions convert them)".into(),
+            None => "learnable_sink: pass a host float32 array (flashattn's functions copy it there)".into(),
+        }));
     }
     compact(&t, 1, "[heads_q]")?;
     if t.place()?.is_some() {

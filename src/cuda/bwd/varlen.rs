@@ -130,7 +130,7 @@ where
         up(&p.cu_seqlens_k, "cu_seqlens_k")?,
     );
     device_ptrs!(stream; qp = q, kp = k, vp = v, op = o, lp = lse, dop = d_o, dqp = mut dq, dkp = mut dk, dvp = mut dv, cq = cu_q, ck = cu_k);
-    if d_sink.is_none() && per_sequence_serves(gpu, p, opts)? {
+    if d_sink.is_none() && per_sequence_serves(gpu, p, opts) {
         return per_sequence::<T>(gpu, p, opts, [qp, kp, vp, op, lp, dop, dqp, dkp, dvp]);
     }
     packed::<T>(
@@ -464,12 +464,18 @@ fn packed<T: GpuElement>(
 /// Auto), attn_bwd_wgmma serves the sequences (sm_90, its head dims), and the forward's rule
 /// for long sequences, few of them ([`crate::cuda::varlen::per_sequence_pays`]). Not with a
 /// sink's gradient (attn_bwd's packed launch computes it over every packed row at once).
-fn per_sequence_serves(gpu: &Gpu, p: &VarlenProblem, opts: BackwardOptions) -> Result<bool> {
-    if opts.kernel != BwdKernel::Auto || !crate::cuda::fwd::varlen::per_sequence_pays(p) {
-        return Ok(false);
+/// Head dims attn_bwd_wgmma does not take (not a multiple of 8 among them, which the packed
+/// path pads) stay packed.
+fn per_sequence_serves(gpu: &Gpu, p: &VarlenProblem, opts: BackwardOptions) -> bool {
+    use crate::cuda::bwd::backward_wgmma as bw;
+    if opts.kernel != BwdKernel::Auto
+        || !crate::cuda::fwd::varlen::per_sequence_pays(p)
+        || bw::padded_head_dim(p.head_dim).is_none()
+    {
+        return false;
     }
-    let env = crate::cuda::fwd::varlen::envelope(p)?;
-    Ok(crate::cuda::bwd::backward_wgmma::unsupported(gpu.info(), &env).is_none())
+    crate::cuda::fwd::varlen::envelope(p)
+        .is_ok_and(|env| bw::unsupported(gpu.info(), &env).is_none())
 }
 
 /// One dense backward per sequence ([`crate::cuda::backward::backward_device`]: attn_bwd_wgmma,

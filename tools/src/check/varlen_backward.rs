@@ -156,6 +156,18 @@ pub fn cases() -> Vec<VarlenBwdCase> {
             &[DType::BF16][..],
             true,
         ),
+        // Long, at a head_dim attn_bwd_wgmma does not take (not a multiple of 8): packed,
+        // through padded copies, with host offsets too.
+        (
+            (vec![2100, 2300], vec![2100, 2300]),
+            2,
+            1,
+            100,
+            causal,
+            plain(),
+            f16_only,
+            false,
+        ),
         // No key at all (dq = 0, and d_sink = 0 with a sink), no query at all (dk = dv = 0).
         (
             (vec![3, 5], vec![0, 0]),
@@ -264,7 +276,11 @@ fn run_typed<T: GpuElement>(gpu: &Gpu, case: &VarlenBwdCase, seed: u64) -> Resul
     // (backward_device_offsets): the same bytes either way, where both run the packed
     // attn_bwd (long sequences with host offsets run attn_bwd_wgmma per sequence: its own
     // bytes, the same every run).
-    let alternate = !flashattn::cuda::varlen::per_sequence_pays(p);
+    let per_sequence = flashattn::cuda::varlen::per_sequence_pays(p)
+        && gpu.info().compute_capability == (9, 0)
+        && flashattn::cuda::backward_wgmma::padded_head_dim(p.head_dim).is_some()
+        && p.scores.sink.is_none();
+    let alternate = !per_sequence;
     for run in 1..=runs {
         match launch(gpu, p, opts, inputs, &fwd.lse, alternate && run % 2 == 0) {
             Ok(r) => got.push(r),
