@@ -130,7 +130,7 @@ where
         up(&p.cu_seqlens_k, "cu_seqlens_k")?,
     );
     device_ptrs!(stream; qp = q, kp = k, vp = v, op = o, lp = lse, dop = d_o, dqp = mut dq, dkp = mut dk, dvp = mut dv, cq = cu_q, ck = cu_k);
-    if d_sink.is_none() && per_sequence_serves(gpu, p, opts) {
+    if d_sink.is_none() && per_sequence_serves(gpu.info(), p, opts) {
         return per_sequence::<T>(gpu, p, opts, [qp, kp, vp, op, lp, dop, dqp, dkp, dvp]);
     }
     packed::<T>(
@@ -466,7 +466,11 @@ fn packed<T: GpuElement>(
 /// sink's gradient (attn_bwd's packed launch computes it over every packed row at once).
 /// Head dims attn_bwd_wgmma does not take (not a multiple of 8 among them, which the packed
 /// path pads) stay packed.
-fn per_sequence_serves(gpu: &Gpu, p: &VarlenProblem, opts: BackwardOptions) -> bool {
+fn per_sequence_serves(
+    info: &crate::cuda::runtime::device::DeviceInfo,
+    p: &VarlenProblem,
+    opts: BackwardOptions,
+) -> bool {
     use crate::cuda::bwd::backward_wgmma as bw;
     if opts.kernel != BwdKernel::Auto
         || !crate::cuda::fwd::varlen::per_sequence_pays(p)
@@ -474,8 +478,7 @@ fn per_sequence_serves(gpu: &Gpu, p: &VarlenProblem, opts: BackwardOptions) -> b
     {
         return false;
     }
-    crate::cuda::fwd::varlen::envelope(p)
-        .is_ok_and(|env| bw::unsupported(gpu.info(), &env).is_none())
+    crate::cuda::fwd::varlen::envelope(p).is_ok_and(|env| bw::unsupported(info, &env).is_none())
 }
 
 /// One dense backward per sequence ([`crate::cuda::backward::backward_device`]: attn_bwd_wgmma,
@@ -764,4 +767,52 @@ pub fn backward_host<T: GpuElement>(
             .transpose()?,
         info,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::runtime::device::DeviceInfo;
+    use crate::problem::varlen::offsets;
+
+    fn device(cc: (i32, i32)) -> DeviceInfo {
+        DeviceInfo {
+            name: "test".into(),
+            compute_capability: cc,
+            arch: format!("sm_{}{}", cc.0, cc.1),
+            sm_count: 132,
+            smem_per_block_optin: 227 * 1024,
+            smem_per_sm: 228 * 1024,
+            total_mem: 80 << 30,
+            driver_version: 13000,
+            nvrtc_version: (13, 0),
+        }
+    }
+
+    #[test]
+    fn per_sequence_only_for_few_long_sequences_attn_bwd_wgmma_takes() {
+        let p =
+            |lens: &[usize], d| VarlenProblem::new(offsets(lens), offsets(lens), 4, 2, d).unwrap();
+        let auto = BackwardOptions::default();
+        let h100 = device((9, 0));
+        assert!(per_sequence_serves(&h100, &p(&[2048; 8], 128), auto));
+        assert!(per_sequence_serves(&h100, &p(&[3000, 2048], 64), auto));
+        // Short sequences, too many, a head_dim attn_bwd_wgmma does not take (not a multiple
+        // of 8: the packed path pads it; 256), another GPU, attn_bwd by name: packed.
+        assert!(!per_sequence_serves(&h100, &p(&[1024; 8], 128), auto));
+        assert!(!per_sequence_serves(&h100, &p(&[2048; 65], 128), auto));
+        for d in [100, 36, 256] {
+            assert!(!per_sequence_serves(&h100, &p(&[2048; 8], d), auto), "d{d}");
+        }
+        assert!(!per_sequence_serves(
+            &device((8, 0)),
+            &p(&[2048; 8], 128),
+            auto
+        ));
+        let mma = BackwardOptions {
+            kernel: BwdKernel::Mma,
+            ..auto
+        };
+        assert!(!per_sequence_serves(&h100, &p(&[2048; 8], 128), mma));
+    }
 }
