@@ -832,15 +832,13 @@ pub(crate) fn kvcache_forward<'py>(
             ))),
         }
     };
-    let values = (
+    let values = [
         device_value(&alibi_slopes, "alibi_slopes")?,
         device_value(&learnable_sink, "learnable_sink")?,
-    );
-    let mut scores =
-        Scores::new(softmax_scale, causal, window, softcap, alibi_slopes).with_sink(learnable_sink);
-    if place.is_some() {
-        scores = scores.with_device_values(hs);
-    }
+    ];
+    let scores = Scores::new(softmax_scale, causal, window, softcap, alibi_slopes)
+        .with_sink(learnable_sink)
+        .with_device_values(values);
     let shape = kvcache_shape(
         [&tq, &tkc, &tvc, &to, &tl],
         new.as_ref(),
@@ -850,11 +848,11 @@ pub(crate) fn kvcache_forward<'py>(
     )?;
     // The caches (new rows appended in place), out and lse are written; the device slopes and
     // sink logits are read with the rest.
-    read.extend(values.0.iter().chain(values.1.iter()));
+    read.extend(scores.device.iter().flatten());
     check_disjoint(&[&tkc, &tvc, &to, &tl], &read)?;
     let job = KvCache {
         shape,
-        values: (values.0.as_ref(), values.1.as_ref()),
+        values: (scores.device[0].as_ref(), scores.device[1].as_ref()),
         index: &index,
         t: [&tq, &tkc, &tvc, &to, &tl],
         new: new.as_ref(),

@@ -231,7 +231,8 @@ pub enum PackedCall<'a> {
 /// The backward of a packed variable-length batch on CUDA tensors (checked by the caller:
 /// on `gpu`'s device, dtype `T`, every tensor compact and packed as
 /// [`flashattn::cuda::bwd::varlen::backward_device`] takes them). One launch per kernel over
-/// every sequence (`attn_bwd`). `d_sink` (float32 `[heads_q]` on the device, the problem with a
+/// every sequence (`attn_bwd`), or with host offsets for few long sequences one
+/// `attn_bwd_wgmma` backward per sequence (the library's choice). `d_sink` (float32 `[heads_q]` on the device, the problem with a
 /// sink) receives the learnable sink's gradient.
 ///
 /// # Safety

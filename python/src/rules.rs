@@ -138,17 +138,16 @@ pub(crate) struct Scores<'py> {
     /// 0 = off.
     pub softcap: f32,
     /// A host float32 array `[heads_q]` or `[batch, heads_q]` (Python copies it there), or a
-    /// device one where [`Scores::device_values`] allows it.
+    /// device one where [`Scores::device`] holds it.
     pub alibi_slopes: Option<Bound<'py, PyAny>>,
     /// A host float32 array `[heads_q]`: the learnable sink's logits (Python copies it there),
-    /// or a device one where [`Scores::device_values`] allows it.
+    /// or a device one where [`Scores::device`] holds it.
     pub learnable_sink: Option<Bound<'py, PyAny>>,
-    /// Whether the slopes and sink may be device arrays (the CUDA KV-cache call, which reads
-    /// them where they are): the problem then gets zeros of their shape, which only state the
-    /// modifier; the call passes the device arrays to the kernels.
-    pub device_values: bool,
-    /// DLPack's stream handshake for them ([`crate::dlpack::handshake`]).
-    pub handshake: Option<i64>,
+    /// The slopes and sink as device arrays, already taken (the CUDA KV-cache call, which
+    /// reads them where they are, [`Scores::with_device_values`]): the problem then gets
+    /// zeros of their shape, which only state the modifier; the call passes these arrays to
+    /// the kernels.
+    pub device: [Option<Borrowed>; 2],
 }
 
 impl<'py> Scores<'py> {
@@ -167,16 +166,14 @@ impl<'py> Scores<'py> {
             softcap,
             alibi_slopes,
             learnable_sink: None,
-            device_values: false,
-            handshake: None,
+            device: [None, None],
         }
     }
 
-    /// These options with device slopes and sink logits allowed ([`Scores::device_values`]),
-    /// taken with the call's stream `handshake`.
-    pub(crate) fn with_device_values(mut self, handshake: Option<i64>) -> Self {
-        self.device_values = true;
-        self.handshake = handshake;
+    /// These options with the slopes and the sink's logits as the caller took them on the
+    /// device (`[slopes, sink]`, each `None` where not there: [`Scores::device`]).
+    pub(crate) fn with_device_values(mut self, device: [Option<Borrowed>; 2]) -> Self {
+        self.device = device;
         self
     }
 
@@ -191,18 +188,22 @@ impl<'py> Scores<'py> {
         Self::new(softmax_scale, causal, (-1, -1), 0.0, None)
     }
 
-    /// `Some(handshake)` where device values are allowed.
-    fn device_ok(&self) -> Option<Option<i64>> {
-        self.device_values.then_some(self.handshake)
-    }
-
     /// `p` with these options; `batch` and `heads_q` judge the slopes' shape.
     pub(crate) fn apply<P: Problem>(&self, p: P, batch: usize, heads_q: usize) -> PyResult<P> {
         let mods = ScoreMods {
             window: Window::from_fa(self.window.0, self.window.1).map_err(err)?,
             softcap: (self.softcap != 0.0).then_some(self.softcap),
-            alibi: alibi(self.alibi_slopes.as_ref(), batch, heads_q, self.device_ok())?,
-            sink: sink(self.learnable_sink.as_ref(), heads_q, self.device_ok())?,
+            alibi: alibi(
+                self.alibi_slopes.as_ref(),
+                batch,
+                heads_q,
+                self.device[0].as_ref(),
+            )?,
+            sink: sink(
+                self.learnable_sink.as_ref(),
+                heads_q,
+                self.device[1].as_ref(),
+            )?,
         };
         let p = p.mask(if self.causal {
             Mask::Causal
@@ -261,18 +262,34 @@ fn tuple(shape: &[usize]) -> String {
     }
 }
 
+/// The argument `x` as a tensor: `device` where the caller took it on the device already,
+/// else taken here (a host array, or a device one that [`alibi`] and [`sink`] refuse).
+fn taken<'b>(
+    x: &Bound<'_, PyAny>,
+    name: &'static str,
+    device: Option<&'b Borrowed>,
+    here: &'b mut Option<Borrowed>,
+) -> PyResult<&'b Borrowed> {
+    match device {
+        Some(t) => Ok(t),
+        None => Ok(here.insert(Borrowed::take_on(x, name, None)?)),
+    }
+}
+
 /// `alibi_slopes` `[heads_q]`, or `[batch, heads_q]` (per batch entry), as the library's
-/// slopes (their count and values are the library's to judge).
+/// slopes (their count and values are the library's to judge); zeros of their shape where
+/// the call reads them on the `device`.
 fn alibi(
     slopes: Option<&Bound<'_, PyAny>>,
     batch: usize,
     heads_q: usize,
-    device_ok: Option<Option<i64>>,
+    device: Option<&Borrowed>,
 ) -> PyResult<Option<Alibi>> {
     let Some(x) = slopes else {
         return Ok(None);
     };
-    let t = Borrowed::take_on(x, "alibi_slopes", device_ok.flatten())?;
+    let mut here = None;
+    let t = taken(x, "alibi_slopes", device, &mut here)?;
     let shape = t.shape();
     if shape != [heads_q] && shape != [batch, heads_q] {
         return Err(invalid(format!(
@@ -280,15 +297,15 @@ fn alibi(
             tuple(&shape)
         )));
     }
-    if (t.place()?.is_some() && device_ok.is_none()) || t.dtype()? != "float32" {
-        return Err(invalid(match device_ok {
+    if (t.place()?.is_some() && device.is_none()) || t.dtype()? != "float32" {
+        return Err(invalid(match device {
             Some(_) => "alibi_slopes: pass float32 values, on the host or on q's device (flashattn's functions convert them)".into(),
             None => "alibi_slopes: pass a host float32 array (flashattn's functions copy it there)".into(),
         }));
     }
-    compact(&t, shape.len(), "[heads_q] or [batch, heads_q]")?;
-    let slopes = if t.place()?.is_some() {
-        vec![0.0; t.extent()?] // the device array is the call's (device_values)
+    compact(t, shape.len(), "[heads_q] or [batch, heads_q]")?;
+    let slopes = if device.is_some() {
+        vec![0.0; t.extent()?] // the device array is the call's
     } else {
         // SAFETY: a compact float32 tensor on the host.
         unsafe { t.slice::<f32>()? }.to_vec()
@@ -300,16 +317,17 @@ fn alibi(
 }
 
 /// `learnable_sink` `[heads_q]` as the library's sink logits (their values are the library's
-/// to judge: finite).
+/// to judge: finite); zeros where the call reads them on the `device`.
 fn sink(
     logits: Option<&Bound<'_, PyAny>>,
     heads_q: usize,
-    device_ok: Option<Option<i64>>,
+    device: Option<&Borrowed>,
 ) -> PyResult<Option<Vec<f32>>> {
     let Some(x) = logits else {
         return Ok(None);
     };
-    let t = Borrowed::take_on(x, "learnable_sink", device_ok.flatten())?;
+    let mut here = None;
+    let t = taken(x, "learnable_sink", device, &mut here)?;
     let shape = t.shape();
     if shape != [heads_q] {
         return Err(invalid(format!(
@@ -317,15 +335,15 @@ fn sink(
             tuple(&shape)
         )));
     }
-    if (t.place()?.is_some() && device_ok.is_none()) || t.dtype()? != "float32" {
-        return Err(invalid(match device_ok {
+    if (t.place()?.is_some() && device.is_none()) || t.dtype()? != "float32" {
+        return Err(invalid(match device {
             Some(_) => "learnable_sink: pass float32 logits, on the host or on q's device (flashattn's functions convert them)".into(),
             None => "learnable_sink: pass a host float32 array (flashattn's functions copy it there)".into(),
         }));
     }
-    compact(&t, 1, "[heads_q]")?;
-    if t.place()?.is_some() {
-        return Ok(Some(vec![0.0; heads_q])); // the device array is the call's (device_values)
+    compact(t, 1, "[heads_q]")?;
+    if device.is_some() {
+        return Ok(Some(vec![0.0; heads_q])); // the device array is the call's
     }
     // SAFETY: a compact float32 tensor on the host.
     Ok(Some(unsafe { t.slice::<f32>()? }.to_vec()))

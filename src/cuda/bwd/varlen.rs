@@ -120,6 +120,11 @@ where
         });
     }
     let stream = gpu.stream();
+    device_ptrs!(stream; qp = q, kp = k, vp = v, op = o, lp = lse, dop = d_o, dqp = mut dq, dkp = mut dk, dvp = mut dv);
+    if d_sink.is_none() && per_sequence_serves(gpu.info(), p, opts) {
+        return per_sequence::<T>(gpu, p, opts, [qp, kp, vp, op, lp, dop, dqp, dkp, dvp]);
+    }
+    // The packed launch reads the offsets on the device.
     let up = |x: &[i32], what: &str| -> Result<CudaSlice<i32>> {
         stream.clone_htod(x).map_err(cuda_err(format!(
             "varlen backward: copying {what} to the device"
@@ -129,10 +134,7 @@ where
         up(&p.cu_seqlens_q, "cu_seqlens_q")?,
         up(&p.cu_seqlens_k, "cu_seqlens_k")?,
     );
-    device_ptrs!(stream; qp = q, kp = k, vp = v, op = o, lp = lse, dop = d_o, dqp = mut dq, dkp = mut dk, dvp = mut dv, cq = cu_q, ck = cu_k);
-    if d_sink.is_none() && per_sequence_serves(gpu.info(), p, opts) {
-        return per_sequence::<T>(gpu, p, opts, [qp, kp, vp, op, lp, dop, dqp, dkp, dvp]);
-    }
+    device_ptrs!(stream; cq = cu_q, ck = cu_k);
     packed::<T>(
         gpu,
         &dp,
@@ -458,7 +460,6 @@ fn packed<T: GpuElement>(
     })
 }
 
-/// [`BwdKernel::Wgmma`] asked for by name: refused, it does not take packed batches.
 /// Whether a host-offset call runs one dense backward per sequence on attn_bwd_wgmma
 /// ([`per_sequence`]) instead of the packed attn_bwd: the library's choice (`opts.kernel`
 /// Auto), attn_bwd_wgmma serves the sequences (sm_90, its head dims), and the forward's rule
@@ -576,6 +577,7 @@ fn per_sequence<T: GpuElement>(
     Ok(last.unwrap_or_else(|| nothing_launched(opts)))
 }
 
+/// [`BwdKernel::Wgmma`] asked for by name: refused, it does not take packed batches.
 fn refuse_wgmma(opts: BackwardOptions) -> Result<()> {
     if opts.kernel == BwdKernel::Wgmma {
         return Err(AttnError::InvalidInput {

@@ -212,39 +212,6 @@ fn word_array<'a, U>(
     Ok((ptr, guard))
 }
 
-/// Checks the score values a call gives on the device against its shape: each only where the
-/// shape has the modifier, of the length the shape's host values have.
-fn given_values(p: &KvCacheShape, index: &DeviceIndex<'_>) -> Result<()> {
-    let want = [
-        (
-            "alibi_slopes",
-            index.alibi_slopes,
-            p.scores.alibi.as_ref().map(|a| a.slopes.len()),
-            "ALiBi (ScoreMods::alibi)",
-        ),
-        (
-            "sink",
-            index.sink,
-            p.scores.sink.as_ref().map(Vec::len),
-            "a learnable sink (ScoreMods::sink)",
-        ),
-    ];
-    for (name, array, len, what) in want {
-        match (array, len) {
-            (Some(_), None) => {
-                return Err(AttnError::InvalidInput {
-                    what: format!(
-                        "{name} was given on the device, but the call was planned without {what}: plan the shape with it, or pass None"
-                    ),
-                });
-            }
-            (Some(a), Some(n)) => crate::error::check_len(name, a.len(), n)?,
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
 /// The tensors of a decoding call on the device, all dense and 16-byte aligned (the rotary
 /// tables 2-byte aligned), in the Gpu's context: `q` `[batch, seqlen_q, heads_q, head_dim]`,
 /// the caches in the shape's layout (written in place when new rows are given), the new rows
@@ -489,15 +456,34 @@ impl DecodeLaunch {
             accum = [ptr, ptr + 4 * o_len as u64];
             ws_guard = Some(guard);
         }
-        // The score values: the caller's device arrays where given, else the shape's host
-        // values copied for this call.
-        given_values(p, index)?;
+        // The score values: the caller's device arrays where given (only where the shape has
+        // the modifier, as long as its host values), else the shape's host values copied for
+        // this call.
+        let values = [
+            (
+                "alibi_slopes",
+                index.alibi_slopes,
+                p.scores.alibi.as_ref().map(|a| a.slopes.len()),
+                "ALiBi (ScoreMods::alibi)",
+            ),
+            (
+                "sink",
+                index.sink,
+                p.scores.sink.as_ref().map(Vec::len),
+                "a learnable sink (ScoreMods::sink)",
+            ),
+        ];
         let mut value_ptrs = [0u64; 2];
-        for (slot, (name, array)) in value_ptrs
-            .iter_mut()
-            .zip([("alibi_slopes", index.alibi_slopes), ("sink", index.sink)])
-        {
+        for (slot, (name, array, len, what)) in value_ptrs.iter_mut().zip(values) {
             let Some(a) = array else { continue };
+            let Some(len) = len else {
+                return Err(AttnError::InvalidInput {
+                    what: format!(
+                        "{name} was given on the device, but the call was planned without {what}: plan the shape with it, or pass None"
+                    ),
+                });
+            };
+            crate::error::check_len(name, a.len(), len)?;
             let (ptr, guard) = word_array(gpu, name, a, "float32")?;
             *slot = ptr;
             guards.push(guard);
